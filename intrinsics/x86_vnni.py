@@ -1,0 +1,128 @@
+"""x86 AVX-512 VNNI: u8 x i8 -> i32 dot products with ``vpdpbusd``.
+
+One ``vpdpbusd zmm`` multiplies 16 groups of 4 unsigned bytes by 4 signed bytes and adds
+each group's sum to a 32-bit lane: C[16] += A[4] . B[16, 4]. The products are summed in
+32 bits, so full-range data never saturates (unlike ``vpmaddubsw``, which TVM's
+``dot_16x4_avx512`` uses and which saturates at int16).
+
+LLVM 22 declares the intrinsic as ``(<16 x i32>, <64 x i8>, <64 x i8>)``: A's 4 bytes are
+broadcast as one i32 to 16 lanes and reinterpreted as 64 bytes; B's 64 bytes load as they are.
+(TVM's ``dot_16x4_vnni`` still passes ``<16 x i32>`` and no longer builds.)
+"""
+
+from __future__ import annotations
+
+from tirbyoc import Cost, Intrinsic, IntrinsicGroup, Operand, Role, Runtime, Template
+
+NAME = "x86_vnni"
+TARGET = {"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2}
+
+
+def dot_product(lanes: int = 16, k: int = 4) -> Intrinsic:
+    """C[lanes] += sum_k u8 A[k] * i8 B[lanes, k], one vpdpbusd (lanes=16, k=4)."""
+    if (lanes, k) != (16, 4):
+        raise ValueError("vpdpbusd zmm computes exactly 16 lanes x 4 bytes")
+
+    def build():
+        from tvm.script import tirx as T
+
+        @T.prim_func(s_tir=True)
+        def desc(
+            A: T.Buffer((4,), "uint8", offset_factor=1),
+            B: T.Buffer((16, 4), "int8", offset_factor=1),
+            C: T.Buffer((16,), "int32", offset_factor=1),
+        ) -> None:
+            with T.sblock("root"):
+                T.reads(C[0:16], A[0:4], B[0:16, 0:4])
+                T.writes(C[0:16])
+                for i, kk in T.grid(16, 4):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, kk])
+                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+
+        @T.prim_func(s_tir=True)
+        def impl(
+            A: T.Buffer((4,), "uint8", offset_factor=1),
+            B: T.Buffer((16, 4), "int8", offset_factor=1),
+            C: T.Buffer((16,), "int32", offset_factor=1),
+        ) -> None:
+            with T.sblock("root"):
+                T.reads(C[0:16], A[0:4], B[0:16, 0:4])
+                T.writes(C[0:16])
+                a_i32 = T.reinterpret(A.vload([0], "uint8x4"), dtype="int32")
+                C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
+                    T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
+                    C.vload([0], dtype="int32x16"),
+                    T.reinterpret(T.broadcast(a_i32, 16), dtype="int8x64"),
+                    B.vload([0, 0], dtype="int8x64"),
+                    dtype="int32x16",
+                )
+
+        return desc, impl
+
+    return Intrinsic(
+        f"{NAME}.dot_16x4_u8i8i32",
+        Role.COMPUTE,
+        [Operand("A", (4,), "uint8"), Operand("B", (16, 4), "int8"), Operand("C", (16,), "int32")],
+        [("i", 16, "S"), ("k", 4, "R")],
+        build,
+        cost=Cost(cycles=1),
+        doc="vpdpbusd zmm: C[16] += u8 A[4] . i8 B[16,4] (B packed [N/16, K/4, 16, 4])",
+    )
+
+
+def zero_fill(lanes: int = 16, dtype: str = "int32") -> Intrinsic:
+    """C[lanes] = 0 as one vector store."""
+
+    def build():
+        from tvm.script import tirx as T
+
+        @T.prim_func(s_tir=True)
+        def desc(C: T.Buffer((lanes,), dtype, offset_factor=1)) -> None:
+            with T.sblock("root"):
+                T.reads()
+                T.writes(C[0:lanes])
+                for i in T.serial(lanes):
+                    with T.sblock("init"):
+                        vi = T.axis.remap("S", [i])
+                        C[vi] = T.cast(0, dtype)
+
+        @T.prim_func(s_tir=True)
+        def impl(C: T.Buffer((lanes,), dtype, offset_factor=1)) -> None:
+            with T.sblock("root"):
+                T.reads()
+                T.writes(C[0:lanes])
+                C[T.ramp(T.int32(0), 1, lanes)] = T.broadcast(T.cast(0, dtype), lanes)
+
+        return desc, impl
+
+    return Intrinsic(
+        f"{NAME}.zero_{lanes}_{dtype}",
+        Role.INIT,
+        [Operand("C", (lanes,), dtype)],
+        [("i", lanes, "S")],
+        build,
+        cost=Cost(cycles=1),
+        doc=f"zero {lanes} x {dtype} accumulator lanes",
+    )
+
+
+def _requires() -> str | None:
+    from tirbyoc._tvm import host_cpu_features
+
+    if "avx512vnni" not in host_cpu_features():
+        return "this CPU lacks AVX-512 VNNI (avx512vnni)"
+    return None
+
+
+DOT = dot_product()
+ZERO = zero_fill()
+
+TEMPLATE = Template(
+    name=NAME,
+    target=TARGET,
+    runtime=Runtime.LLVM,
+    groups=(IntrinsicGroup("dot_u8i8i32", compute=DOT, init=ZERO),),
+    requires=_requires,
+    doc="AVX-512 VNNI int8 dot products (u8 activations x i8 weights -> i32)",
+)

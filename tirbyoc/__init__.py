@@ -1,0 +1,34 @@
+"""tirbyoc: bring your own codegen at the TIR level.
+
+Declare tensor intrinsics and accelerator templates (`Intrinsic`, `Template`), find the
+blocks of TensorIR PrimFuncs they can compute, and offload those blocks.
+
+``import tirbyoc`` is cheap: TVM is imported only when IR is built or inspected.
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    DeclarationError,
+    ExternLibraryError,
+    IntrinsicError,
+    RegistrationConflict,
+    ScopeError,
+    TemplateError,
+    TirbyocError,
+    UnknownTemplateError,
+)
+from .extern import ExternLibrary
+from .intrinsic import DENSE, Axis, Cost, Intrinsic, IntrinsicGroup, Layout, Operand, Role
+from .registry import get_template, register_template, template_names, templates
+from .scope import GLOBAL, Scope
+from .template import Runtime, Template
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Axis", "Cost", "DENSE", "DeclarationError", "ExternLibrary", "ExternLibraryError", "GLOBAL",
+    "Intrinsic", "IntrinsicError", "IntrinsicGroup", "Layout", "Operand", "RegistrationConflict",
+    "Role", "Runtime", "Scope", "ScopeError", "Template", "TemplateError", "TirbyocError",
+    "UnknownTemplateError", "get_template", "register_template", "template_names", "templates",
+]

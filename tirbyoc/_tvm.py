@@ -1,0 +1,76 @@
+"""The one place that spells TVM 0.27's API.
+
+TVM renamed its TIR namespaces (``tvm.tir`` -> ``tvm.tirx`` / ``tvm.s_tir``), its target
+syntax and its runtime tensors within a year; everything else in tirbyoc imports TVM names
+from here so that the next rename is a one-file change.
+
+Never import ``tvm.s_tir.tensor_intrin`` from here or anywhere in tirbyoc: it parses ~130
+TVMScript intrinsics and costs ~40 s.
+"""
+
+from __future__ import annotations
+
+import os
+
+# The TVM runtime uses one thread on a 2-vCPU machine unless told otherwise.
+os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+
+import tvm  # noqa: E402
+import tvm_ffi  # noqa: E402
+from tvm import s_tir, tirx  # noqa: E402
+from tvm.script import tirx as T  # noqa: E402
+
+PrimFunc = tirx.PrimFunc
+Buffer = tirx.Buffer
+Schedule = s_tir.Schedule
+TensorIntrin = s_tir.TensorIntrin
+IRModule = tvm.IRModule
+Target = tvm.target.Target
+
+
+def structural_equal(a, b, map_free_vars: bool = True) -> bool:
+    """``tvm.ir.structural_equal`` under its 0.27 name."""
+    return bool(tvm_ffi.structural_equal(a, b, map_free_vars))
+
+
+def structural_hash(node) -> int:
+    return int(tvm_ffi.structural_hash(node, map_free_vars=True))
+
+
+def make_target(spec) -> "tvm.target.Target":
+    """A ``Target`` from a dict, a plain kind string or a Target.
+
+    The string form with options (``"llvm -mcpu=cascadelake"``) is rejected by TVM 0.27;
+    templates therefore declare targets as dicts.
+    """
+    if isinstance(spec, tvm.target.Target):
+        return spec
+    return tvm.target.Target(spec)
+
+
+def host_cpu_features() -> set[str]:
+    """The LLVM feature names of the CPU this process runs on (``avx512vnni``, ...)."""
+    from tvm.target import codegen
+
+    return {str(f) for f in codegen.llvm_get_cpu_features(host_target())}
+
+
+def host_target() -> "tvm.target.Target":
+    from tvm.target import codegen
+
+    cpu = str(codegen.llvm_get_system_cpu())
+    return tvm.target.Target({"kind": "llvm", "mcpu": cpu})
+
+
+def to_tensor(array, device=None):
+    """A ``tvm.runtime.Tensor`` holding a copy of a numpy array."""
+    return tvm.runtime.tensor(array, device=device or tvm.cpu())
+
+
+def build(func_or_mod, target):
+    """Compile a PrimFunc or IRModule of PrimFuncs for ``target`` (a Target or dict)."""
+    return tvm.compile(func_or_mod, target=make_target(target))
+
+
+def get_global_func(name: str):
+    return tvm.get_global_func(name, allow_missing=True)

@@ -1,0 +1,37 @@
+"""Dtype helpers that need no TVM import (listing must stay fast)."""
+
+from __future__ import annotations
+
+import re
+
+_DTYPE = re.compile(r"^(int|uint|float|bfloat|bool)(\d*)(x\d+)?$")
+
+
+def parse_dtype(dtype: str) -> tuple[str, int, int]:
+    """Split ``"int8x4"`` into ``("int", 8, 4)``; raise ValueError on anything else."""
+    m = _DTYPE.match(str(dtype))
+    if not m:
+        raise ValueError(f"{dtype!r} is not a TVM scalar or vector dtype (e.g. 'int8', 'float16')")
+    kind, bits, lanes = m.group(1), m.group(2), m.group(3)
+    if kind == "bool":
+        return "bool", 8, int(lanes[1:]) if lanes else 1
+    if not bits:
+        raise ValueError(f"{dtype!r} has no bit width")
+    return kind, int(bits), int(lanes[1:]) if lanes else 1
+
+
+def dtype_bytes(dtype: str) -> int:
+    kind, bits, lanes = parse_dtype(dtype)
+    return max(1, bits // 8) * lanes
+
+
+def is_valid_dtype(dtype: str) -> bool:
+    try:
+        parse_dtype(dtype)
+    except ValueError:
+        return False
+    return True
+
+
+def is_float(dtype: str) -> bool:
+    return parse_dtype(dtype)[0] in ("float", "bfloat")
