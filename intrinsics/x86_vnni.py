@@ -10,7 +10,8 @@ broadcast as one i32 to 16 lanes and reinterpreted as 64 bytes; B's 64 bytes loa
 (TVM's ``dot_16x4_vnni`` still passes ``<16 x i32>`` and no longer builds.)
 """
 
-from __future__ import annotations
+from functools import cache
+from typing import Optional
 
 from tirbyoc import Cost, Intrinsic, IntrinsicGroup, Operand, Role, Runtime, Template
 
@@ -18,6 +19,7 @@ NAME = "x86_vnni"
 TARGET = {"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2}
 
 
+@cache
 def dot_product(lanes: int = 16, k: int = 4) -> Intrinsic:
     """C[lanes] += sum_k u8 A[k] * i8 B[lanes, k], one vpdpbusd (lanes=16, k=4)."""
     if (lanes, k) != (16, 4):
@@ -71,6 +73,7 @@ def dot_product(lanes: int = 16, k: int = 4) -> Intrinsic:
     )
 
 
+@cache
 def zero_fill(lanes: int = 16, dtype: str = "int32") -> Intrinsic:
     """C[lanes] = 0 as one vector store."""
 
@@ -107,7 +110,7 @@ def zero_fill(lanes: int = 16, dtype: str = "int32") -> Intrinsic:
     )
 
 
-def _requires() -> str | None:
+def _requires() -> Optional[str]:
     from tirbyoc._tvm import host_cpu_features
 
     if "avx512vnni" not in host_cpu_features():

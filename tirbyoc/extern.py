@@ -13,6 +13,7 @@ import ctypes
 import hashlib
 import os
 import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -36,6 +37,16 @@ def cache_dir() -> Path:
     )
     path = Path(root)
     path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def c_compiler() -> str:
+    """The C compiler (``$CC`` or ``cc``) as an absolute path; TVM's default is a C++ one,
+    which would mangle the symbols."""
+    name = os.environ.get("CC", "cc")
+    path = shutil.which(name)
+    if path is None or not _SAFE_NAME.match(os.path.basename(path)):
+        raise ExternLibraryError(f"no usable C compiler {name!r}; install gcc or set CC to its path")
     return path
 
 
@@ -107,7 +118,9 @@ class ExternLibrary:
 
             tmp = out.with_suffix(f".{os.getpid()}.so")
             try:
-                cc.create_shared(str(tmp), [str(s) for s in self.sources], options=opts)
+                cc.create_shared(
+                    str(tmp), [str(s) for s in self.sources], options=opts, cc=c_compiler()
+                )
             except Exception as err:
                 raise ExternLibraryError(f"library {self.name!r}: compilation failed: {err}") from err
             os.replace(tmp, out)

@@ -257,6 +257,11 @@ class Intrinsic:
         """The implementation PrimFunc (validated)."""
         return self._funcs_checked()[1]
 
+    def fresh_desc(self):
+        """A new copy of the description with its own Buffer objects (for workloads)."""
+        self._funcs_checked()
+        return self._build()[0]
+
     def validate(self) -> "Intrinsic":
         """Build the PrimFuncs now and check them; raise `IntrinsicError` on disagreement."""
         self._funcs_checked()

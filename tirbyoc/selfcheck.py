@@ -84,10 +84,10 @@ def self_check(intrin, target=None, seed: int = 0, trials: int = 3) -> SelfCheck
         for buf, w, g in zip(bufs, want, got):
             err = max_error(g, w)
             tol = tolerance(str(buf.dtype)) * max(1.0, float(np.max(np.abs(w), initial=0)))
-            if err > tol and err >= worst:
+            if err > tol and not detail:
                 detail = f"buffer {buf.name}: max error {err} > tolerance {tol}"
-            worst = max(worst, err if err > tol else 0.0)
-    return SelfCheck(intrin.name, worst, worst == 0.0, detail)
+            worst = max(worst, err)
+    return SelfCheck(intrin.name, worst, not detail, detail)
 
 
 def _root_writes(func):
@@ -105,12 +105,10 @@ def tensorize_exact(intrin):
     from ._tvm import Schedule
     from .intrinsic_check import leaf_block
 
-    from tvm.script import from_source
-
     name = intrin.register()
-    # A fresh copy: tensorize cannot map a workload onto a description that shares its
+    # A fresh build: tensorize cannot map a workload onto a description that shares its
     # very Buffer objects.
-    desc = from_source(intrin.desc.script()).with_attr("global_symbol", "main")
+    desc = intrin.fresh_desc().with_attr("global_symbol", "main")
     sch = Schedule(desc)
     block = sch.get_sblock(leaf_block(intrin.name, desc).name_hint)
     loops = sch.get_loops(block)

@@ -1,0 +1,191 @@
+"""blas: fp32 GEMM and batched GEMM offloaded to OpenBLAS through a small C shim.
+
+The implementations are destination-passing extern calls: pointers to the operand windows
+(offset by TVM's ``access_ptr``), their leading strides, and the preallocated output, which
+is accumulated into. Windows of larger buffers are therefore read in place, rows apart.
+The shim (``csrc/blas_shim.c``) is compiled against ``scipy_openblas32`` on first use.
+"""
+
+from functools import cache
+from typing import Optional
+
+from pathlib import Path
+
+from tirbyoc import (
+    Cost,
+    ExternLibrary,
+    Intrinsic,
+    IntrinsicGroup,
+    Layout,
+    Operand,
+    Role,
+    Runtime,
+    Template,
+)
+
+NAME = "blas"
+TARGET = {"kind": "llvm", "num-cores": 2}
+STRIDED = Layout.row_strided()
+
+
+def _openblas(attr: str):
+    def get():
+        import scipy_openblas32 as ob
+
+        return {"inc": [ob.get_include_dir()], "lib": [ob.get_lib_dir()], "link": [ob.get_library()]}[attr]
+
+    return get
+
+
+LIBRARY = ExternLibrary(
+    name="tirbyoc_blas_shim",
+    sources=[Path(__file__).parent / "csrc" / "blas_shim.c"],
+    symbols=["tirbyoc_blas_sgemm", "tirbyoc_blas_sgemm_batched"],
+    include_dirs=_openblas("inc"),
+    library_dirs=_openblas("lib"),
+    libraries=_openblas("link"),
+)
+
+
+@cache
+def gemm(m: int, n: int, k: int, trans_b: bool = False) -> Intrinsic:
+    """C[m, n] += A[m, k] @ B[k, n] (``trans_b``: B is [n, k]) in fp32 via cblas_sgemm."""
+    bshape = (n, k) if trans_b else (k, n)
+    tb = int(trans_b)
+
+    def build():
+        from tvm.script import tirx as T
+
+        @T.prim_func(s_tir=True)
+        def desc(
+            A: T.Buffer((m, k), "float32", offset_factor=1),
+            B: T.Buffer(bshape, "float32", offset_factor=1),
+            C: T.Buffer((m, n), "float32", offset_factor=1),
+        ) -> None:
+            with T.sblock("root"):
+                T.reads(C[0:m, 0:n], A[0:m, 0:k], B[0 : bshape[0], 0 : bshape[1]])
+                T.writes(C[0:m, 0:n])
+                for i, j, kk in T.grid(m, n, k):
+                    with T.sblock("update"):
+                        vi, vj, vk = T.axis.remap("SSR", [i, j, kk])
+                        if trans_b:
+                            C[vi, vj] = C[vi, vj] + A[vi, vk] * B[vj, vk]
+                        else:
+                            C[vi, vj] = C[vi, vj] + A[vi, vk] * B[vk, vj]
+
+        @T.prim_func(s_tir=True)
+        def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+            sa = T.int32()
+            sb = T.int32()
+            sc = T.int32()
+            A = T.match_buffer(a, (m, k), "float32", strides=[sa, 1], offset_factor=1)
+            B = T.match_buffer(b, bshape, "float32", strides=[sb, 1], offset_factor=1)
+            C = T.match_buffer(c, (m, n), "float32", strides=[sc, 1], offset_factor=1)
+            with T.sblock("root"):
+                T.reads(C[0:m, 0:n], A[0:m, 0:k], B[0 : bshape[0], 0 : bshape[1]])
+                T.writes(C[0:m, 0:n])
+                T.evaluate(
+                    T.call_extern(
+                        "int32", "tirbyoc_blas_sgemm", tb, m, n, k,
+                        A.access_ptr("r"), sa, B.access_ptr("r"), sb,
+                        T.float32(1), C.access_ptr("rw"), sc,
+                    )
+                )
+
+        return desc, impl
+
+    return Intrinsic(
+        f"{NAME}.sgemm_{m}x{n}x{k}_{'nt' if trans_b else 'nn'}",
+        Role.COMPUTE,
+        [Operand("A", (m, k), "float32", layout=STRIDED),
+         Operand("B", bshape, "float32", layout=STRIDED),
+         Operand("C", (m, n), "float32", layout=STRIDED)],
+        [("i", m, "S"), ("j", n, "S"), ("k", k, "R")],
+        build,
+        cost=Cost(cycles=max(1.0, m * n * k / 32.0)),
+        doc=f"cblas_sgemm: C[{m},{n}] += A[{m},{k}] @ B{'^T' if trans_b else ''}",
+    )
+
+
+@cache
+def batched_gemm(batch: int, m: int, n: int, k: int, trans_b: bool = False) -> Intrinsic:
+    """C[b, m, n] += A[b, m, k] @ B[b, k, n] (``trans_b``: B is [b, n, k]), one sgemm a batch."""
+    bshape = (batch, n, k) if trans_b else (batch, k, n)
+    tb = int(trans_b)
+
+    def build():
+        from tvm.script import tirx as T
+
+        @T.prim_func(s_tir=True)
+        def desc(
+            A: T.Buffer((batch, m, k), "float32", offset_factor=1),
+            B: T.Buffer(bshape, "float32", offset_factor=1),
+            C: T.Buffer((batch, m, n), "float32", offset_factor=1),
+        ) -> None:
+            with T.sblock("root"):
+                T.reads(C[0:batch, 0:m, 0:n], A[0:batch, 0:m, 0:k],
+                        B[0:batch, 0 : bshape[1], 0 : bshape[2]])
+                T.writes(C[0:batch, 0:m, 0:n])
+                for bb, i, j, kk in T.grid(batch, m, n, k):
+                    with T.sblock("update"):
+                        vb, vi, vj, vk = T.axis.remap("SSSR", [bb, i, j, kk])
+                        if trans_b:
+                            C[vb, vi, vj] = C[vb, vi, vj] + A[vb, vi, vk] * B[vb, vj, vk]
+                        else:
+                            C[vb, vi, vj] = C[vb, vi, vj] + A[vb, vi, vk] * B[vb, vk, vj]
+
+        @T.prim_func(s_tir=True)
+        def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+            sa0 = T.int32()
+            sa1 = T.int32()
+            sb0 = T.int32()
+            sb1 = T.int32()
+            sc0 = T.int32()
+            sc1 = T.int32()
+            A = T.match_buffer(a, (batch, m, k), "float32", strides=[sa0, sa1, 1], offset_factor=1)
+            B = T.match_buffer(b, bshape, "float32", strides=[sb0, sb1, 1], offset_factor=1)
+            C = T.match_buffer(c, (batch, m, n), "float32", strides=[sc0, sc1, 1], offset_factor=1)
+            with T.sblock("root"):
+                T.reads(C[0:batch, 0:m, 0:n], A[0:batch, 0:m, 0:k],
+                        B[0:batch, 0 : bshape[1], 0 : bshape[2]])
+                T.writes(C[0:batch, 0:m, 0:n])
+                T.evaluate(
+                    T.call_extern(
+                        "int32", "tirbyoc_blas_sgemm_batched", tb, batch, m, n, k,
+                        A.access_ptr("r"), sa1, T.Cast("int64", sa0),
+                        B.access_ptr("r"), sb1, T.Cast("int64", sb0),
+                        T.float32(1), C.access_ptr("rw"), sc1, T.Cast("int64", sc0),
+                    )
+                )
+
+        return desc, impl
+
+    return Intrinsic(
+        f"{NAME}.sgemm_batched_{batch}x{m}x{n}x{k}_{'nt' if trans_b else 'nn'}",
+        Role.COMPUTE,
+        [Operand("A", (batch, m, k), "float32", layout=STRIDED),
+         Operand("B", bshape, "float32", layout=STRIDED),
+         Operand("C", (batch, m, n), "float32", layout=STRIDED)],
+        [("b", batch, "S"), ("i", m, "S"), ("j", n, "S"), ("k", k, "R")],
+        build,
+        cost=Cost(cycles=max(1.0, batch * m * n * k / 32.0)),
+        doc=f"{batch} x cblas_sgemm: C[b,{m},{n}] += A[b,{m},{k}] @ B[b]{'^T' if trans_b else ''}",
+    )
+
+
+TILE = 64
+
+TEMPLATE = Template(
+    name=NAME,
+    target=TARGET,
+    runtime=Runtime.EXTERN_C,
+    groups=(
+        IntrinsicGroup("sgemm_nn", compute=gemm(TILE, TILE, TILE)),
+        IntrinsicGroup("sgemm_nt", compute=gemm(TILE, TILE, TILE, trans_b=True)),
+        IntrinsicGroup("sgemm_batched_nn", compute=batched_gemm(4, TILE, TILE, TILE)),
+        IntrinsicGroup("sgemm_batched_nt", compute=batched_gemm(4, TILE, TILE, TILE, trans_b=True)),
+    ),
+    libraries=(LIBRARY,),
+    doc="fp32 GEMM / batched GEMM through OpenBLAS (scipy-openblas32), destination-passing",
+    params={"tile": TILE},
+)

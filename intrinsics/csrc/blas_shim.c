@@ -1,0 +1,30 @@
+/* tirbyoc blas shim: destination-passing fp32 GEMM entry points over OpenBLAS.
+ *
+ * Called from TIR through T.call_extern. Every matrix is a row-major window given by a
+ * pointer (already offset to the window's first element) and a leading stride in elements,
+ * so windows of larger buffers work without copies. C is accumulated into (beta = 1) or
+ * overwritten (beta = 0). Returns 0, or -1 on a negative size.
+ */
+#include <cblas.h>
+
+int tirbyoc_blas_sgemm(int trans_b, int m, int n, int k, const float* a, int lda,
+                       const float* b, int ldb, float beta, float* c, int ldc) {
+  if (m < 0 || n < 0 || k < 0) return -1;
+  if (m == 0 || n == 0) return 0;
+  scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k,
+                    1.0f, a, lda, b, ldb, beta, c, ldc);
+  return 0;
+}
+
+int tirbyoc_blas_sgemm_batched(int trans_b, int batch, int m, int n, int k, const float* a,
+                               int lda, long long stride_a, const float* b, int ldb,
+                               long long stride_b, float beta, float* c, int ldc,
+                               long long stride_c) {
+  if (batch < 0 || m < 0 || n < 0 || k < 0) return -1;
+  for (int i = 0; i < batch; ++i) {
+    int rc = tirbyoc_blas_sgemm(trans_b, m, n, k, a + i * stride_a, lda, b + i * stride_b, ldb,
+                                beta, c + i * stride_c, ldc);
+    if (rc) return rc;
+  }
+  return 0;
+}
