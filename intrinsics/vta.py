@@ -1,0 +1,354 @@
+"""vta: a VTA-style GEMM accelerator with scratchpads, DMA and an ALU.
+
+The core computes acc[BATCH, BLOCK_OUT] += inp[BATCH, BLOCK_IN] . wgt[BLOCK_OUT, BLOCK_IN]
+(int8 x int8 -> int32) on operands held in three scratchpads (input, weight, accumulator),
+filled and drained by DMA loads and stores; the ALU applies add, max, shift and clip to the
+accumulator. Defaults are VTA's published configuration (1x16x16, 32 / 256 / 128 KiB).
+
+Implementations call the simulator runtime (``tirbyoc.vta.*`` packed functions) with the
+operand windows as DLTensors.
+"""
+
+from functools import cache, partial
+from typing import Optional
+
+from tirbyoc import (
+    DENSE,
+    Cost,
+    Intrinsic,
+    IntrinsicGroup,
+    Layout,
+    Operand,
+    Role,
+    Runtime,
+    Scope,
+    Template,
+)
+
+NAME = "vta"
+INP, WGT, ACC = "local.inp_buffer", "local.wgt_buffer", "local.acc_buffer"
+TARGET = {"kind": "llvm", "num-cores": 2}
+
+
+@cache
+def gemm(batch: int, block_in: int, block_out: int, in_dtype: str = "int8",
+         wgt_dtype: str = "int8", acc_dtype: str = "int32") -> Intrinsic:
+    """acc[batch, block_out] += inp[batch, block_in] . wgt[block_out, block_in].
+
+    With batch 1 the description has no batch loop: TVM's tensorize cannot match a
+    unit-extent loop of a description (it drops unit iterators from the workload side).
+    """
+    unit_batch = batch == 1
+
+    def build():
+        from tvm.script import tirx as T
+
+        @T.prim_func(s_tir=True)
+        def desc(
+            A: T.Buffer((batch, block_in), in_dtype, offset_factor=1, scope=INP),
+            B: T.Buffer((block_out, block_in), wgt_dtype, offset_factor=1, scope=WGT),
+            C: T.Buffer((batch, block_out), acc_dtype, offset_factor=1, scope=ACC),
+        ) -> None:
+            with T.sblock("root"):
+                T.reads(C[0:batch, 0:block_out], A[0:batch, 0:block_in], B[0:block_out, 0:block_in])
+                T.writes(C[0:batch, 0:block_out])
+                if unit_batch:
+                    for j, k in T.grid(block_out, block_in):
+                        with T.sblock("gemm"):
+                            vj, vk = T.axis.remap("SR", [j, k])
+                            C[0, vj] = C[0, vj] + T.cast(A[0, vk], acc_dtype) * T.cast(B[vj, vk], acc_dtype)
+                else:
+                    for i, j, k in T.grid(batch, block_out, block_in):
+                        with T.sblock("gemm"):
+                            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                            C[vi, vj] = C[vi, vj] + T.cast(A[vi, vk], acc_dtype) * T.cast(B[vj, vk], acc_dtype)
+
+        @T.prim_func(s_tir=True)
+        def impl(
+            A: T.Buffer((batch, block_in), in_dtype, offset_factor=1, scope=INP),
+            B: T.Buffer((block_out, block_in), wgt_dtype, offset_factor=1, scope=WGT),
+            C: T.Buffer((batch, block_out), acc_dtype, offset_factor=1, scope=ACC),
+        ) -> None:
+            with T.sblock("root"):
+                T.reads(C[0:batch, 0:block_out], A[0:batch, 0:block_in], B[0:block_out, 0:block_in])
+                T.writes(C[0:batch, 0:block_out])
+                T.evaluate(T.call_packed("tirbyoc.vta.gemm", C, A, B))
+
+        return desc, impl
+
+    return Intrinsic(
+        f"{NAME}.gemm_{batch}x{block_in}x{block_out}",
+        Role.COMPUTE,
+        [Operand("A", (batch, block_in), in_dtype, INP),
+         Operand("B", (block_out, block_in), wgt_dtype, WGT),
+         Operand("C", (batch, block_out), acc_dtype, ACC)],
+        ([] if unit_batch else [("i", batch, "S")]) + [("j", block_out, "S"), ("k", block_in, "R")],
+        build,
+        cost=Cost(cycles=1, bytes_moved=0),
+        doc=f"GEMM core: acc[{batch},{block_out}] += inp[{batch},{block_in}] . wgt[{block_out},{block_in}]^T",
+    )
+
+
+@cache
+def fill_zero(lanes: int, acc_dtype: str = "int32") -> Intrinsic:
+    """acc[lanes] = 0 (VTA's GEMM reset) on a flattened accumulator tile."""
+
+    def build():
+        from tvm.script import tirx as T
+
+        @T.prim_func(s_tir=True)
+        def desc(C: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC)) -> None:
+            with T.sblock("root"):
+                T.reads()
+                T.writes(C[0:lanes])
+                for i in T.serial(lanes):
+                    with T.sblock("reset"):
+                        vi = T.axis.remap("S", [i])
+                        C[vi] = T.cast(0, acc_dtype)
+
+        @T.prim_func(s_tir=True)
+        def impl(C: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC)) -> None:
+            with T.sblock("root"):
+                T.reads()
+                T.writes(C[0:lanes])
+                T.evaluate(T.call_packed("tirbyoc.vta.fill_zero", C))
+
+        return desc, impl
+
+    return Intrinsic(f"{NAME}.reset_{lanes}", Role.INIT, [Operand("C", (lanes,), acc_dtype, ACC)],
+                     [("i", lanes, "S")], build, cost=Cost(cycles=1, bytes_moved=0),
+                     doc="zero an accumulator tile")
+
+
+def _copy_1d(cols, dtype, dst_dtype, src_scope, dst_scope, symbol):
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def desc(
+        S: T.Buffer((cols,), dtype, offset_factor=1, scope=src_scope),
+        D: T.Buffer((cols,), dst_dtype, offset_factor=1, scope=dst_scope),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(S[0:cols])
+            T.writes(D[0:cols])
+            for j in T.serial(cols):
+                with T.sblock("copy"):
+                    vj = T.axis.remap("S", [j])
+                    D[vj] = T.cast(S[vj], dst_dtype)
+
+    @T.prim_func(s_tir=True)
+    def impl(
+        S: T.Buffer((cols,), dtype, offset_factor=1, scope=src_scope),
+        D: T.Buffer((cols,), dst_dtype, offset_factor=1, scope=dst_scope),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(S[0:cols])
+            T.writes(D[0:cols])
+            T.evaluate(T.call_packed(symbol, D, S))
+
+    return desc, impl
+
+
+def _copy_2d(rows, cols, dtype, dst_dtype, src_scope, dst_scope, symbol):
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def desc(
+        S: T.Buffer((rows, cols), dtype, offset_factor=1, scope=src_scope),
+        D: T.Buffer((rows, cols), dst_dtype, offset_factor=1, scope=dst_scope),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(S[0:rows, 0:cols])
+            T.writes(D[0:rows, 0:cols])
+            for i, j in T.grid(rows, cols):
+                with T.sblock("copy"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    D[vi, vj] = T.cast(S[vi, vj], dst_dtype)
+
+    @T.prim_func(s_tir=True)
+    def impl(s: T.handle, d: T.handle) -> None:
+        ss = T.int32()
+        ds = T.int32()
+        S = T.match_buffer(s, (rows, cols), dtype, offset_factor=1, scope=src_scope, strides=[ss, 1])
+        D = T.match_buffer(d, (rows, cols), dst_dtype, offset_factor=1, scope=dst_scope, strides=[ds, 1])
+        with T.sblock("root"):
+            T.reads(S[0:rows, 0:cols])
+            T.writes(D[0:rows, 0:cols])
+            T.evaluate(T.call_packed(symbol, D, S))
+
+    return desc, impl
+
+
+@cache
+def dma(direction: str, rows: int, cols: int, dtype: str, scope: str, out_dtype: Optional[str] = None) -> Intrinsic:
+    """DMA a rows x cols tile: ``load`` DRAM -> ``scope``, ``store`` ``scope`` -> DRAM.
+
+    A store may narrow (``out_dtype``, e.g. int32 accumulator -> int8 output), as VTA's
+    store unit writes the low bits of each (already clipped) accumulator value. A one-row
+    tile is declared 1-D (TVM's tensorize cannot match unit-extent description loops).
+    """
+    src_scope, dst_scope = ("global", scope) if direction == "load" else (scope, "global")
+    dst_dtype = out_dtype or dtype
+    symbol = "tirbyoc.vta.dma_" + direction
+    if rows == 1:
+        shape, layout, axes = (cols,), DENSE, [("j", cols, "S")]
+        build = partial(_copy_1d, cols, dtype, dst_dtype, src_scope, dst_scope, symbol)
+    else:
+        shape, layout, axes = (rows, cols), Layout.row_strided(), [("i", rows, "S"), ("j", cols, "S")]
+        build = partial(_copy_2d, rows, cols, dtype, dst_dtype, src_scope, dst_scope, symbol)
+    short = scope.split(".")[-1].replace("_buffer", "")
+    suffix = f"_{dst_dtype}" if out_dtype else ""
+    return Intrinsic(
+        f"{NAME}.{direction}_{short}_{rows}x{cols}_{dtype}{suffix}",
+        Role.LOAD if direction == "load" else Role.STORE,
+        [Operand("S", shape, dtype, src_scope, layout), Operand("D", shape, dst_dtype, dst_scope, layout)],
+        axes,
+        build,
+        cost=Cost(cycles=rows),
+        doc=f"DMA {direction} {rows}x{cols} {dtype} {'DRAM -> ' + scope if direction == 'load' else scope + ' -> DRAM'}",
+    )
+
+
+_ALU = {
+    "add": lambda T, x, y: x + y,
+    "max": lambda T, x, y: T.max(x, y),
+}
+
+
+@cache
+def alu_binary(op: str, lanes: int, acc_dtype: str = "int32") -> Intrinsic:
+    """z[i] = op(x[i], y[i]) for ``op`` in add / max on flattened accumulator tiles."""
+    fn = _ALU[op]
+
+    def build():
+        from tvm.script import tirx as T
+
+        @T.prim_func(s_tir=True)
+        def desc(
+            X: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC),
+            Y: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC),
+            Z: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC),
+        ) -> None:
+            with T.sblock("root"):
+                T.reads(X[0:lanes], Y[0:lanes])
+                T.writes(Z[0:lanes])
+                for i in T.serial(lanes):
+                    with T.sblock("alu"):
+                        vi = T.axis.remap("S", [i])
+                        Z[vi] = fn(T, X[vi], Y[vi])
+
+        @T.prim_func(s_tir=True)
+        def impl(
+            X: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC),
+            Y: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC),
+            Z: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC),
+        ) -> None:
+            with T.sblock("root"):
+                T.reads(X[0:lanes], Y[0:lanes])
+                T.writes(Z[0:lanes])
+                T.evaluate(T.call_packed("tirbyoc.vta.alu_" + op, Z, X, Y))
+
+        return desc, impl
+
+    shape = (lanes,)
+    return Intrinsic(f"{NAME}.alu_{op}_{lanes}", Role.ALU,
+                     [Operand(n, shape, acc_dtype, ACC) for n in "XYZ"],
+                     [("i", lanes, "S")], build, cost=Cost(cycles=1, bytes_moved=0),
+                     doc=f"ALU {op} on accumulator tiles")
+
+
+@cache
+def alu_shift_clip(lanes: int, shift: int = 8, lo: int = -128, hi: int = 127,
+                   acc_dtype: str = "int32") -> Intrinsic:
+    """acc = clip(acc >> shift, lo, hi): VTA's requantization epilogue (shift and clip)."""
+
+    def build():
+        from tvm.script import tirx as T
+
+        @T.prim_func(s_tir=True)
+        def desc(
+            X: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC),
+            Z: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC),
+        ) -> None:
+            with T.sblock("root"):
+                T.reads(X[0:lanes])
+                T.writes(Z[0:lanes])
+                for i in T.serial(lanes):
+                    with T.sblock("alu"):
+                        vi = T.axis.remap("S", [i])
+                        Z[vi] = T.max(T.min(T.shift_right(X[vi], T.cast(shift, acc_dtype)),
+                                                T.cast(hi, acc_dtype)), T.cast(lo, acc_dtype))
+
+        @T.prim_func(s_tir=True)
+        def impl(
+            X: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC),
+            Z: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC),
+        ) -> None:
+            with T.sblock("root"):
+                T.reads(X[0:lanes])
+                T.writes(Z[0:lanes])
+                T.evaluate(T.call_packed("tirbyoc.vta.alu_shift_clip", Z, X, shift, lo, hi))
+
+        return desc, impl
+
+    shape = (lanes,)
+    return Intrinsic(f"{NAME}.alu_shift_clip_{lanes}_s{shift}", Role.ALU,
+                     [Operand("X", shape, acc_dtype, ACC), Operand("Z", shape, acc_dtype, ACC)],
+                     [("i", lanes, "S")], build, cost=Cost(cycles=2, bytes_moved=0),
+                     doc=f"ALU clip(acc >> {shift}, {lo}, {hi})")
+
+
+def _positive(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"vta parameter {name} must be a positive int, got {value!r}")
+    return value
+
+
+def make_template(batch: int = 1, block_in: int = 16, block_out: int = 16,
+                  inp_kib: int = 32, wgt_kib: int = 256, acc_kib: int = 128,
+                  in_dtype: str = "int8", wgt_dtype: str = "int8", acc_dtype: str = "int32",
+                  dma_bytes_per_cycle: int = 8, dma_latency: int = 64, clock_mhz: int = 100,
+                  name: str = NAME) -> Template:
+    """A VTA-style template; every parameter is validated, defaults are VTA's own."""
+    for pname in ("batch", "block_in", "block_out", "inp_kib", "wgt_kib", "acc_kib",
+                  "dma_bytes_per_cycle", "dma_latency", "clock_mhz"):
+        _positive(pname, locals()[pname])
+    core = gemm(batch, block_in, block_out, in_dtype, wgt_dtype, acc_dtype)
+    group = IntrinsicGroup(
+        "gemm",
+        compute=core,
+        init=fill_zero(batch * block_out, acc_dtype),
+        loads=(dma("load", batch, block_in, in_dtype, INP),
+               dma("load", block_out, block_in, wgt_dtype, WGT)),
+        store=dma("store", batch, block_out, acc_dtype, ACC, out_dtype=in_dtype),
+        epilogue=(alu_binary("add", batch * block_out, acc_dtype),
+                  alu_binary("max", batch * block_out, acc_dtype),
+                  alu_shift_clip(batch * block_out, acc_dtype=acc_dtype)),
+    )
+    return Template(
+        name=name,
+        target=TARGET,
+        runtime=Runtime.SIMULATOR,
+        groups=(group,),
+        scopes=(Scope(INP, inp_kib * 1024, 16, "input scratchpad"),
+                Scope(WGT, wgt_kib * 1024, 16, "weight scratchpad"),
+                Scope(ACC, acc_kib * 1024, 16, "accumulator scratchpad")),
+        extra=(dma("load", batch, block_out, acc_dtype, ACC),),
+        requires=_requires,
+        doc=f"VTA-style {batch}x{block_in}x{block_out} int8 GEMM core with scratchpads, DMA and ALU",
+        params=dict(batch=batch, block_in=block_in, block_out=block_out, inp_kib=inp_kib,
+                    wgt_kib=wgt_kib, acc_kib=acc_kib, in_dtype=in_dtype, wgt_dtype=wgt_dtype,
+                    acc_dtype=acc_dtype, dma_bytes_per_cycle=dma_bytes_per_cycle,
+                    dma_latency=dma_latency, clock_mhz=clock_mhz),
+    )
+
+
+def _requires() -> Optional[str]:
+    from tirbyoc._tvm import get_global_func
+
+    if get_global_func("tirbyoc.vta.gemm") is None:
+        return "the VTA simulator runtime (tirbyoc.vta.* functions) is not available yet"
+    return None
+
+
+TEMPLATE = make_template()
