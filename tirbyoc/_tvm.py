@@ -74,3 +74,11 @@ def build(func_or_mod, target):
 
 def get_global_func(name: str):
     return tvm.get_global_func(name, allow_missing=True)
+
+
+def cuda_available() -> bool:
+    """Whether TVM sees a CUDA device (false on machines without a GPU or driver)."""
+    try:
+        return bool(tvm.cuda(0).exist)
+    except Exception:  # no driver library: TVM raises instead of answering
+        return False

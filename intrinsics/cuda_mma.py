@@ -1,0 +1,218 @@
+"""cuda_mma: tensor-core fragments through WMMA (16x16x16, fp16 -> fp32 and int8 -> int32).
+
+Groups follow TVM's ``MultiLevelTilingTensorCore`` shape: ``init`` fills the accumulator
+fragment, ``load_a`` / ``load_b`` move shared-memory tiles into ``wmma.matrix_a/b``
+fragments, ``compute`` is one ``mma_sync``, ``store`` writes the accumulator fragment back.
+Tile windows are read row-strided (the leading stride is passed to the WMMA call).
+"""
+
+from functools import cache
+from typing import Optional
+
+from tirbyoc import Cost, Intrinsic, IntrinsicGroup, Layout, Operand, Role, Runtime, Scope, Template
+
+NAME = "cuda_mma"
+M = N = K = 16
+SHARED = "shared"
+FRAG_A, FRAG_B, ACC = "wmma.matrix_a", "wmma.matrix_b", "wmma.accumulator"
+TARGET = {"kind": "cuda", "arch": "sm_80"}
+STRIDED = Layout.row_strided()
+
+
+def _frag_index(T, buf, stride, rows, cols):
+    """Index of a fragment inside a fragment buffer (as TVM's own WMMA intrinsics compute it)."""
+    offset = buf.elem_offset
+    return offset // stride // rows * (stride // cols) + offset % stride // cols
+
+
+@cache
+def load(operand: str, dtype: str) -> Intrinsic:
+    """Shared [16, 16] tile -> ``wmma.matrix_a`` / ``matrix_b`` fragment (row-major)."""
+    frag = FRAG_A if operand == "a" else FRAG_B
+
+    def build():
+        from tvm.script import tirx as T
+
+        @T.prim_func(s_tir=True)
+        def desc(
+            S: T.Buffer((16, 16), dtype, offset_factor=16, scope=SHARED),
+            F: T.Buffer((16, 16), dtype, offset_factor=16, scope=frag),
+        ) -> None:
+            with T.sblock("root"):
+                T.reads(S[0:16, 0:16])
+                T.writes(F[0:16, 0:16])
+                for i, j in T.grid(16, 16):
+                    with T.sblock("load"):
+                        vi, vj = T.axis.remap("SS", [i, j])
+                        F[vi, vj] = S[vi, vj]
+
+        @T.prim_func(s_tir=True)
+        def impl(s: T.handle, f: T.handle) -> None:
+            ss = T.int32()
+            fs = T.int32()
+            S = T.match_buffer(s, (16, 16), dtype, offset_factor=16, scope=SHARED, strides=[ss, 1])
+            F = T.match_buffer(f, (16, 16), dtype, offset_factor=16, scope=frag, strides=[fs, 1])
+            with T.sblock("root"):
+                T.reads(S[0:16, 0:16])
+                T.writes(F[0:16, 0:16])
+                T.evaluate(T.tvm_load_matrix_sync(
+                    F.data, M, N, K, _frag_index(T, F, fs, 16, 16),
+                    S.access_ptr("r"), ss, "row_major", dtype="void"))
+
+        return desc, impl
+
+    return Intrinsic(f"{NAME}.load_{operand}_16x16_{dtype}", Role.LOAD,
+                     [Operand("S", (16, 16), dtype, SHARED, STRIDED), Operand("F", (16, 16), dtype, frag, STRIDED)],
+                     [("i", 16, "S"), ("j", 16, "S")], build, cost=Cost(cycles=4),
+                     doc=f"wmma::load_matrix_sync shared -> {frag}")
+
+
+@cache
+def fill(acc_dtype: str) -> Intrinsic:
+    """Accumulator fragment [16, 16] = 0."""
+
+    def build():
+        from tvm.script import tirx as T
+
+        @T.prim_func(s_tir=True)
+        def desc(C: T.Buffer((16, 16), acc_dtype, offset_factor=16, scope=ACC)) -> None:
+            with T.sblock("root"):
+                T.reads()
+                T.writes(C[0:16, 0:16])
+                for i, j in T.grid(16, 16):
+                    with T.sblock("init"):
+                        vi, vj = T.axis.remap("SS", [i, j])
+                        C[vi, vj] = T.cast(0, acc_dtype)
+
+        @T.prim_func(s_tir=True)
+        def impl(c: T.handle) -> None:
+            cs = T.int32()
+            C = T.match_buffer(c, (16, 16), acc_dtype, offset_factor=16, scope=ACC, strides=[cs, 1])
+            with T.sblock("root"):
+                T.reads()
+                T.writes(C[0:16, 0:16])
+                T.evaluate(T.tvm_fill_fragment(C.data, M, N, K, _frag_index(T, C, cs, 16, 16),
+                                               T.cast(0, acc_dtype), dtype="void"))
+
+        return desc, impl
+
+    return Intrinsic(f"{NAME}.fill_16x16_{acc_dtype}", Role.INIT,
+                     [Operand("C", (16, 16), acc_dtype, ACC, STRIDED)],
+                     [("i", 16, "S"), ("j", 16, "S")], build, cost=Cost(cycles=1),
+                     doc="wmma::fill_fragment 0")
+
+
+@cache
+def mma(in_dtype: str, acc_dtype: str) -> Intrinsic:
+    """C[16, 16] += A[16, 16] @ B[16, 16] on fragments (one mma_sync)."""
+
+    def build():
+        from tvm.script import tirx as T
+
+        @T.prim_func(s_tir=True)
+        def desc(
+            A: T.Buffer((16, 16), in_dtype, offset_factor=16, scope=FRAG_A),
+            B: T.Buffer((16, 16), in_dtype, offset_factor=16, scope=FRAG_B),
+            C: T.Buffer((16, 16), acc_dtype, offset_factor=16, scope=ACC),
+        ) -> None:
+            with T.sblock("root"):
+                T.reads(C[0:16, 0:16], A[0:16, 0:16], B[0:16, 0:16])
+                T.writes(C[0:16, 0:16])
+                for i, j, k in T.grid(16, 16, 16):
+                    with T.sblock("update"):
+                        vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                        C[vi, vj] = C[vi, vj] + T.cast(A[vi, vk], acc_dtype) * T.cast(B[vk, vj], acc_dtype)
+
+        @T.prim_func(s_tir=True)
+        def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+            sa = T.int32()
+            sb = T.int32()
+            sc = T.int32()
+            A = T.match_buffer(a, (16, 16), in_dtype, offset_factor=16, scope=FRAG_A, strides=[sa, 1])
+            B = T.match_buffer(b, (16, 16), in_dtype, offset_factor=16, scope=FRAG_B, strides=[sb, 1])
+            C = T.match_buffer(c, (16, 16), acc_dtype, offset_factor=16, scope=ACC, strides=[sc, 1])
+            with T.sblock("root"):
+                T.reads(C[0:16, 0:16], A[0:16, 0:16], B[0:16, 0:16])
+                T.writes(C[0:16, 0:16])
+                T.evaluate(T.tvm_mma_sync(
+                    C.data, _frag_index(T, C, sc, 16, 16),
+                    A.data, _frag_index(T, A, sa, 16, 16),
+                    B.data, _frag_index(T, B, sb, 16, 16),
+                    C.data, _frag_index(T, C, sc, 16, 16), dtype="void"))
+
+        return desc, impl
+
+    return Intrinsic(f"{NAME}.mma_16x16x16_{in_dtype}_{acc_dtype}", Role.COMPUTE,
+                     [Operand("A", (16, 16), in_dtype, FRAG_A, STRIDED),
+                      Operand("B", (16, 16), in_dtype, FRAG_B, STRIDED),
+                      Operand("C", (16, 16), acc_dtype, ACC, STRIDED)],
+                     [("i", 16, "S"), ("j", 16, "S"), ("k", 16, "R")], build, cost=Cost(cycles=8),
+                     doc=f"wmma::mma_sync {in_dtype} -> {acc_dtype}")
+
+
+@cache
+def store(acc_dtype: str, scope: str = "global") -> Intrinsic:
+    """Accumulator fragment [16, 16] -> ``scope`` (row-major)."""
+
+    def build():
+        from tvm.script import tirx as T
+
+        @T.prim_func(s_tir=True)
+        def desc(
+            C: T.Buffer((16, 16), acc_dtype, offset_factor=16, scope=ACC),
+            D: T.Buffer((16, 16), acc_dtype, offset_factor=16, scope=scope),
+        ) -> None:
+            with T.sblock("root"):
+                T.reads(C[0:16, 0:16])
+                T.writes(D[0:16, 0:16])
+                for i, j in T.grid(16, 16):
+                    with T.sblock("store"):
+                        vi, vj = T.axis.remap("SS", [i, j])
+                        D[vi, vj] = C[vi, vj]
+
+        @T.prim_func(s_tir=True)
+        def impl(c: T.handle, d: T.handle) -> None:
+            cs = T.int32()
+            ds = T.int32()
+            C = T.match_buffer(c, (16, 16), acc_dtype, offset_factor=16, scope=ACC, strides=[cs, 1])
+            D = T.match_buffer(d, (16, 16), acc_dtype, offset_factor=16, scope=scope, strides=[ds, 1])
+            with T.sblock("root"):
+                T.reads(C[0:16, 0:16])
+                T.writes(D[0:16, 0:16])
+                T.evaluate(T.tvm_store_matrix_sync(
+                    C.data, M, N, K, _frag_index(T, C, cs, 16, 16),
+                    D.access_ptr("w"), ds, "row_major", dtype="void"))
+
+        return desc, impl
+
+    return Intrinsic(f"{NAME}.store_16x16_{acc_dtype}_{scope}", Role.STORE,
+                     [Operand("C", (16, 16), acc_dtype, ACC, STRIDED),
+                      Operand("D", (16, 16), acc_dtype, scope, STRIDED)],
+                     [("i", 16, "S"), ("j", 16, "S")], build, cost=Cost(cycles=4),
+                     doc=f"wmma::store_matrix_sync -> {scope}")
+
+
+def _group(in_dtype: str, acc_dtype: str) -> IntrinsicGroup:
+    return IntrinsicGroup(f"wmma_{in_dtype}_{acc_dtype}", compute=mma(in_dtype, acc_dtype),
+                          init=fill(acc_dtype), loads=(load("a", in_dtype), load("b", in_dtype)),
+                          store=store(acc_dtype))
+
+
+def _requires() -> Optional[str]:
+    from tirbyoc._tvm import cuda_available
+
+    return None if cuda_available() else "no CUDA GPU is visible to TVM on this machine"
+
+
+TEMPLATE = Template(
+    name=NAME,
+    target=TARGET,
+    runtime=Runtime.DEVICE,
+    groups=(_group("float16", "float32"), _group("int8", "int32")),
+    scopes=(Scope(SHARED, 48 * 1024, 16, "per-block shared memory"),
+            Scope(FRAG_A, None, 16, "WMMA A fragments (registers)"),
+            Scope(FRAG_B, None, 16, "WMMA B fragments (registers)"),
+            Scope(ACC, None, 16, "WMMA accumulator fragments (registers)")),
+    requires=_requires,
+    doc="CUDA tensor cores through WMMA 16x16x16 (fp16 -> fp32, int8 -> int32)",
+)
