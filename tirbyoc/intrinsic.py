@@ -183,6 +183,12 @@ class Intrinsic:
         self.axes = tuple(a if isinstance(a, Axis) else Axis(*a) for a in axes)
         if not self.axes:
             raise IntrinsicError(f"intrinsic {name!r}: declare at least one axis")
+        unit = [a.name for a in self.axes if a.extent == 1]
+        if unit:
+            raise IntrinsicError(
+                f"intrinsic {name!r}: axes {unit} have extent 1; TVM's tensorize cannot match "
+                "unit-extent description loops. Drop the axis and index that dimension with 0"
+            )
         if len({a.name for a in self.axes}) != len(self.axes):
             raise IntrinsicError(f"intrinsic {name!r}: duplicate axis names")
         if not callable(build):

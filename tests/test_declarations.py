@@ -1,0 +1,179 @@
+"""Bad declarations fail at construction with an error that names the cause."""
+
+import pytest
+from tvm.script import tirx as T
+
+import tirbyoc
+from tirbyoc import (
+    Intrinsic, IntrinsicError, IntrinsicGroup, Layout, Operand, RegistrationConflict, Role,
+    Runtime, Scope, ScopeError, Template, TemplateError, UnknownTemplateError,
+)
+
+
+def _copy_funcs(n=8, impl_dtype="int8", impl_scope="global", impl_strided=False):
+    @T.prim_func(s_tir=True)
+    def desc(A: T.Buffer((n,), "int8", offset_factor=1), C: T.Buffer((n,), "int8", offset_factor=1)) -> None:
+        with T.sblock("root"):
+            T.reads(A[0:n])
+            T.writes(C[0:n])
+            for i in T.serial(n):
+                with T.sblock("copy"):
+                    vi = T.axis.remap("S", [i])
+                    C[vi] = A[vi]
+
+    @T.prim_func(s_tir=True)
+    def impl(A: T.Buffer((n,), impl_dtype, offset_factor=1, scope=impl_scope),
+             C: T.Buffer((n,), "int8", offset_factor=1)) -> None:
+        with T.sblock("root"):
+            T.reads(A[0:n])
+            T.writes(C[0:n])
+            C[T.ramp(0, 1, n)] = T.reinterpret(A[T.ramp(0, 1, n)], dtype="int8x8") if impl_dtype == "uint8" else A[T.ramp(0, 1, n)]
+
+    return desc, impl
+
+
+def test_from_prim_funcs_derives_signature():
+    desc, impl = _copy_funcs()
+    intrin = Intrinsic.from_prim_funcs("t.copy8", Role.LOAD, desc, impl)
+    assert [o.name for o in intrin.operands] == ["A", "C"]
+    assert intrin.shape == (8,) and intrin.iter_kinds == "S"
+
+
+def test_desc_impl_dtype_mismatch_names_buffer_and_field():
+    desc, impl = _copy_funcs(impl_dtype="uint8")
+    with pytest.raises(IntrinsicError, match=r"implementation buffer 'A'.*dtype uint8 != declared int8"):
+        Intrinsic.from_prim_funcs("t.bad_dtype", Role.LOAD, desc, impl)
+
+
+def test_desc_impl_scope_mismatch():
+    desc, impl = _copy_funcs(impl_scope="global.vtcm")
+    with pytest.raises(IntrinsicError, match=r"buffer 'A'.*scope 'global.vtcm' != declared 'global'"):
+        Intrinsic.from_prim_funcs("t.bad_scope", Role.LOAD, desc, impl)
+
+
+def test_two_blocks_in_desc():
+    @T.prim_func(s_tir=True)
+    def desc(A: T.Buffer((4,), "int8", offset_factor=1), C: T.Buffer((4,), "int8", offset_factor=1)) -> None:
+        with T.sblock("root"):
+            T.reads(A[0:4])
+            T.writes(C[0:4])
+            for i in T.serial(4):
+                with T.sblock("one"):
+                    vi = T.axis.remap("S", [i])
+                    C[vi] = A[vi]
+            for i in T.serial(4):
+                with T.sblock("two"):
+                    vi = T.axis.remap("S", [i])
+                    C[vi] = C[vi] + A[vi]
+
+    with pytest.raises(IntrinsicError, match=r"exactly one leaf block, found 2 \['one', 'two'\]"):
+        Intrinsic.from_prim_funcs("t.two_blocks", Role.COMPUTE, desc, desc)
+
+
+def test_declared_shape_disagrees_with_desc():
+    desc, impl = _copy_funcs()
+    bad = Intrinsic("t.shape", Role.LOAD, [Operand("A", (16,), "int8"), Operand("C", (16,), "int8")],
+                    [("i", 16, "S")], lambda: (desc, impl))
+    with pytest.raises(IntrinsicError, match=r"description buffer 'A'.*shape \(8,\) != declared \(16,\)"):
+        bad.validate()
+
+
+def test_dense_impl_cannot_claim_strided_layout():
+    desc, impl = _copy_funcs()
+    with pytest.raises(IntrinsicError, match="declared row-strided but the implementation buffer has no strides"):
+        Intrinsic.from_prim_funcs("t.strided", Role.LOAD, desc, impl, layouts={"A": Layout.row_strided()})
+
+
+def test_builder_failure_is_reported_with_the_intrinsic_name():
+    def broken():
+        raise RuntimeError("boom")
+
+    intrin = Intrinsic("t.broken", Role.LOAD, [Operand("A", (4,), "int8")], [("i", 4, "S")], broken)
+    with pytest.raises(IntrinsicError, match=r"'t.broken': its builder failed: RuntimeError: boom"):
+        intrin.validate()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(capacity=-1), "capacity is -1 bytes; it must be positive"),
+    (dict(capacity=0), "capacity is 0 bytes"),
+    (dict(alignment=3), "alignment 3 must be a positive power of two"),
+])
+def test_bad_scope(kwargs, message):
+    with pytest.raises(ScopeError, match=message):
+        Scope("local.scratch", **kwargs)
+
+
+def test_bad_scope_name():
+    with pytest.raises(ScopeError, match="not a TVM storage scope"):
+        Scope("bad scope")
+
+
+def _vnni():
+    return tirbyoc.get_template("x86_vnni")
+
+
+def test_template_unknown_scope():
+    from tirbyoc_intrinsics import hexagon_hvx
+
+    with pytest.raises(ScopeError, match=r"operand 'A' uses unknown scope 'global.vtcm'"):
+        Template("hexagon_hvx", {"kind": "llvm"}, Runtime.LLVM,
+                 groups=(IntrinsicGroup("g", compute=hexagon_hvx.vrmpy("uint8", "uint8", "global.vtcm")),))
+
+
+def test_template_capacity_too_small():
+    from tirbyoc_intrinsics import vta
+
+    with pytest.raises(ScopeError, match=r"does not fit scope 'local.wgt_buffer' of 1024 bytes"):
+        vta.make_template(block_in=64, block_out=64, wgt_kib=1)
+
+
+def test_template_duplicate_scope_and_bad_target():
+    with pytest.raises(TemplateError, match="duplicate scope names"):
+        Template("d", {"kind": "llvm"}, Runtime.LLVM, scopes=(Scope("x"), Scope("x")))
+    with pytest.raises(TemplateError, match="target must be a TVM target dict"):
+        Template("d", "llvm -mcpu=cascadelake", Runtime.LLVM)
+
+
+def test_group_role_checked():
+    vnni = _vnni()
+    with pytest.raises(IntrinsicError, match="compute slot holds 'x86_vnni.zero_16_int32' whose role is init"):
+        IntrinsicGroup("g", compute=vnni.intrinsic("zero_16_int32"))
+
+
+def test_intrinsic_names_must_carry_template_prefix():
+    vnni = _vnni()
+    with pytest.raises(TemplateError, match="must be named 'other.<short name>'"):
+        Template("other", {"kind": "llvm"}, Runtime.LLVM, groups=vnni.groups)
+
+
+def test_registration_is_idempotent_and_conflicts_are_errors():
+    desc, impl = _copy_funcs()
+    a = Intrinsic.from_prim_funcs("t.reg_copy", Role.LOAD, desc, impl)
+    assert a.register() == a.register() == "t.reg_copy"
+    desc2, impl2 = _copy_funcs(n=16)
+    b = Intrinsic.from_prim_funcs("t.reg_copy", Role.LOAD, desc2, impl2)
+    with pytest.raises(RegistrationConflict, match="'t.reg_copy' is already registered"):
+        b.register()
+
+
+def test_unknown_template_lists_known():
+    with pytest.raises(UnknownTemplateError, match="known templates: blas, cuda_mma, hexagon_hvx, vta, x86_vnni"):
+        tirbyoc.get_template("npu")
+
+
+def test_register_template_conflict():
+    vnni = _vnni()
+    tirbyoc.register_template(vnni)  # same object: fine
+    clone = Template("x86_vnni", dict(vnni.target), vnni.runtime, groups=vnni.groups)
+    with pytest.raises(RegistrationConflict):
+        tirbyoc.register_template(clone)
+
+
+def test_vta_parameters_validated():
+    from tirbyoc_intrinsics import vta
+
+    with pytest.raises(ValueError, match="block_out must be a positive int"):
+        vta.make_template(block_out=0)
+    t = vta.make_template(batch=2, block_in=8, block_out=32, acc_kib=64)
+    assert t.intrinsic("gemm_2x8x32").shape == (2, 32, 8)
+    assert t.scope("local.acc_buffer").capacity == 64 * 1024
