@@ -19,7 +19,7 @@ TARGET = {"kind": "cuda", "arch": "sm_80"}
 STRIDED = Layout.row_strided()
 
 
-def _frag_index(T, buf, stride, rows, cols):
+def _frag_index(buf, stride, rows, cols):
     """Index of a fragment inside a fragment buffer (as TVM's own WMMA intrinsics compute it)."""
     offset = buf.elem_offset
     return offset // stride // rows * (stride // cols) + offset % stride // cols
@@ -56,7 +56,7 @@ def load(operand: str, dtype: str) -> Intrinsic:
                 T.reads(S[0:16, 0:16])
                 T.writes(F[0:16, 0:16])
                 T.evaluate(T.tvm_load_matrix_sync(
-                    F.data, M, N, K, _frag_index(T, F, fs, 16, 16),
+                    F.data, M, N, K, _frag_index(F, fs, 16, 16),
                     S.access_ptr("r"), ss, "row_major", dtype="void"))
 
         return desc, impl
@@ -91,7 +91,7 @@ def fill(acc_dtype: str) -> Intrinsic:
             with T.sblock("root"):
                 T.reads()
                 T.writes(C[0:16, 0:16])
-                T.evaluate(T.tvm_fill_fragment(C.data, M, N, K, _frag_index(T, C, cs, 16, 16),
+                T.evaluate(T.tvm_fill_fragment(C.data, M, N, K, _frag_index(C, cs, 16, 16),
                                                T.cast(0, acc_dtype), dtype="void"))
 
         return desc, impl
@@ -135,10 +135,10 @@ def mma(in_dtype: str, acc_dtype: str) -> Intrinsic:
                 T.reads(C[0:16, 0:16], A[0:16, 0:16], B[0:16, 0:16])
                 T.writes(C[0:16, 0:16])
                 T.evaluate(T.tvm_mma_sync(
-                    C.data, _frag_index(T, C, sc, 16, 16),
-                    A.data, _frag_index(T, A, sa, 16, 16),
-                    B.data, _frag_index(T, B, sb, 16, 16),
-                    C.data, _frag_index(T, C, sc, 16, 16), dtype="void"))
+                    C.data, _frag_index(C, sc, 16, 16),
+                    A.data, _frag_index(A, sa, 16, 16),
+                    B.data, _frag_index(B, sb, 16, 16),
+                    C.data, _frag_index(C, sc, 16, 16), dtype="void"))
 
         return desc, impl
 
@@ -180,7 +180,7 @@ def store(acc_dtype: str, scope: str = "global") -> Intrinsic:
                 T.reads(C[0:16, 0:16])
                 T.writes(D[0:16, 0:16])
                 T.evaluate(T.tvm_store_matrix_sync(
-                    C.data, M, N, K, _frag_index(T, C, cs, 16, 16),
+                    C.data, M, N, K, _frag_index(C, cs, 16, 16),
                     D.access_ptr("w"), ds, "row_major", dtype="void"))
 
         return desc, impl

@@ -33,10 +33,6 @@ def structural_equal(a, b, map_free_vars: bool = True) -> bool:
     return bool(tvm_ffi.structural_equal(a, b, map_free_vars))
 
 
-def structural_hash(node) -> int:
-    return int(tvm_ffi.structural_hash(node, map_free_vars=True))
-
-
 def make_target(spec) -> "tvm.target.Target":
     """A ``Target`` from a dict, a plain kind string or a Target.
 

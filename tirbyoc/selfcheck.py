@@ -47,14 +47,25 @@ def max_error(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64)), initial=0.0))
 
 
+def compile_prim_func(func, target):
+    """Build ``func`` for ``target``; return the callable entry point."""
+    from ._tvm import build
+
+    return build(func.with_attr("global_symbol", "main"), target)["main"]
+
+
+def run_compiled(entry, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """Run a built function once on copies of ``arrays``; return them all afterwards."""
+    from ._tvm import to_tensor
+
+    tensors = [to_tensor(a) for a in arrays]
+    entry(*tensors)
+    return [t.numpy() for t in tensors]
+
+
 def run_prim_func(func, target, arrays: list[np.ndarray]) -> list[np.ndarray]:
     """Build ``func`` for ``target``, run it once on copies of ``arrays``, return them all."""
-    from ._tvm import build, to_tensor
-
-    mod = build(func.with_attr("global_symbol", "main"), target)
-    tensors = [to_tensor(a) for a in arrays]
-    mod["main"](*tensors)
-    return [t.numpy() for t in tensors]
+    return run_compiled(compile_prim_func(func, target), arrays)
 
 
 @dataclass(frozen=True)
@@ -72,15 +83,17 @@ def self_check(intrin, target=None, seed: int = 0, trials: int = 3) -> SelfCheck
     desc, impl = intrin.desc, intrin.impl
     target = target or {"kind": "llvm"}
     rng = np.random.default_rng(seed)
+    # Build each function once; the trials only draw new data.
+    run_desc, run_impl = compile_prim_func(desc, target), compile_prim_func(impl, target)
+    bufs = param_buffers(desc)
+    written = {r.source.name for r in _root_writes(desc)}
     worst, detail = 0.0, ""
     for _ in range(trials):
-        bufs = param_buffers(desc)
-        written = {r.source.name for r in _root_writes(desc)}
         inputs = [
             random_array(b.shape, str(b.dtype), rng, accumulator=b.name in written) for b in bufs
         ]
-        want = run_prim_func(desc, target, inputs)
-        got = run_prim_func(impl, target, inputs)
+        want = run_compiled(run_desc, inputs)
+        got = run_compiled(run_impl, inputs)
         for buf, w, g in zip(bufs, want, got):
             err = max_error(g, w)
             tol = tolerance(str(buf.dtype)) * max(1.0, float(np.max(np.abs(w), initial=0)))

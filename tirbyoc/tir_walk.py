@@ -61,16 +61,3 @@ def child_blocks(block) -> list:
         stack.extend(reversed(child_stmts(node)))
     return out
 
-
-def loops_above(block_body_stmt) -> list:
-    """The ``For`` loops on the path from a statement down to its first block."""
-    loops = []
-    node = block_body_stmt
-    while node is not None:
-        if isinstance(node, tirx.For):
-            loops.append(node)
-        if isinstance(node, s_tir.SBlock):
-            break
-        kids = child_stmts(node)
-        node = kids[0] if len(kids) == 1 else None
-    return loops
