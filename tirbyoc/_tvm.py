@@ -64,8 +64,40 @@ def to_tensor(array, device=None):
 
 
 def build(func_or_mod, target):
-    """Compile a PrimFunc or IRModule of PrimFuncs for ``target`` (a Target or dict)."""
+    """Compile a PrimFunc or IRModule of PrimFuncs for ``target`` (a Target or dict).
+
+    For CUDA targets the result holds the generated CUDA source; this TVM wheel does not
+    compile it further. Use :func:`compile_cuda` to put that source through ``nvcc``.
+    """
     return tvm.compile(func_or_mod, target=make_target(target))
+
+
+def cuda_source(executable) -> str:
+    """The generated CUDA C source inside a module built by :func:`build`."""
+    for module in executable.mod.imports:
+        if module.kind == "cuda":
+            return str(module.inspect_source(""))
+    raise ValueError("the built module holds no CUDA device code")
+
+
+def nvcc_path() -> str | None:
+    import shutil
+
+    return shutil.which("nvcc")
+
+
+def compile_cuda(source: str, target) -> bytes:
+    """Compile CUDA source with ``nvcc`` for ``target``'s ``arch`` (e.g. sm_80) into a cubin.
+
+    This is how tirbyoc checks CUDA codegen on machines without a GPU: the kernel TVM
+    generated must pass the real CUDA compiler, not just TVM's printer.
+    """
+    from tvm.support import nvcc
+
+    if nvcc_path() is None:
+        raise RuntimeError("nvcc is not on PATH: install the CUDA toolkit to compile CUDA kernels")
+    with make_target(target):
+        return bytes(nvcc.compile_cuda(source, target_format="cubin", compiler="nvcc"))
 
 
 def get_global_func(name: str):
