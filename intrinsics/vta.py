@@ -258,6 +258,45 @@ def alu_binary(op: str, lanes: int, acc_dtype: str = "int32") -> Intrinsic:
 
 
 @cache
+def alu_relu(lanes: int, acc_dtype: str = "int32") -> Intrinsic:
+    """z[i] = max(x[i], 0): the ALU's max with an immediate 0 (ReLU)."""
+
+    def build():
+        from tvm.script import tirx as T
+
+        @T.prim_func(s_tir=True)
+        def desc(
+            X: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC),
+            Z: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC),
+        ) -> None:
+            with T.sblock("root"):
+                T.reads(X[0:lanes])
+                T.writes(Z[0:lanes])
+                for i in T.serial(lanes):
+                    with T.sblock("alu"):
+                        vi = T.axis.remap("S", [i])
+                        Z[vi] = T.max(X[vi], T.cast(0, acc_dtype))
+
+        @T.prim_func(s_tir=True)
+        def impl(
+            X: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC),
+            Z: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC),
+        ) -> None:
+            with T.sblock("root"):
+                T.reads(X[0:lanes])
+                T.writes(Z[0:lanes])
+                T.evaluate(T.call_packed("tirbyoc.vta.alu_relu", Z, X))
+
+        return desc, impl
+
+    shape = (lanes,)
+    return Intrinsic(f"{NAME}.alu_relu_{lanes}", Role.ALU,
+                     [Operand("X", shape, acc_dtype, ACC), Operand("Z", shape, acc_dtype, ACC)],
+                     [("i", lanes, "S")], build, cost=Cost(cycles=1, bytes_moved=0),
+                     doc="ALU max(acc, 0) (ReLU)")
+
+
+@cache
 def alu_shift_clip(lanes: int, shift: int = 8, lo: int = -128, hi: int = 127,
                    acc_dtype: str = "int32") -> Intrinsic:
     """acc = clip(acc >> shift, lo, hi): VTA's requantization epilogue (shift and clip)."""
@@ -323,6 +362,7 @@ def make_template(batch: int = 1, block_in: int = 16, block_out: int = 16,
         store=dma("store", batch, block_out, acc_dtype, ACC, out_dtype=in_dtype),
         epilogue=(alu_binary("add", batch * block_out, acc_dtype),
                   alu_binary("max", batch * block_out, acc_dtype),
+                  alu_relu(batch * block_out, acc_dtype),
                   alu_shift_clip(batch * block_out, acc_dtype=acc_dtype)),
     )
     return Template(

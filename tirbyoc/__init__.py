@@ -26,9 +26,26 @@ from .template import Runtime, Template
 
 __version__ = "0.1.0"
 
+# The matcher imports TVM; load it on first use so that ``import tirbyoc`` stays cheap.
+_LAZY = {
+    "match": "matcher", "explain": "matcher", "Match": "matcher", "AxisMap": "matcher",
+    "OperandMap": "matcher", "BlockResult": "matcher", "match_chains": "chain", "ChainMatch": "chain",
+}
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tirbyoc' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f".{module}", __name__), name)
+
+
 __all__ = [
     "Axis", "Cost", "DENSE", "DeclarationError", "ExternLibrary", "ExternLibraryError", "GLOBAL",
     "Intrinsic", "IntrinsicError", "IntrinsicGroup", "Layout", "Operand", "RegistrationConflict",
     "Role", "Runtime", "Scope", "ScopeError", "Template", "TemplateError", "TirbyocError",
     "UnknownTemplateError", "get_template", "register_template", "template_names", "templates",
+    *_LAZY,
 ]

@@ -307,7 +307,13 @@ class Intrinsic:
 @dataclass(frozen=True)
 class IntrinsicGroup:
     """The intrinsics that together tensorize one computation, in TVM's own shape
-    (``MultiLevelTilingTensorCore``'s ``init / load_a / load_b / compute / store``)."""
+    (``MultiLevelTilingTensorCore``'s ``init / load_a / load_b / compute / store``).
+
+    ``epilogue``: elementwise ALU steps the device can apply to the accumulator before it
+    is stored, in the order it applies them. A chain of blocks - the compute followed by
+    any in-order subsequence of these steps (GEMM, bias add, ReLU, shift-and-clip) - is
+    matched as one fused offload (`tirbyoc.match_chains`).
+    """
 
     name: str
     compute: Intrinsic

@@ -55,6 +55,9 @@ class Template:
     doc : str
     params : mapping
         The generator parameters the template was made with (for reports and sweeps).
+    allow_padding : bool
+        Whether a workload whose extents are not multiples of the intrinsic's may be padded
+        to fit (False: such blocks do not match, and the report says which axis).
     """
 
     name: str
@@ -67,6 +70,7 @@ class Template:
     requires: Callable[[], str | None] | None = None
     doc: str = ""
     params: Mapping = field(default_factory=dict)
+    allow_padding: bool = True
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name.isidentifier():
