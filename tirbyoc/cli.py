@@ -58,6 +58,64 @@ def cmd_intrinsics(args) -> int:
     return 0
 
 
+def _match_rows(results, chains) -> list[dict]:
+    fused = {}
+    for c in chains:
+        for b, i in zip(c.blocks[1:], c.intrinsics[1:]):
+            fused[(c.compute.function, b)] = (i, c.compute.block)
+    rows = []
+    for r in results:
+        m = r.best
+        row = {"function": r.function, "block": r.block, "macs": r.macs,
+               "intrinsic": m.intrinsic.name if m else None, "reason": None,
+               "mapping": None, "padding": None, "staging": None, "fused_into": None}
+        if m is not None:
+            row["mapping"] = {a: list(v) for a, v in m.mapping.items()}
+            row["padding"] = {a: list(v) for a, v in m.padding.items()}
+            row["staging"] = {o.operand: list(o.staging) for o in m.operands if o.staging}
+            row["outer"] = list(m.outer)
+            row["template"] = m.template
+        elif (r.function, r.block) in fused:
+            intrin, into = fused[(r.function, r.block)]
+            row.update(intrinsic=intrin, fused_into=into)
+        else:
+            row["reason"] = r.reason
+        rows.append(row)
+    return rows
+
+
+def cmd_match(args) -> int:
+    from .chain import match_chains
+    from .loaders import load_workload
+    from .matcher import explain
+
+    names = args.template or template_names()
+    templates = [get_template(n) for n in names]
+    mod = load_workload(args.file, args.object)
+    try:
+        results = explain(mod, templates)
+    except ValueError as err:
+        raise TirbyocError(f"{args.file}: {err}") from None
+    rows = _match_rows(results, match_chains(mod, templates))
+    if args.json:
+        print(json.dumps({"file": str(args.file), "templates": names, "blocks": rows}, indent=2))
+        return 0
+    table = []
+    for r in rows:
+        if r["fused_into"]:
+            what = f"{r['intrinsic']} (epilogue of {r['fused_into']})"
+        elif r["intrinsic"]:
+            m = next(x for x in results if x.function == r["function"] and x.block == r["block"]).best
+            what = f"{r['intrinsic']}  {m.describe()}"
+        else:
+            what = f"- {r['reason']}"
+        table.append([r["function"], r["block"], "" if r["macs"] is None else f"{r['macs']:,}", what])
+    print(render(["function", "block", "MACs", "intrinsic and mapping, or why not"], table))
+    matched = sum(1 for r in rows if r["intrinsic"])
+    print(f"\n{matched} of {len(rows)} blocks match ({', '.join(names)})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tirbyoc", description="Offload TensorIR blocks to accelerator intrinsics.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -65,6 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--template", "-t", action="append", help="only this template (repeatable)")
     p.add_argument("--json", action="store_true", help="print a JSON list of intrinsics")
     p.set_defaults(func=cmd_intrinsics)
+    p = sub.add_parser("match", help="which blocks of a workload the templates' intrinsics match, or why not")
+    p.add_argument("file", help="a .py file defining a PrimFunc/IRModule in TVMScript, or an .onnx model")
+    p.add_argument("--template", "-t", action="append", help="match against this template (repeatable; default all)")
+    p.add_argument("--object", help="which PrimFunc/IRModule of the file, when it defines several")
+    p.add_argument("--json", action="store_true", help='print {"blocks": [...]} as JSON')
+    p.set_defaults(func=cmd_match)
     return parser
 
 

@@ -163,9 +163,11 @@ class Match:
         raise KeyError(name)
 
     def score(self) -> tuple:
-        """Smaller is better: fewer operands to stage, less padding waste, fewer loops."""
+        """Smaller is better: fewer operands to stage, fewer heavy staging steps (transpose,
+        pack, reindex) than mere padding, less padding waste, fewer loops around the call."""
         waste = self.padded_macs / self.macs if self.macs else 1.0
-        return (sum(not o.direct for o in self.operands), round(waste, 6), len(self.outer))
+        heavy = sum(1 for o in self.operands for s in o.staging if s in ("transpose", "pack", "reindex"))
+        return (sum(not o.direct for o in self.operands), heavy, round(waste, 6), len(self.outer))
 
     @property
     def unit_iters(self) -> tuple[str, ...]:
@@ -622,6 +624,7 @@ def _separate_init(blocks: Sequence[BlockPattern], index: int) -> str | None:
 def explain(func_or_mod, targets) -> list[BlockResult]:
     """For every block of every PrimFunc: its matches, best first, or why none matched."""
     cands = candidates(targets)
+    runs_here = {c.template.name: c.template.runs_here() for c in cands if c.template is not None}
     results = []
     for fname, func in _functions(func_or_mod):
         blocks = function_blocks(func)
@@ -642,7 +645,7 @@ def explain(func_or_mod, targets) -> list[BlockResult]:
                                     cand.intrinsic.role is Role.COMPUTE))
                 else:
                     reasons.append((cand.intrinsic.name, f"block {wpat.name!r} does not match", 0, False))
-            matches.sort(key=lambda m: (_role_rank(m.intrinsic), m.score()))
+            matches.sort(key=lambda m: (_role_rank(m.intrinsic), m.score(), not runs_here.get(m.template, True)))
             results.append(BlockResult(fname, wpat.name, _block_size(wpat), tuple(matches), tuple(reasons)))
     return results
 
