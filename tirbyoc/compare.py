@@ -1,0 +1,141 @@
+"""tirbyoc's matcher side by side with TVM's own checks, on the same block and intrinsic.
+
+TVM offers three ways to ask "can this intrinsic compute this block?":
+
+- ``exact``: ``Schedule.tensorize`` on the block's loop nest as written (shapes, loop order
+  and layouts must equal the description's);
+- ``loop_mapping``: ``s_tir.schedule.analysis.get_tensorize_loop_mapping`` with padding
+  allowed (what ``tile_with_tensor_intrin`` uses);
+- ``auto``: ``get_auto_tensorize_mapping_info`` (MetaSchedule's auto-tensorization check).
+
+`compare` runs all three and tirbyoc's `explain`, and checks that where TVM's loop mapping
+exists, tirbyoc maps the same workload iterator to each intrinsic axis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._tvm import Schedule
+from .matcher import explain
+
+
+@dataclass(frozen=True)
+class Comparison:
+    block: str
+    intrinsic: str
+    tvm_exact: bool
+    tvm_loop_mapping: bool
+    tvm_auto: bool
+    tirbyoc: bool
+    tirbyoc_direct: bool  # tirbyoc's match reads every operand in place
+    agree: bool | None  # TVM's iterator per axis is among tirbyoc's (None: nothing to compare)
+    reason: str | None  # tirbyoc's reason when it does not match
+    staging: str | None  # what tirbyoc's match must stage (pack, transpose, pad...)
+
+
+def _tvm_loop_mapping(func, block: str, intrin):
+    from tvm.s_tir.schedule.analysis import get_tensorize_loop_mapping
+
+    sch = Schedule(func)
+    blk = sch.get_sblock(block)
+    info = get_tensorize_loop_mapping(sch, blk, intrin.fresh_desc(), allow_padding=True)
+    if info is None:
+        return None
+    realize = sch.get_sref(blk).stmt
+    loop_of_iter = {}
+    for iv, value in zip(realize.iter_vars, sch.get(sch.get_sblock(block)) and _bindings(sch, blk)):
+        loop_of_iter[str(iv.var.name)] = value
+    desc_leaf = _desc_iters(intrin)
+    out = {}
+    for wl_loop, desc_loop in info.loop_map.items():
+        wl_var = str(sch.get(wl_loop).loop_var.name)
+        axis = desc_leaf.get(str(desc_loop.loop_var.name))
+        iters = [it for it, loops in loop_of_iter.items() if loops == {wl_var}]
+        if axis is not None and iters:
+            out[axis] = iters[0]
+    return out
+
+
+def _bindings(sch, blk):
+    from .pattern import expr_vars
+
+    realize = _realize(sch, blk)
+    return [set(expr_vars(v)) for v in realize.iter_values]
+
+
+def _realize(sch, blk):
+    from .tir_walk import child_stmts
+
+    target = sch.get(blk)
+    stack = [sch.mod["main"].body]
+    while stack:
+        node = stack.pop()
+        if type(node).__name__ == "SBlockRealize" and node.block.same_as(target):
+            return node
+        stack.extend(child_stmts(node))
+    raise LookupError(target.name_hint)
+
+
+def _desc_iters(intrin) -> dict[str, str]:
+    """Desc loop variable -> the desc block iterator it binds."""
+    from .intrinsic_check import leaf_block
+    from .pattern import expr_vars
+    from .tir_walk import child_stmts, root_block
+
+    leaf = leaf_block(intrin.name, intrin.desc)
+    stack = [root_block(intrin.desc).body]
+    while stack:
+        node = stack.pop()
+        if type(node).__name__ == "SBlockRealize" and node.block.same_as(leaf):
+            out = {}
+            for iv, value in zip(node.block.iter_vars, node.iter_values):
+                vs = expr_vars(value)
+                if len(vs) == 1:
+                    out[next(iter(vs))] = str(iv.var.name)
+            return out
+        stack.extend(child_stmts(node))
+    return {}
+
+
+def _tvm_exact(func, block: str, intrin) -> bool:
+    intrin.register()
+    sch = Schedule(func)
+    try:
+        blk = sch.get_sblock(block)
+        loops = sch.get_loops(blk)
+        if sch.get(blk).init is not None:  # descriptions carry no init: split it off first
+            sch.decompose_reduction(blk, loops[0])
+        sch.tensorize(loops[0], intrin.name)
+        return True
+    except Exception:  # TVM raises its own error types for every kind of mismatch
+        return False
+
+
+def _tvm_auto(func, block: str, intrin) -> bool:
+    from tvm.s_tir.schedule.analysis import get_auto_tensorize_mapping_info
+
+    sch = Schedule(func)
+    try:
+        return get_auto_tensorize_mapping_info(sch, sch.get_sblock(block), intrin.fresh_desc()) is not None
+    except Exception:
+        return False
+
+
+def compare(func, block: str, intrin) -> Comparison:
+    """Run TVM's three checks and tirbyoc's matcher on one block of a single-function workload."""
+    (result,) = [r for r in explain(func, intrin) if r.block == block]
+    m = result.best
+    try:
+        tvm_map = _tvm_loop_mapping(func, block, intrin)
+    except Exception:
+        tvm_map = None
+    agree = None
+    if m is not None and tvm_map:
+        agree = all(it in m.mapping.get(axis, ()) for axis, it in tvm_map.items())
+    staging = None
+    if m is not None and not m.direct:
+        staging = "; ".join(f"{o.operand}:{'+'.join(o.staging)}" for o in m.operands if not o.direct)
+    return Comparison(block, intrin.name, _tvm_exact(func, block, intrin), tvm_map is not None,
+                      _tvm_auto(func, block, intrin), m is not None, bool(m and m.direct), agree,
+                      result.reason, staging)
