@@ -152,7 +152,7 @@ def main(A: T.Buffer((64, 64), "float32"), B: T.Buffer((64, 128), "float32"), C:
     assert not m.operand("B").direct and "steps by 2" in m.operand("B").reason
 
 
-def test_cuda_alignment_is_checked():
+def test_cuda_compute_operands_are_staged_into_fragments():
     f = matmul(64, 64, 64, "float16", "float16", "float32")
     m = next(x for x in best(f, "cuda_mma").matches if x.intrinsic.role.value == "compute")
     assert m.mapping == {"vi": ("vi",), "vj": ("vj",), "vk": ("vk",)}
@@ -256,3 +256,33 @@ def main(a: T.handle, B: T.Buffer((64, 64), "float32"), c: T.handle):
 ''')
     r = best(f, "blas")
     assert r.best is None and "symbolic extent" in r.reason
+
+
+# ------------------------------------------------------------- relax, fused, index maps
+def test_fused_relax_primfunc_matches_its_conv_block():
+    from tvm import relax
+    from tvm.relax.frontend import nn
+
+    class ConvRelu(nn.Module):
+        def __init__(self):
+            self.conv = nn.Conv2D(16, 32, 3, padding=1, bias=True)
+
+        def forward(self, x):
+            return nn.op.relu(self.conv(x))
+
+    mod, _ = ConvRelu().export_tvm({"forward": {"x": nn.spec.Tensor((1, 16, 8, 8), "float32")}})
+    mod = relax.transform.LegalizeOps()(mod)
+    mod = relax.transform.FuseTIR()(relax.transform.FuseOps()(relax.transform.AnnotateTIROpPattern()(mod)))
+    results = [r for r in explain(mod, "blas") if r.function.startswith("fused_")]
+    blocks = {r.block: r for r in results}
+    assert {"pad_temp", "conv2d_nchw", "compute"} <= set(blocks)
+    assert blocks["conv2d_nchw"].best.mapping["vj"] == ("v_ff",)
+    assert blocks["compute"].best is None
+
+
+def test_block_index_map_fuses_implicit_gemm_axes():
+    m = best(conv2d(1, 8, 6, 6, 16, 3, 3), "blas").best
+    imap = m.block_index_map()
+    # iterators (vn, vf, vy, vx, vrc, vry, vrx) -> (outer..., i = vy*4 + vx, j = vf, k = (vrc*3 + vry)*3 + vrx)
+    out = [int(x) for x in imap.map_indices([0, 5, 2, 3, 7, 1, 2])]
+    assert out[-3:] == [2 * 4 + 3, 5, (7 * 3 + 1) * 3 + 2]
