@@ -257,9 +257,8 @@ def alu_binary(op: str, lanes: int, acc_dtype: str = "int32") -> Intrinsic:
                      doc=f"ALU {op} on accumulator tiles")
 
 
-@cache
-def alu_relu(lanes: int, acc_dtype: str = "int32") -> Intrinsic:
-    """z[i] = max(x[i], 0): the ALU's max with an immediate 0 (ReLU)."""
+def _alu_unary(short: str, lanes: int, acc_dtype: str, fn, call, cycles: int, doc: str) -> Intrinsic:
+    """z[i] = fn(x[i]) on the accumulator; ``call(T, Z, X)`` is the simulator call."""
 
     def build():
         from tvm.script import tirx as T
@@ -275,7 +274,7 @@ def alu_relu(lanes: int, acc_dtype: str = "int32") -> Intrinsic:
                 for i in T.serial(lanes):
                     with T.sblock("alu"):
                         vi = T.axis.remap("S", [i])
-                        Z[vi] = T.max(X[vi], T.cast(0, acc_dtype))
+                        Z[vi] = fn(T, X[vi])
 
         @T.prim_func(s_tir=True)
         def impl(
@@ -285,56 +284,35 @@ def alu_relu(lanes: int, acc_dtype: str = "int32") -> Intrinsic:
             with T.sblock("root"):
                 T.reads(X[0:lanes])
                 T.writes(Z[0:lanes])
-                T.evaluate(T.call_packed("tirbyoc.vta.alu_relu", Z, X))
+                T.evaluate(call(T, Z, X))
 
         return desc, impl
 
     shape = (lanes,)
-    return Intrinsic(f"{NAME}.alu_relu_{lanes}", Role.ALU,
+    return Intrinsic(f"{NAME}.{short}", Role.ALU,
                      [Operand("X", shape, acc_dtype, ACC), Operand("Z", shape, acc_dtype, ACC)],
-                     [("i", lanes, "S")], build, cost=Cost(cycles=1, bytes_moved=0),
-                     doc="ALU max(acc, 0) (ReLU)")
+                     [("i", lanes, "S")], build, cost=Cost(cycles=cycles, bytes_moved=0), doc=doc)
+
+
+@cache
+def alu_relu(lanes: int, acc_dtype: str = "int32") -> Intrinsic:
+    """z[i] = max(x[i], 0): the ALU's max with an immediate 0 (ReLU)."""
+    return _alu_unary(f"alu_relu_{lanes}", lanes, acc_dtype,
+                      lambda T, x: T.max(x, T.cast(0, acc_dtype)),
+                      lambda T, Z, X: T.call_packed("tirbyoc.vta.alu_relu", Z, X),
+                      1, "ALU max(acc, 0) (ReLU)")
 
 
 @cache
 def alu_shift_clip(lanes: int, shift: int = 8, lo: int = -128, hi: int = 127,
                    acc_dtype: str = "int32") -> Intrinsic:
     """acc = clip(acc >> shift, lo, hi): VTA's requantization epilogue (shift and clip)."""
-
-    def build():
-        from tvm.script import tirx as T
-
-        @T.prim_func(s_tir=True)
-        def desc(
-            X: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC),
-            Z: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(X[0:lanes])
-                T.writes(Z[0:lanes])
-                for i in T.serial(lanes):
-                    with T.sblock("alu"):
-                        vi = T.axis.remap("S", [i])
-                        Z[vi] = T.max(T.min(T.shift_right(X[vi], T.cast(shift, acc_dtype)),
-                                                T.cast(hi, acc_dtype)), T.cast(lo, acc_dtype))
-
-        @T.prim_func(s_tir=True)
-        def impl(
-            X: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC),
-            Z: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(X[0:lanes])
-                T.writes(Z[0:lanes])
-                T.evaluate(T.call_packed("tirbyoc.vta.alu_shift_clip", Z, X, shift, lo, hi))
-
-        return desc, impl
-
-    shape = (lanes,)
-    return Intrinsic(f"{NAME}.alu_shift_clip_{lanes}_s{shift}", Role.ALU,
-                     [Operand("X", shape, acc_dtype, ACC), Operand("Z", shape, acc_dtype, ACC)],
-                     [("i", lanes, "S")], build, cost=Cost(cycles=2, bytes_moved=0),
-                     doc=f"ALU clip(acc >> {shift}, {lo}, {hi})")
+    return _alu_unary(
+        f"alu_shift_clip_{lanes}_s{shift}", lanes, acc_dtype,
+        lambda T, x: T.max(T.min(T.shift_right(x, T.cast(shift, acc_dtype)), T.cast(hi, acc_dtype)),
+                           T.cast(lo, acc_dtype)),
+        lambda T, Z, X: T.call_packed("tirbyoc.vta.alu_shift_clip", Z, X, shift, lo, hi),
+        2, f"ALU clip(acc >> {shift}, {lo}, {hi})")
 
 
 def _positive(name, value):

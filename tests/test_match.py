@@ -194,37 +194,24 @@ def test_init_inside_or_outside_the_block():
 
 
 # ----------------------------------------------------------------------- chains
-CHAIN = '''
-@T.prim_func(s_tir=True)
-def main(A: T.Buffer((1, 64), "int8"), W: T.Buffer((32, 64), "int8"), bias: T.Buffer((32,), "int32"),
-         out: T.Buffer((1, 32), "int32")):
-    C = T.sblock_alloc_buffer((1, 32), "int32")
-    D = T.sblock_alloc_buffer((1, 32), "int32")
-    for i, j, k in T.grid(1, 32, 64):
-        with T.sblock("dense"):
-            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-            with T.init():
-                C[vi, vj] = 0
-            C[vi, vj] = C[vi, vj] + T.Cast("int32", A[vi, vk]) * T.Cast("int32", W[vj, vk])
-    for i, j in T.grid(1, 32):
-        with T.sblock("bias"):
-            vi, vj = T.axis.remap("SS", [i, j])
-            D[vi, vj] = C[vi, vj] + bias[vj]
-    for i, j in T.grid(1, 32):
-        with T.sblock("relu"):
-            vi, vj = T.axis.remap("SS", [i, j])
-            out[vi, vj] = T.max(D[vi, vj], {relu_floor})
-'''
+def chain_workload(relu_floor: int):
+    """The example's GEMM + bias + ReLU PrimFunc, with the ReLU's floor changed."""
+    import runpy
+    from pathlib import Path
+
+    example = Path(__file__).parent.parent / "examples" / "gemm_workloads.py"
+    src = runpy.run_path(str(example))["Workloads"]["dense_bias_relu"].script()
+    return parse(src.replace("T.max(D[vi, vj], 0)", f"T.max(D[vi, vj], {relu_floor})"))
 
 
 def test_gemm_bias_relu_chain_matches_the_vta_epilogue():
-    (chain,) = match_chains(parse(CHAIN.format(relu_floor=0)), "vta")
+    (chain,) = match_chains(chain_workload(0), "vta")
     assert chain.blocks == ("dense", "bias", "relu")
     assert [i.split(".")[1] for i in chain.intrinsics] == ["gemm_1x16x16", "alu_add_16", "alu_relu_16"]
 
 
 def test_chain_stops_where_the_epilogue_differs():
-    (chain,) = match_chains(parse(CHAIN.format(relu_floor=5)), "vta")
+    (chain,) = match_chains(chain_workload(5), "vta")
     assert chain.blocks == ("dense", "bias")  # max(x, 5) is no ReLU
 
 
