@@ -16,7 +16,7 @@ from itertools import combinations
 import networkx as nx
 from networkx.algorithms.isomorphism import DiGraphMatcher
 
-from .matcher import Match, _functions, _PairMatcher, candidates, explain
+from .matcher import Candidate, Match, _functions, _PairMatcher, candidates
 from .pattern import function_blocks
 
 
@@ -74,20 +74,18 @@ def match_chains(func_or_mod, targets) -> list[ChainMatch]:
         if len(blocks) < 2 or not groups:
             continue
         graph = block_graph(blocks)
-        results = {r.block: r for r in explain(func, [c.group.compute for c in groups.values()])}
         taken: set[int] = set()
         for cand in groups.values():
             group = cand.group
             labels: dict[int, dict[str, Match]] = {}
             for i, b in enumerate(blocks):
+                # The blocks are read once above; each is matched directly, not re-read.
                 found = {}
-                r = results.get(b.name)
-                if r is not None:
-                    for m in r.matches:
-                        if m.intrinsic is group.compute:
-                            found[m.intrinsic.name] = m
+                compute = _PairMatcher(Candidate(group.compute, group, cand.template), b, fname).run([])
+                if compute is not None:
+                    found[group.compute.name] = compute
                 for step in group.epilogue:
-                    m = _PairMatcher(type(cand)(step, group, cand.template), b, fname,
+                    m = _PairMatcher(Candidate(step, group, cand.template), b, fname,
                                      as_epilogue=True).run([])
                     if m is not None:
                         found[step.name] = m

@@ -17,7 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ._tvm import Schedule
+from .intrinsic_check import leaf_block
 from .matcher import explain
+from .pattern import expr_vars
+from .tir_walk import child_stmts, root_block
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,7 @@ class Comparison:
 
 
 def _tvm_loop_mapping(func, block: str, intrin):
+    """TVM's loop mapping as {intrinsic axis: workload iterator}, or None if it finds none."""
     from tvm.s_tir.schedule.analysis import get_tensorize_loop_mapping
 
     sch = Schedule(func)
@@ -42,60 +46,31 @@ def _tvm_loop_mapping(func, block: str, intrin):
     info = get_tensorize_loop_mapping(sch, blk, intrin.fresh_desc(), allow_padding=True)
     if info is None:
         return None
-    realize = sch.get_sref(blk).stmt
-    loop_of_iter = {}
-    for iv, value in zip(realize.iter_vars, sch.get(sch.get_sblock(block)) and _bindings(sch, blk)):
-        loop_of_iter[str(iv.var.name)] = value
-    desc_leaf = _desc_iters(intrin)
+    iter_of_loop = _iter_of_loop(sch.mod["main"].body, sch.get(blk))
+    axis_of_loop = _iter_of_loop(root_block(intrin.desc).body, leaf_block(intrin.name, intrin.desc))
     out = {}
     for wl_loop, desc_loop in info.loop_map.items():
-        wl_var = str(sch.get(wl_loop).loop_var.name)
-        axis = desc_leaf.get(str(desc_loop.loop_var.name))
-        iters = [it for it, loops in loop_of_iter.items() if loops == {wl_var}]
-        if axis is not None and iters:
-            out[axis] = iters[0]
+        axis = axis_of_loop.get(str(desc_loop.loop_var.name))
+        it = iter_of_loop.get(str(sch.get(wl_loop).loop_var.name))
+        if axis is not None and it is not None:
+            out[axis] = it
     return out
 
 
-def _bindings(sch, blk):
-    from .pattern import expr_vars
-
-    realize = _realize(sch, blk)
-    return [set(expr_vars(v)) for v in realize.iter_values]
-
-
-def _realize(sch, blk):
-    from .tir_walk import child_stmts
-
-    target = sch.get(blk)
-    stack = [sch.mod["main"].body]
+def _iter_of_loop(body, block) -> dict[str, str]:
+    """Loop variable -> the iterator of ``block`` bound to exactly that loop."""
+    stack = [body]
     while stack:
         node = stack.pop()
-        if type(node).__name__ == "SBlockRealize" and node.block.same_as(target):
-            return node
-        stack.extend(child_stmts(node))
-    raise LookupError(target.name_hint)
-
-
-def _desc_iters(intrin) -> dict[str, str]:
-    """Desc loop variable -> the desc block iterator it binds."""
-    from .intrinsic_check import leaf_block
-    from .pattern import expr_vars
-    from .tir_walk import child_stmts, root_block
-
-    leaf = leaf_block(intrin.name, intrin.desc)
-    stack = [root_block(intrin.desc).body]
-    while stack:
-        node = stack.pop()
-        if type(node).__name__ == "SBlockRealize" and node.block.same_as(leaf):
+        if type(node).__name__ == "SBlockRealize" and node.block.same_as(block):
             out = {}
             for iv, value in zip(node.block.iter_vars, node.iter_values):
-                vs = expr_vars(value)
-                if len(vs) == 1:
-                    out[next(iter(vs))] = str(iv.var.name)
+                loops = expr_vars(value)
+                if len(loops) == 1:
+                    out[next(iter(loops))] = str(iv.var.name)
             return out
         stack.extend(child_stmts(node))
-    return {}
+    raise LookupError(f"block {block.name_hint!r} is not in the function")
 
 
 def _tvm_exact(func, block: str, intrin) -> bool:

@@ -169,10 +169,6 @@ class Match:
         heavy = sum(1 for o in self.operands for s in o.staging if s in ("transpose", "pack", "reindex"))
         return (sum(not o.direct for o in self.operands), heavy, round(waste, 6), len(self.outer))
 
-    @property
-    def unit_iters(self) -> tuple[str, ...]:
-        return tuple(n for n, e in zip(self.iters, self.iter_extents) if e == 1)
-
     def block_index_map(self):
         """IndexMap from the block's iterators to ``(outer..., axis values...)``: the view
         in which the block is one loop nest of intrinsic calls (for
@@ -399,9 +395,8 @@ class _PairMatcher:
                     chosen[a] = (it.name,)
                 for a in axes[len(cands):]:
                     chosen[a] = ()
-            for names in chosen.values():
-                used.update(names)
             for a in axes:
+                used.update(chosen[a])
                 if not chosen[a]:
                     self._check_absent(a, kind, sig, wsig)
 
