@@ -175,16 +175,35 @@ def batched_gemm(batch: int, m: int, n: int, k: int, trans_b: bool = False) -> I
 
 TILE = 64
 
+
+def _gemm_group(trans_b: bool, m: int = TILE, n: int = TILE, k: int = TILE) -> IntrinsicGroup:
+    """A GEMM group; ``resize`` re-declares it for a block's exact extents (one call, no
+    padding: OpenBLAS takes any size)."""
+    kind = "nt" if trans_b else "nn"
+    exact = (m, n, k) != (TILE, TILE, TILE)
+    return IntrinsicGroup(
+        f"sgemm_{kind}" + (f"_{m}x{n}x{k}" if exact else ""),
+        compute=gemm(m, n, k, trans_b),
+        resize=lambda ext: _gemm_group(trans_b, ext["vi"], ext["vj"], ext["vk"]),
+    )
+
+
+def _batched_group(trans_b: bool, b: int = 4, m: int = TILE, n: int = TILE,
+                   k: int = TILE) -> IntrinsicGroup:
+    kind = "nt" if trans_b else "nn"
+    exact = (b, m, n, k) != (4, TILE, TILE, TILE)
+    return IntrinsicGroup(
+        f"sgemm_batched_{kind}" + (f"_{b}x{m}x{n}x{k}" if exact else ""),
+        compute=batched_gemm(b, m, n, k, trans_b),
+        resize=lambda ext: _batched_group(trans_b, ext["vb"], ext["vi"], ext["vj"], ext["vk"]),
+    )
+
+
 TEMPLATE = Template(
     name=NAME,
     target=TARGET,
     runtime=Runtime.EXTERN_C,
-    groups=(
-        IntrinsicGroup("sgemm_nn", compute=gemm(TILE, TILE, TILE)),
-        IntrinsicGroup("sgemm_nt", compute=gemm(TILE, TILE, TILE, trans_b=True)),
-        IntrinsicGroup("sgemm_batched_nn", compute=batched_gemm(4, TILE, TILE, TILE)),
-        IntrinsicGroup("sgemm_batched_nt", compute=batched_gemm(4, TILE, TILE, TILE, trans_b=True)),
-    ),
+    groups=(_gemm_group(False), _gemm_group(True), _batched_group(False), _batched_group(True)),
     libraries=(LIBRARY,),
     doc="fp32 GEMM / batched GEMM through OpenBLAS (scipy-openblas32), destination-passing",
     params={"tile": TILE},

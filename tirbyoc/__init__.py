@@ -13,10 +13,12 @@ from .errors import (
     ExternLibraryError,
     IntrinsicError,
     RegistrationConflict,
+    RewriteError,
     ScopeError,
     TemplateError,
     TirbyocError,
     UnknownTemplateError,
+    VerificationError,
 )
 from .extern import ExternLibrary
 from .intrinsic import DENSE, Axis, Cost, Intrinsic, IntrinsicGroup, Layout, Operand, Role
@@ -30,6 +32,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "match": "matcher", "explain": "matcher", "Match": "matcher", "AxisMap": "matcher",
     "OperandMap": "matcher", "BlockResult": "matcher", "match_chains": "chain", "ChainMatch": "chain",
+    "tensorize": "rewrite", "Rewritten": "rewrite", "offload": "offloading", "Offloaded": "offloading",
+    "verify": "verification", "Verification": "verification",
 }
 
 
@@ -45,7 +49,7 @@ def __getattr__(name):
 __all__ = [
     "Axis", "Cost", "DENSE", "DeclarationError", "ExternLibrary", "ExternLibraryError", "GLOBAL",
     "Intrinsic", "IntrinsicError", "IntrinsicGroup", "Layout", "Operand", "RegistrationConflict",
-    "Role", "Runtime", "Scope", "ScopeError", "Template", "TemplateError", "TirbyocError",
-    "UnknownTemplateError", "get_template", "register_template", "template_names", "templates",
+    "RewriteError", "Role", "Runtime", "Scope", "ScopeError", "Template", "TemplateError", "TirbyocError",
+    "UnknownTemplateError", "VerificationError", "get_template", "register_template", "template_names", "templates",
     *_LAZY,
 ]

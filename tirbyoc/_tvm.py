@@ -41,6 +41,8 @@ def make_target(spec) -> "tvm.target.Target":
     """
     if isinstance(spec, tvm.target.Target):
         return spec
+    if not isinstance(spec, str):  # templates hold read-only mappings
+        spec = dict(spec)
     return tvm.target.Target(spec)
 
 

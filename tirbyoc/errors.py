@@ -38,3 +38,13 @@ class UnknownTemplateError(TirbyocError, KeyError):
 
 class ExternLibraryError(TirbyocError):
     """An extern library could not be compiled, loaded or lacks a declared symbol."""
+
+
+class RewriteError(TirbyocError):
+    """A match could not be turned into TIR; says which step failed and why. `tirbyoc.offload`
+    catches it and leaves the block to TVM's default lowering."""
+
+
+class VerificationError(TirbyocError):
+    """A function could not be built or run for verification (not: it computed wrong
+    numbers, which `tirbyoc.verify` reports as a failed `Verification`)."""

@@ -313,6 +313,12 @@ class IntrinsicGroup:
     is stored, in the order it applies them. A chain of blocks - the compute followed by
     any in-order subsequence of these steps (GEMM, bias add, ReLU, shift-and-clip) - is
     matched as one fused offload (`tirbyoc.match_chains`).
+
+    ``resize``: for library calls that take any size, a function from the compute
+    intrinsic's axis extents (``{"vi": 1000, "vj": 17, "vk": 300}``) to a group declared for
+    exactly those extents. The matcher matches the declared (tile-sized) group; the rewrite
+    engine then asks for the exact-size group so a block becomes one library call with no
+    padding.
     """
 
     name: str
@@ -321,6 +327,7 @@ class IntrinsicGroup:
     loads: tuple[Intrinsic, ...] = field(default_factory=tuple)
     store: Intrinsic | None = None
     epilogue: tuple[Intrinsic, ...] = field(default_factory=tuple)
+    resize: Callable[[dict], "IntrinsicGroup"] | None = field(default=None, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "loads", tuple(self.loads))
@@ -339,6 +346,8 @@ class IntrinsicGroup:
                     f"group {self.name!r}: {slot} slot holds {intrin.name!r} whose role is "
                     f"{intrin.role.value}, expected {role.value}"
                 )
+        if self.resize is not None and not callable(self.resize):
+            raise IntrinsicError(f"group {self.name!r}: resize must be callable, got {self.resize!r}")
 
     def members(self) -> tuple[Intrinsic, ...]:
         out = [self.compute]

@@ -181,7 +181,7 @@ class Match:
             env = dict(zip(self.iters, vs))
             out = [env[n] for n in self.outer]
             for a in self.axes:
-                value = 0
+                value = tirx.const(0, "int32")
                 for it in a.iters:
                     value = value * extents[it] + env[it]
                 out.append(value)

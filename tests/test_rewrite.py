@@ -1,0 +1,153 @@
+"""The rewrite engine: every rewrite is built, run and compared with the untouched function."""
+
+import pytest
+from workloads import conv2d, matmul, parse
+
+import tirbyoc
+from tirbyoc import RewriteError, offload, tensorize, verify
+
+VNNI = tirbyoc.get_template("x86_vnni")
+needs_vnni = pytest.mark.skipif(not VNNI.runs_here(), reason=str(VNNI.unavailable_reason()))
+
+
+def only(result_blocks):
+    (block,) = result_blocks
+    return block
+
+
+def assert_offloaded(func, template, intrinsic_prefix):
+    out = offload(func, template)
+    block = only([b for b in out.blocks if b.block in ("C", "conv")])
+    assert block.offloaded, block.reason
+    assert block.intrinsic.startswith(intrinsic_prefix)
+    assert out.verification.passed, out.verification.describe()
+    return out
+
+
+# ------------------------------------------------------------------------- x86 VNNI
+@needs_vnni
+@pytest.mark.parametrize("m,n,k", [(64, 64, 64), (16, 16, 4), (1, 16, 4), (30, 50, 36), (17, 33, 7),
+                                   (3, 15, 17)])
+def test_vnni_int8_dense_any_size(m, n, k):
+    assert_offloaded(matmul(m, n, k, "uint8", "int8", "int32", trans_b=True), VNNI, "x86_vnni.dot")
+
+
+@needs_vnni
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_vnni_weights_either_layout_are_packed_once(trans_b):
+    out = assert_offloaded(matmul(32, 48, 64, "uint8", "int8", "int32", trans_b=trans_b), VNNI, "x86_vnni")
+    steps = " ".join(out.offloaded[0].steps)
+    assert "pack 16x4 tiles B" in steps or "pack B into 16x4 tiles" in steps
+    assert "register-blocked" in steps
+
+
+@needs_vnni
+def test_vnni_batched_matmul():
+    assert_offloaded(matmul(16, 32, 64, "uint8", "int8", "int32", batch=3), VNNI, "x86_vnni")
+
+
+@needs_vnni
+@pytest.mark.parametrize("layout,c,oc,stride", [("NHWC", 16, 32, 1), ("NCHW", 16, 32, 2), ("NHWC", 3, 24, 1),
+                                                ("NCHW", 8, 17, 1)])
+def test_vnni_conv2d(layout, c, oc, stride):
+    f = conv2d(1, c, 9, 9, oc, 3, 3, layout=layout, stride=stride, dtype="uint8", wdtype="int8", acc="int32")
+    assert_offloaded(f, VNNI, "x86_vnni")
+
+
+@needs_vnni
+def test_vnni_separate_init_block():
+    f = matmul(32, 32, 32, "uint8", "int8", "int32", trans_b=True, init="outside")
+    assert_offloaded(f, VNNI, "x86_vnni")
+
+
+def test_tensorize_structure_without_schedule():
+    """Before / Expected: the canonical rewrite of a 16x16x8 int8 GEMM, loops as tiled."""
+    f = matmul(2, 16, 8, "uint8", "int8", "int32", trans_b=True)
+    (m,) = [x for x in tirbyoc.match(f, VNNI) if x.intrinsic.role.value == "compute"]
+    got = tensorize(f, m, schedule=False).func
+    expected = parse('''
+@T.prim_func(s_tir=True)
+def main(A: T.Buffer((2, 8), "uint8"), B: T.Buffer((16, 8), "int8"), C: T.Buffer((2, 16), "int32")):
+    B_global = T.sblock_alloc_buffer((1, 2, 16, 4), "int8")
+    for ax0, ax1 in T.grid(16, 8):
+        with T.sblock("B_global"):
+            v0, v1 = T.axis.remap("SS", [ax0, ax1])
+            T.reads(B[v0, v1])
+            T.writes(B_global[0, v1 // 4, v0, v1 % 4])
+            B_global[0, v1 // 4, v0, v1 % 4] = B[v0, v1]
+    for ax0, ax1_0 in T.grid(2, 1):
+        with T.sblock("C_init_o"):
+            v0_o, v1_o = T.axis.remap("SS", [ax0, ax1_0])
+            T.reads()
+            T.writes(C[v0_o, 0:16])
+            C_1 = T.match_buffer(C[v0_o, 0:16], (16,), "int32", offset_factor=1)
+            C_1[0:16] = T.Broadcast(0, 16)
+        for ax2_0 in range(2):
+            with T.sblock("C_update_o"):
+                v0_o, v1_o, v2_o = T.axis.remap("SSR", [ax0, ax1_0, ax2_0])
+                T.reads(C[v0_o, 0:16], A[v0_o, v2_o * 4:v2_o * 4 + 4], B_global[0, v2_o, 0:16, 0:4])
+                T.writes(C[v0_o, 0:16])
+                A_1 = T.match_buffer(A[v0_o, v2_o * 4:v2_o * 4 + 4], (4,), "uint8", offset_factor=1)
+                B_1 = T.match_buffer(B_global[0, v2_o, 0:16, 0:4], (16, 4), "int8", offset_factor=1)
+                C_1 = T.match_buffer(C[v0_o, 0:16], (16,), "int32", offset_factor=1)
+                C_1[0:16] = T.call_llvm_pure_intrin("int32x16", "llvm.x86.avx512.vpdpbusd.512", C_1[T.Ramp(0, 1, 16)], T.reinterpret("int8x64", T.Broadcast(T.reinterpret("int32", A_1[T.Ramp(0, 1, 4)]), 16)), B_1[0, T.Ramp(0, 1, 64)])
+''')
+    assert tirbyoc._tvm.structural_equal(got, expected), got.script()
+
+
+def test_rewrite_refusal_is_a_clean_fallback():
+    # GEMV under blas's GEMM intrinsic: no iterator for N; the block stays, with the reason.
+    f = matmul(64, 1, 64)
+    out = offload(f, "blas")
+    block = only(out.blocks)
+    assert not block.offloaded and "no workload iterator" in block.reason
+    assert out.func.same_as(f) and out.verification is None
+
+
+def test_tensorize_raises_rewrite_error_naming_the_step():
+    f = matmul(64, 1, 64)
+    (m,) = tirbyoc.match(f, "blas")[:1]
+    with pytest.raises(RewriteError, match="main/C with blas"):
+        tensorize(f, m)
+
+
+# ------------------------------------------------------------------------------- blas
+@pytest.mark.parametrize("m,n,k", [(2, 2, 2), (7, 13, 5), (64, 64, 64), (127, 255, 97), (1023, 3, 1021),
+                                   (61, 1023, 2)])
+def test_blas_exact_shape_single_call(m, n, k):
+    out = assert_offloaded(matmul(m, n, k, trans_b=(m % 2 == 1)), "blas", "blas.sgemm")
+    assert out.offloaded[0].intrinsic.startswith(f"blas.sgemm_{m}x{n}x{k}")
+    assert any("links tirbyoc_blas_shim" in s for s in out.offloaded[0].steps)
+
+
+def test_blas_batched():
+    assert_offloaded(matmul(16, 32, 64, batch=3, trans_b=True), "blas", "blas.sgemm")
+
+
+# ------------------------------------------------------------------------ verification
+def test_verify_catches_a_wrong_rewrite():
+    f = matmul(16, 16, 16, "uint8", "int8", "int32", trans_b=True)
+    # Same signature, B read as [K, N] instead of [N, K]: a plausible layout bug.
+    wrong = matmul(16, 16, 16, "uint8", "int8", "int32", trans_b=False)
+    result = verify(f, wrong)
+    assert result.passed is False and result.max_abs_err > 0
+
+
+def test_verify_float_tolerance_and_signature_check():
+    f = matmul(8, 8, 8)
+    assert verify(f, matmul(8, 8, 8, order="kji")).passed
+    with pytest.raises(tirbyoc.VerificationError, match="signatures differ"):
+        verify(f, matmul(8, 8, 9))
+
+
+def test_policies():
+    from tirbyoc.offloading import estimated_cycles
+
+    f = matmul(16, 32, 64, batch=4, trans_b=True)
+    matches = [m for m in tirbyoc.match(f, "blas") if m.intrinsic.role.value == "compute"]
+    assert len(matches) >= 2
+    out = offload(f, "blas", policy="cost", verify=False)
+    assert out.offloaded
+    assert min(estimated_cycles(m) for m in matches) <= estimated_cycles(matches[0])
+    with pytest.raises(tirbyoc.TirbyocError, match="unknown offload policy"):
+        offload(f, "blas", policy="fastest")

@@ -1,0 +1,199 @@
+"""`offload`: apply every match of a template in a PrimFunc, verify, leave the rest to TVM.
+
+For each block the matcher can compute, a policy picks one of its matches, the rewrite
+engine applies it, and (by default) `tirbyoc.verify` proves the new function computes what
+the old one did. A block whose rewrite TVM refuses, or whose result does not verify, stays
+as it was - with the reason recorded - so the function always builds with TVM's default
+lowering for whatever was not offloaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from math import prod
+from typing import Callable, Sequence
+
+from .dtypes import dtype_bytes
+from .errors import RewriteError, TirbyocError
+from .intrinsic import Role
+from .matcher import Match, _PairMatcher, Candidate, explain
+from .pattern import function_blocks
+from .rewrite import Rewritten, tensorize
+
+
+@dataclass(frozen=True)
+class BlockOutcome:
+    """What happened to one block: offloaded with an intrinsic, or kept and why."""
+
+    block: str
+    macs: int | None
+    intrinsic: str | None  # the intrinsic it now calls, None if it stayed
+    reason: str | None  # why it stayed (no match, rewrite refused, verification failed)
+    steps: tuple[str, ...] = ()
+
+    @property
+    def offloaded(self) -> bool:
+        return self.intrinsic is not None
+
+
+@dataclass(frozen=True)
+class Offloaded:
+    """The result of `offload`: the new PrimFunc and one outcome per block."""
+
+    func: object
+    original: object
+    template: str
+    blocks: tuple[BlockOutcome, ...]
+    verification: object = None  # tirbyoc.Verification of the whole function, if run
+    rewrites: tuple[Rewritten, ...] = field(default=(), repr=False)
+
+    @property
+    def offloaded(self) -> tuple[BlockOutcome, ...]:
+        return tuple(b for b in self.blocks if b.offloaded)
+
+    @property
+    def coverage(self) -> float:
+        """Fraction of the function's multiply-accumulates (or elements) now offloaded."""
+        total = sum(b.macs or 0 for b in self.blocks)
+        done = sum(b.macs or 0 for b in self.blocks if b.offloaded)
+        return done / total if total else 0.0
+
+    def table(self) -> str:
+        from .table import render
+
+        rows = [(b.block, f"{b.macs:,}" if b.macs else "-", b.intrinsic or "-",
+                 "; ".join(b.steps[-1:]) if b.offloaded else (b.reason or "")) for b in self.blocks]
+        return render(("block", "MACs", "intrinsic", "how / why not"), rows)
+
+
+# -------------------------------------------------------------------------- policies
+Policy = Callable[[Sequence[Match]], Match]
+
+
+def first_match(matches: Sequence[Match]) -> Match:
+    """The matcher's own order: fewest operands to stage, least padding."""
+    return matches[0]
+
+
+def estimated_cycles(m: Match) -> float:
+    """Calls x the intrinsic's declared cycles, plus the bytes staging copies move (at one
+    64-byte line per cycle) - a cheap, monotone stand-in for measuring."""
+    compute = m.calls * m.intrinsic.cost.cycles
+    staged = 0
+    for op in m.operands:
+        if op.direct:
+            continue
+        spec = next(o for o in m.intrinsic.operands if o.name == op.operand)
+        staged += prod(op.view_extents) * dtype_bytes(spec.dtype)
+    return compute + staged / 64.0
+
+
+def lowest_cost(matches: Sequence[Match]) -> Match:
+    """The match with the lowest `estimated_cycles`."""
+    return min(matches, key=estimated_cycles)
+
+
+POLICIES: dict[str, Policy] = {"first": first_match, "cost": lowest_cost}
+
+
+def _policy(policy) -> Policy:
+    if callable(policy):
+        return policy
+    try:
+        return POLICIES[policy]
+    except KeyError:
+        raise TirbyocError(f"unknown offload policy {policy!r}; use one of {sorted(POLICIES)} "
+                           "or a callable(matches) -> match") from None
+
+
+# ----------------------------------------------------------------------- resizing
+def exact_size(func, m: Match) -> Match:
+    """For a group that can be re-declared for any size (a library call), the match of the
+    exact-size group: one call per block, no padding. Other matches are returned as is."""
+    group = m.group
+    if group is None or group.resize is None or m.intrinsic is not group.compute:
+        return m
+    if all(not a.padding and a.extent == a.size for a in m.axes):
+        return m
+    extents = {a.axis: a.extent for a in m.axes}
+    if any(e == 1 for e in extents.values()):
+        return m  # TVM cannot tensorize a unit-extent description loop: keep the tile match
+    try:
+        exact = group.resize(extents)
+    except TirbyocError as err:
+        raise RewriteError(f"{m.function}/{m.block}: {group.name} cannot be declared for "
+                           f"{extents}: {err}") from err
+    wpat = next(p for p in function_blocks(func) if p.name == m.block)
+    failures: list = []
+    cand = Candidate(exact.compute, exact, None)
+    new = _PairMatcher(cand, wpat, m.function).run(failures)
+    if new is None or new.padding:
+        why = failures[0].message if failures else "it does not cover the block exactly"
+        raise RewriteError(f"{m.function}/{m.block}: the {exact.name} group does not fit: {why}")
+    return replace(new, template=m.template, init=m.init)
+
+
+# --------------------------------------------------------------------------- offload
+def offload(func, template, policy="first", *, verify: bool = True, target=None,
+            schedule=True) -> Offloaded:
+    """Offload every block of ``func`` that ``template`` can compute.
+
+    ``template``: a Template or its name. ``policy``: ``"first"`` (the matcher's best),
+    ``"cost"`` (lowest estimated cycles) or a callable choosing among a block's matches.
+    ``verify``: build and compare the result with ``func`` (blocks are rewritten one by one;
+    if the whole does not verify, each block is re-checked and the culprit dropped).
+    """
+    from .registry import get_template
+    from .verification import verify as run_verify
+
+    tmpl = get_template(template) if isinstance(template, str) else template
+    choose = _policy(policy)
+    target = target if target is not None else tmpl.target
+    name = getattr(tmpl, "name", str(template))
+    results = explain(func, tmpl)
+    current, outcomes, rewrites = _apply(func, results, choose, target, schedule, check_each=False)
+    verification = None
+    if verify and rewrites:
+        verification = run_verify(func, current, target)
+        if verification.passed is False:
+            # Find the culprit: redo block by block, keeping only rewrites that verify.
+            current, outcomes, rewrites = _apply(func, results, choose, target, schedule,
+                                                 check_each=True)
+            verification = run_verify(func, current, target) if rewrites else None
+    return Offloaded(current, func, name, tuple(outcomes), verification, tuple(rewrites))
+
+
+def _apply(func, results, choose, target, schedule, *, check_each: bool):
+    from .verification import verify as run_verify
+
+    current = func
+    outcomes: list[BlockOutcome] = []
+    rewrites: list[Rewritten] = []
+    for result in results:
+        compute = [m for m in result.matches if m.intrinsic.role is Role.COMPUTE]
+        if not compute:
+            outcomes.append(BlockOutcome(result.block, result.macs, None,
+                                         result.reason or "no compute intrinsic matches"))
+            continue
+        chosen = choose(compute)
+        try:
+            chosen = exact_size(current, chosen)
+            rw = tensorize(current, chosen, target=target, schedule=schedule)
+        except RewriteError as err:
+            outcomes.append(BlockOutcome(result.block, result.macs, None, str(err)))
+            continue
+        if check_each:
+            check = run_verify(current, rw.func, target)
+            if check.passed is False:
+                outcomes.append(BlockOutcome(
+                    result.block, result.macs, None,
+                    f"rewrite with {chosen.intrinsic.name} did not verify ({check.describe()}); kept"))
+                continue
+        current = rw.func
+        rewrites.append(rw)
+        outcomes.append(BlockOutcome(result.block, result.macs, ", ".join(rw.intrinsics), None, rw.steps))
+    return current, outcomes, rewrites
+
+
+__all__ = ["BlockOutcome", "Offloaded", "POLICIES", "estimated_cycles", "exact_size",
+           "first_match", "lowest_cost", "offload"]

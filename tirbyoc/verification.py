@@ -1,0 +1,207 @@
+"""Numerical proof of a rewrite: build both functions, run them on the same inputs, compare.
+
+Every offload tirbyoc makes is checked this way. Inputs are seeded and suited to each
+dtype (full range for 8-bit integers, so a saturating instruction shows; small values for
+wider integers so sums do not overflow; uniform in [-1, 1] for floats). Integers must agree
+exactly; floats within a tolerance that grows with the reduction length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import VerificationError
+
+# Relative tolerance per float dtype, scaled by sqrt(reduction length) in `tolerance`.
+_FLOAT_RTOL = {"float16": 2e-3, "bfloat16": 1e-2, "float32": 2e-6, "float64": 1e-13}
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The outcome of `verify`: ``passed`` is None when the rewritten code could not run here
+    (no device for its target); ``reason`` then says why."""
+
+    passed: bool | None
+    max_abs_err: float
+    outputs: dict[str, float] = field(default_factory=dict)  # per written buffer: max |diff|
+    tolerance: dict[str, float] = field(default_factory=dict)
+    reason: str | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.passed)
+
+    def describe(self) -> str:
+        if self.passed is None:
+            return f"not run: {self.reason}"
+        word = "verified" if self.passed else "MISMATCH"
+        return f"{word} (max |err| {self.max_abs_err:.3g})"
+
+
+def random_array(shape, dtype: str, rng: np.random.Generator) -> np.ndarray:
+    """Seeded data that exercises a dtype: full-range 8-bit ints, small wide ints, [-1, 1]
+    floats."""
+    if dtype in ("int8", "uint8"):
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, size=shape, endpoint=True, dtype=dtype)
+    if dtype.startswith(("int", "uint")):
+        low = 0 if dtype.startswith("uint") else -64
+        return rng.integers(low, 64, size=shape, dtype=dtype)
+    if dtype == "bool":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    if dtype.startswith(("float", "bfloat")):
+        return rng.uniform(-1.0, 1.0, size=shape).astype(dtype)
+    raise VerificationError(f"cannot make test data of dtype {dtype!r}")
+
+
+def tolerance(dtype: str, reduction: int, scale: float) -> float:
+    """Absolute tolerance for one output: 0 for integers, else rtol(dtype) * sqrt(reduction)
+    * max(1, |reference|)."""
+    if not dtype.startswith(("float", "bfloat")):
+        return 0.0
+    rtol = _FLOAT_RTOL.get(dtype, 1e-5)
+    return float(rtol * max(1.0, np.sqrt(reduction)) * max(1.0, scale) * 4)
+
+
+def _param_buffers(func):
+    from ._tvm import tirx
+
+    out = []
+    for buf in func.params:
+        if not isinstance(buf, tirx.Buffer):
+            raise VerificationError(f"parameter {buf} is not a buffer; verify needs a "
+                                    "PrimFunc whose parameters are all tensors")
+        shape = []
+        for s in buf.shape:
+            if not hasattr(s, "value"):
+                raise VerificationError(
+                    f"buffer {buf.name} has symbolic shape {list(buf.shape)}; pass concrete "
+                    "`inputs` or specialise the function first")
+            shape.append(int(s.value))
+        out.append((buf.name, tuple(shape), str(buf.dtype)))
+    return out
+
+
+def _written(func) -> set[str]:
+    from .tir_walk import iter_blocks
+
+    names = set()
+    for block in iter_blocks(func.body):
+        for region in block.writes:
+            names.add(str(region.source.name))
+    return names
+
+
+def _reduction_length(func) -> int:
+    from .tir_walk import iter_blocks
+
+    longest = 1
+    for block in iter_blocks(func.body):
+        n = 1
+        for iv in block.iter_vars:
+            if int(iv.iter_type) == 2 and hasattr(iv.dom.extent, "value"):  # CommReduce
+                n *= int(iv.dom.extent.value)
+        longest = max(longest, n)
+    return longest
+
+
+def _compile(func, target, what: str):
+    from ._tvm import build
+
+    try:
+        return build(func, target)
+    except Exception as err:  # TVM raises many types; say which build failed
+        first = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        raise VerificationError(f"building the {what} function for {target} failed: {first}") from err
+
+
+def _run(executable, arrays, device):
+    from ._tvm import to_tensor
+
+    tensors = [to_tensor(a, device) for a in arrays]
+    executable(*tensors)
+    return [t.numpy() for t in tensors]
+
+
+def verify(original, rewritten, target=None, inputs=None, *, seed: int = 0,
+           reference_target=None) -> Verification:
+    """Build ``original`` and ``rewritten`` (PrimFuncs with the same signature), run both on
+    the same seeded inputs, and compare every buffer the original writes.
+
+    ``target``: where the rewritten function runs (a Target, a target dict, or a template's
+    target); default the host CPU. ``reference_target``: where the original runs (default:
+    the host CPU, TVM's default lowering). ``inputs``: optional dict buffer name -> array.
+    """
+    from ._tvm import cuda_available, host_target, make_target, tvm
+
+    params = _param_buffers(original)
+    other = _param_buffers(rewritten)
+    if [(s, d) for _, s, d in params] != [(s, d) for _, s, d in other]:
+        raise VerificationError(
+            f"signatures differ: original {params} vs rewritten {other}; a rewrite must keep "
+            "the function's parameters")
+    target = make_target(target) if target is not None else host_target()
+    reference_target = make_target(reference_target) if reference_target is not None else host_target()
+    kind = str(target.kind.name)
+    if kind == "cuda" and not cuda_available():
+        _compile(rewritten, target, "rewritten")
+        return Verification(None, float("nan"), reason="built for CUDA; no GPU here to run it")
+    if kind not in ("llvm", "cuda", "c"):
+        _compile(rewritten, target, "rewritten")
+        return Verification(None, float("nan"), reason=f"built for {kind}; it cannot run here")
+    if kind == "llvm":
+        mcpu = target.attrs.get("mcpu")
+        if mcpu is not None and str(mcpu) not in (str(host_target().attrs.get("mcpu")),):
+            missing = _missing_features(target)
+            if missing:
+                _compile(rewritten, target, "rewritten")
+                return Verification(None, float("nan"),
+                                    reason=f"built for {mcpu}; this CPU lacks {', '.join(missing)}")
+
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for name, shape, dtype in params:
+        if inputs and name in inputs:
+            arr = np.ascontiguousarray(np.asarray(inputs[name], dtype=dtype))
+            if arr.shape != shape:
+                raise VerificationError(f"input {name!r} has shape {arr.shape}, the function wants {shape}")
+        else:
+            arr = random_array(shape, dtype, rng)
+        arrays.append(arr)
+
+    ref_exe = _compile(original, reference_target, "original")
+    new_exe = _compile(rewritten, target, "rewritten")
+    device = tvm.cuda(0) if kind == "cuda" else tvm.cpu()
+    ref_out = _run(ref_exe, [a.copy() for a in arrays], tvm.cpu())
+    new_out = _run(new_exe, [a.copy() for a in arrays], device)
+
+    written = _written(original)
+    red = _reduction_length(original)
+    errs, tols, passed = {}, {}, True
+    for (name, _, dtype), ref, new in zip(params, ref_out, new_out):
+        if name not in written:
+            continue
+        diff = np.abs(ref.astype(np.float64) - new.astype(np.float64))
+        err = float(diff.max()) if diff.size else 0.0
+        if not np.isfinite(new.astype(np.float64)).all() and np.isfinite(ref.astype(np.float64)).all():
+            err = float("inf")
+        tol = tolerance(dtype, red, float(np.abs(ref.astype(np.float64)).max()) if ref.size else 0.0)
+        errs[name], tols[name] = err, tol
+        passed &= err <= tol
+    if not errs:
+        raise VerificationError("the original function writes none of its parameters; nothing to compare")
+    return Verification(bool(passed), max(errs.values()), errs, tols)
+
+
+def _missing_features(target) -> list[str]:
+    """CPU features ``target`` assumes that this CPU lacks (empty if it can run here)."""
+    from ._tvm import host_cpu_features
+    from tvm.target import codegen
+
+    isa = ("avx", "sse", "ssse", "fma", "f16c", "amx", "bmi", "gfni", "vaes", "vpclmul", "sha")
+    wanted = {str(f) for f in codegen.llvm_get_cpu_features(target) if str(f).startswith(isa)}
+    return sorted(wanted - host_cpu_features())
+
+
+__all__ = ["Verification", "random_array", "tolerance", "verify"]
