@@ -10,16 +10,13 @@ implementation a window it cannot read in place.
 
 import argparse
 import json
-import sys
 from dataclasses import asdict
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import tirbyoc  # noqa: E402
 from tirbyoc.compare import compare  # noqa: E402
 from tirbyoc.table import render  # noqa: E402
-from workloads import conv2d, matmul  # noqa: E402
+from tirbyoc.workloads import conv2d, matmul  # noqa: E402
 
 
 def cases():
