@@ -151,3 +151,15 @@ def test_policies():
     assert min(estimated_cycles(m) for m in matches) <= estimated_cycles(matches[0])
     with pytest.raises(tirbyoc.TirbyocError, match="unknown offload policy"):
         offload(f, "blas", policy="fastest")
+
+
+# ------------------------------------------------------------------- device templates
+def test_hexagon_rewrite_is_ir_level_here():
+    """vrmpy tensorizes; this machine cannot run (or safely cross-compile) Hexagon code, so
+    verification says so instead of passing or failing."""
+    out = offload(matmul(64, 64, 64, "uint8", "uint8", "int32", trans_b=True), "hexagon_hvx")
+    block = only(out.blocks)
+    assert block.offloaded and block.intrinsic.startswith("hexagon_hvx.vrmpy_32x4")
+    assert out.verification.passed is None and "cannot run" in out.verification.reason
+    text = out.func.script()
+    assert "vrmpy" in text
