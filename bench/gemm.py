@@ -28,6 +28,7 @@ import tirbyoc
 from tirbyoc import ExternLibrary
 from tirbyoc._tvm import build, to_tensor, tvm
 from tirbyoc.table import render
+from tirbyoc.verification import random_array
 from tirbyoc.workloads import conv2d, matmul
 
 HERE = Path(__file__).resolve().parent
@@ -97,18 +98,10 @@ def int_mm_gops(m: int, n: int, k: int) -> float | None:
 
 
 def int8_args(func):
+    """Seeded arguments in the function's parameter order (tirbyoc.verify's test data)."""
     rng = np.random.default_rng(0)
-    out = []
-    for buf in func.params:
-        shape = [int(s) for s in buf.shape]
-        dtype = str(buf.dtype)
-        if dtype == "uint8":
-            out.append(to_tensor(rng.integers(0, 256, shape, dtype=np.uint8)))
-        elif dtype == "int8":
-            out.append(to_tensor(rng.integers(-128, 128, shape, dtype=np.int8)))
-        else:
-            out.append(to_tensor(np.zeros(shape, dtype=dtype)))
-    return out
+    return [to_tensor(random_array([int(x) for x in buf.shape], str(buf.dtype), rng))
+            for buf in func.params]
 
 
 def vnni_case(name: str, func, macs: int, *, baseline: bool) -> dict:

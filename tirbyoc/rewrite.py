@@ -194,21 +194,16 @@ class _Tensorizer:
             idx = self._region(kind, op.buffer)
             stage = sch.cache_write(blk, idx, scope) if kind == "write" else sch.cache_read(blk, idx, scope)
         if order != list(range(ndim)) or op.pack:
-            tiles = op.tile if op.pack else None
-            lead = len(rest)
+            pack = _packing(len(rest), op.tile) if op.pack else None
 
             def layout(*xs):
                 xs = [xs[d] for d in order]
-                if not tiles:
-                    return xs
-                head, tail = xs[:lead], xs[lead:]
-                return head + [x // t for x, t in zip(tail, tiles)] + [x % t for x, t in zip(tail, tiles)]
+                return pack(*xs) if pack else xs
 
             desc = "pack " + "x".join(map(str, op.tile)) + " tiles" if op.pack else "transpose"
             with _Step(self, f"{desc} {op.operand} ({op.buffer}) with transform_layout"):
                 sch.transform_layout(blk, (kind, self._region(kind, self._stage_name(stage, kind))),
                                      _index_map(layout, ndim))
-        del stage
 
     def _stage_name(self, stage_block, kind: str) -> str:
         block = self.sch.get(stage_block)
@@ -337,7 +332,9 @@ class _Tensorizer:
         if libraries:
             # Loaded now (RTLD_GLOBAL) so this process can JIT and run the function; the
             # paths travel with it for export_library / Relax external modules.
-            func = func.with_attr("tirbyoc.libraries", [str(lib.load() and lib.path) for lib in libraries])
+            for lib in libraries:
+                lib.load()
+            func = func.with_attr("tirbyoc.libraries", [str(lib.path) for lib in libraries])
             self.steps.append("links " + ", ".join(lib.name for lib in libraries))
         return Rewritten(func, m, sch.trace, tuple(self.steps), tuple(used))
 

@@ -153,7 +153,7 @@ def verify(original, rewritten, target=None, inputs=None, *, seed: int = 0,
         return Verification(None, float("nan"), reason=f"{kind} code cannot run on this machine")
     if kind == "llvm":
         mcpu = target.attrs.get("mcpu")
-        if mcpu is not None and str(mcpu) not in (str(host_target().attrs.get("mcpu")),):
+        if mcpu is not None and str(mcpu) != str(host_target().attrs.get("mcpu")):
             missing = _missing_features(target)
             if missing:
                 _compile(rewritten, target, "rewritten")
