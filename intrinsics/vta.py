@@ -32,7 +32,7 @@ TARGET = {"kind": "llvm", "num-cores": 2}
 
 @cache
 def gemm(batch: int, block_in: int, block_out: int, in_dtype: str = "int8",
-         wgt_dtype: str = "int8", acc_dtype: str = "int32") -> Intrinsic:
+         wgt_dtype: str = "int8", acc_dtype: str = "int32", prefix: str = NAME) -> Intrinsic:
     """acc[batch, block_out] += inp[batch, block_in] . wgt[block_out, block_in].
 
     With batch 1 the description has no batch loop: TVM's tensorize cannot match a
@@ -77,7 +77,7 @@ def gemm(batch: int, block_in: int, block_out: int, in_dtype: str = "int8",
         return desc, impl
 
     return Intrinsic(
-        f"{NAME}.gemm_{batch}x{block_in}x{block_out}",
+        f"{prefix}.gemm_{batch}x{block_in}x{block_out}",
         Role.COMPUTE,
         [Operand("A", (batch, block_in), in_dtype, INP),
          Operand("B", (block_out, block_in), wgt_dtype, WGT),
@@ -90,7 +90,7 @@ def gemm(batch: int, block_in: int, block_out: int, in_dtype: str = "int8",
 
 
 @cache
-def fill_zero(lanes: int, acc_dtype: str = "int32") -> Intrinsic:
+def fill_zero(lanes: int, acc_dtype: str = "int32", prefix: str = NAME) -> Intrinsic:
     """acc[lanes] = 0 (VTA's GEMM reset) on a flattened accumulator tile."""
 
     def build():
@@ -115,7 +115,7 @@ def fill_zero(lanes: int, acc_dtype: str = "int32") -> Intrinsic:
 
         return desc, impl
 
-    return Intrinsic(f"{NAME}.reset_{lanes}", Role.INIT, [Operand("C", (lanes,), acc_dtype, ACC)],
+    return Intrinsic(f"{prefix}.reset_{lanes}", Role.INIT, [Operand("C", (lanes,), acc_dtype, ACC)],
                      [("i", lanes, "S")], build, cost=Cost(cycles=1, bytes_moved=0),
                      doc="zero an accumulator tile")
 
@@ -180,7 +180,8 @@ def _copy_2d(rows, cols, dtype, dst_dtype, src_scope, dst_scope, symbol):
 
 
 @cache
-def dma(direction: str, rows: int, cols: int, dtype: str, scope: str, out_dtype: Optional[str] = None) -> Intrinsic:
+def dma(direction: str, rows: int, cols: int, dtype: str, scope: str, out_dtype: Optional[str] = None,
+        prefix: str = NAME) -> Intrinsic:
     """DMA a rows x cols tile: ``load`` DRAM -> ``scope``, ``store`` ``scope`` -> DRAM.
 
     A store may narrow (``out_dtype``, e.g. int32 accumulator -> int8 output), as VTA's
@@ -199,7 +200,7 @@ def dma(direction: str, rows: int, cols: int, dtype: str, scope: str, out_dtype:
     short = scope.split(".")[-1].replace("_buffer", "")
     suffix = f"_{dst_dtype}" if out_dtype else ""
     return Intrinsic(
-        f"{NAME}.{direction}_{short}_{rows}x{cols}_{dtype}{suffix}",
+        f"{prefix}.{direction}_{short}_{rows}x{cols}_{dtype}{suffix}",
         Role.LOAD if direction == "load" else Role.STORE,
         [Operand("S", shape, dtype, src_scope, layout), Operand("D", shape, dst_dtype, dst_scope, layout)],
         axes,
@@ -216,7 +217,7 @@ _ALU = {
 
 
 @cache
-def alu_binary(op: str, lanes: int, acc_dtype: str = "int32") -> Intrinsic:
+def alu_binary(op: str, lanes: int, acc_dtype: str = "int32", prefix: str = NAME) -> Intrinsic:
     """z[i] = op(x[i], y[i]) for ``op`` in add / max on flattened accumulator tiles."""
     fn = _ALU[op]
 
@@ -251,13 +252,14 @@ def alu_binary(op: str, lanes: int, acc_dtype: str = "int32") -> Intrinsic:
         return desc, impl
 
     shape = (lanes,)
-    return Intrinsic(f"{NAME}.alu_{op}_{lanes}", Role.ALU,
+    return Intrinsic(f"{prefix}.alu_{op}_{lanes}", Role.ALU,
                      [Operand(n, shape, acc_dtype, ACC) for n in "XYZ"],
                      [("i", lanes, "S")], build, cost=Cost(cycles=1, bytes_moved=0),
                      doc=f"ALU {op} on accumulator tiles")
 
 
-def _alu_unary(short: str, lanes: int, acc_dtype: str, fn, call, cycles: int, doc: str) -> Intrinsic:
+def _alu_unary(short: str, lanes: int, acc_dtype: str, fn, call, cycles: int, doc: str,
+               prefix: str = NAME) -> Intrinsic:
     """z[i] = fn(x[i]) on the accumulator; ``call(T, Z, X)`` is the simulator call."""
 
     def build():
@@ -289,30 +291,30 @@ def _alu_unary(short: str, lanes: int, acc_dtype: str, fn, call, cycles: int, do
         return desc, impl
 
     shape = (lanes,)
-    return Intrinsic(f"{NAME}.{short}", Role.ALU,
+    return Intrinsic(f"{prefix}.{short}", Role.ALU,
                      [Operand("X", shape, acc_dtype, ACC), Operand("Z", shape, acc_dtype, ACC)],
                      [("i", lanes, "S")], build, cost=Cost(cycles=cycles, bytes_moved=0), doc=doc)
 
 
 @cache
-def alu_relu(lanes: int, acc_dtype: str = "int32") -> Intrinsic:
+def alu_relu(lanes: int, acc_dtype: str = "int32", prefix: str = NAME) -> Intrinsic:
     """z[i] = max(x[i], 0): the ALU's max with an immediate 0 (ReLU)."""
     return _alu_unary(f"alu_relu_{lanes}", lanes, acc_dtype,
                       lambda T, x: T.max(x, T.cast(0, acc_dtype)),
                       lambda T, Z, X: T.call_packed("tirbyoc.vta.alu_relu", Z, X),
-                      1, "ALU max(acc, 0) (ReLU)")
+                      1, "ALU max(acc, 0) (ReLU)", prefix)
 
 
 @cache
 def alu_shift_clip(lanes: int, shift: int = 8, lo: int = -128, hi: int = 127,
-                   acc_dtype: str = "int32") -> Intrinsic:
+                   acc_dtype: str = "int32", prefix: str = NAME) -> Intrinsic:
     """acc = clip(acc >> shift, lo, hi): VTA's requantization epilogue (shift and clip)."""
     return _alu_unary(
         f"alu_shift_clip_{lanes}_s{shift}", lanes, acc_dtype,
         lambda T, x: T.max(T.min(T.shift_right(x, T.cast(shift, acc_dtype)), T.cast(hi, acc_dtype)),
                            T.cast(lo, acc_dtype)),
         lambda T, Z, X: T.call_packed("tirbyoc.vta.alu_shift_clip", Z, X, shift, lo, hi),
-        2, f"ALU clip(acc >> {shift}, {lo}, {hi})")
+        2, f"ALU clip(acc >> {shift}, {lo}, {hi})", prefix)
 
 
 def _positive(name, value):
@@ -330,18 +332,18 @@ def make_template(batch: int = 1, block_in: int = 16, block_out: int = 16,
     for pname in ("batch", "block_in", "block_out", "inp_kib", "wgt_kib", "acc_kib",
                   "dma_bytes_per_cycle", "dma_latency", "clock_mhz"):
         _positive(pname, locals()[pname])
-    core = gemm(batch, block_in, block_out, in_dtype, wgt_dtype, acc_dtype)
+    core = gemm(batch, block_in, block_out, in_dtype, wgt_dtype, acc_dtype, prefix=name)
     group = IntrinsicGroup(
         "gemm",
         compute=core,
-        init=fill_zero(batch * block_out, acc_dtype),
-        loads=(dma("load", batch, block_in, in_dtype, INP),
-               dma("load", block_out, block_in, wgt_dtype, WGT)),
-        store=dma("store", batch, block_out, acc_dtype, ACC, out_dtype=in_dtype),
-        epilogue=(alu_binary("add", batch * block_out, acc_dtype),
-                  alu_binary("max", batch * block_out, acc_dtype),
-                  alu_relu(batch * block_out, acc_dtype),
-                  alu_shift_clip(batch * block_out, acc_dtype=acc_dtype)),
+        init=fill_zero(batch * block_out, acc_dtype, prefix=name),
+        loads=(dma("load", batch, block_in, in_dtype, INP, prefix=name),
+               dma("load", block_out, block_in, wgt_dtype, WGT, prefix=name)),
+        store=dma("store", batch, block_out, acc_dtype, ACC, out_dtype=in_dtype, prefix=name),
+        epilogue=(alu_binary("add", batch * block_out, acc_dtype, prefix=name),
+                  alu_binary("max", batch * block_out, acc_dtype, prefix=name),
+                  alu_relu(batch * block_out, acc_dtype, prefix=name),
+                  alu_shift_clip(batch * block_out, acc_dtype=acc_dtype, prefix=name)),
     )
     return Template(
         name=name,
@@ -351,7 +353,10 @@ def make_template(batch: int = 1, block_in: int = 16, block_out: int = 16,
         scopes=(Scope(INP, inp_kib * 1024, 16, "input scratchpad"),
                 Scope(WGT, wgt_kib * 1024, 16, "weight scratchpad"),
                 Scope(ACC, acc_kib * 1024, 16, "accumulator scratchpad")),
-        extra=(dma("load", batch, block_out, acc_dtype, ACC),),
+        # loading an accumulator tile (a bias), and storing one without narrowing (int32
+        # outputs; the group's store narrows to the input dtype after shift-and-clip)
+        extra=(dma("load", batch, block_out, acc_dtype, ACC, prefix=name),
+               dma("store", batch, block_out, acc_dtype, ACC, prefix=name)),
         requires=_requires,
         doc=f"VTA-style {batch}x{block_in}x{block_out} int8 GEMM core with scratchpads, DMA and ALU",
         params=dict(batch=batch, block_in=block_in, block_out=block_out, inp_kib=inp_kib,

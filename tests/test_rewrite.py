@@ -55,6 +55,16 @@ def test_vnni_conv2d(layout, c, oc, stride):
 
 
 @needs_vnni
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_vnni_operands_in_the_other_order(trans_b):
+    """C += B * A: TVM's tensorize compares expressions literally, so the block's product
+    is put in the intrinsic's order first."""
+    out = assert_offloaded(matmul(48, 40, 36, "uint8", "int8", "int32", swap_mul=True, trans_b=trans_b),
+                           VNNI, "x86_vnni.dot")
+    assert any("order the block's operands" in s for s in out.offloaded[0].steps)
+
+
+@needs_vnni
 def test_vnni_separate_init_block():
     f = matmul(32, 32, 32, "uint8", "int8", "int32", trans_b=True, init="outside")
     assert_offloaded(f, VNNI, "x86_vnni")

@@ -19,6 +19,7 @@ from .intrinsic import Role
 from .matcher import Match, _PairMatcher, Candidate, explain
 from .pattern import function_blocks
 from .rewrite import Rewritten, tensorize
+from .template import Template
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,20 @@ class Offloaded:
         from .table import render
 
         rows = [(b.block, f"{b.macs:,}" if b.macs else "-", b.intrinsic or "-",
-                 "; ".join(b.steps[-1:]) if b.offloaded else (b.reason or "")) for b in self.blocks]
+                 _how(b.steps) if b.offloaded else (b.reason or "")) for b in self.blocks]
         return render(("block", "MACs", "intrinsic", "how / why not"), rows)
+
+
+_DECISIONS = ("pad_einsum", "pack", "transpose", "scratchpad tile of", "register-blocked", "call ",
+              "extern", "links", "init left")
+
+
+def _how(steps) -> str:
+    """The decisions among a rewrite's steps (padding, layouts, tiles, schedule), for a table
+    cell; the full list stays in ``steps``."""
+    picked = [s.split(" (")[0] if s.startswith("scratchpad tile") else s
+              for s in steps if s.startswith(_DECISIONS) or "left as a copy loop" in s]
+    return "; ".join(picked) or (steps[-1] if steps else "")
 
 
 # -------------------------------------------------------------------------- policies
@@ -144,6 +157,7 @@ def offload(func, template, policy="first", *, verify: bool = True, target=None,
     if the whole does not verify, each block is re-checked and the culprit dropped).
     """
     from .registry import get_template
+    from .verification import Verification
     from .verification import verify as run_verify
 
     tmpl = get_template(template) if isinstance(template, str) else template
@@ -151,19 +165,24 @@ def offload(func, template, policy="first", *, verify: bool = True, target=None,
     target = target if target is not None else tmpl.target
     name = getattr(tmpl, "name", str(template))
     results = explain(func, tmpl)
-    current, outcomes, rewrites = _apply(func, results, choose, target, schedule, check_each=False)
+    current, outcomes, rewrites = _apply(func, results, choose, target, schedule, tmpl, check_each=False)
     verification = None
-    if verify and rewrites:
+    unavailable = tmpl.unavailable_reason() if isinstance(tmpl, Template) else None
+    if verify and rewrites and unavailable:
+        # e.g. a simulator-backed template before its runtime exists: the IR is the result
+        verification = Verification(None, float("nan"), reason=f"template {name} cannot run here: "
+                                                               f"{unavailable}")
+    elif verify and rewrites:
         verification = run_verify(func, current, target)
         if verification.passed is False:
             # Find the culprit: redo block by block, keeping only rewrites that verify.
-            current, outcomes, rewrites = _apply(func, results, choose, target, schedule,
+            current, outcomes, rewrites = _apply(func, results, choose, target, schedule, tmpl,
                                                  check_each=True)
             verification = run_verify(func, current, target) if rewrites else None
     return Offloaded(current, func, name, tuple(outcomes), verification, tuple(rewrites))
 
 
-def _apply(func, results, choose, target, schedule, *, check_each: bool):
+def _apply(func, results, choose, target, schedule, template, *, check_each: bool):
     from .verification import verify as run_verify
 
     current = func
@@ -178,7 +197,8 @@ def _apply(func, results, choose, target, schedule, *, check_each: bool):
         chosen = choose(compute)
         try:
             chosen = exact_size(current, chosen)
-            rw = tensorize(current, chosen, target=target, schedule=schedule)
+            rw = tensorize(current, chosen, target=target, schedule=schedule,
+                           template=template if isinstance(template, Template) else None)
         except RewriteError as err:
             outcomes.append(BlockOutcome(result.block, result.macs, None, str(err)))
             continue

@@ -30,7 +30,7 @@ from typing import Callable
 
 from .errors import RewriteError
 from .matcher import Match, OperandMap
-from .pattern import Access, BlockPattern, read_block
+from .pattern import _LOADS, Access, BlockPattern, _dtype, _load_buffer, read_block
 
 
 @dataclass(frozen=True)
@@ -100,14 +100,105 @@ def _packing(lead: int, tiles: tuple[int, ...]):
     return layout
 
 
+def _relayout(order: list[int], lead: int, tiles: tuple[int, ...] | None):
+    """Dimensions permuted to ``order``, then the last ones packed into ``tiles``."""
+    pack = _packing(lead, tiles) if tiles else None
+
+    def layout(*xs):
+        xs = [xs[d] for d in order]
+        return pack(*xs) if pack else xs
+
+    return layout
+
+
 def _index_map(fn, ndim: int):
     from ._tvm import tirx
 
     return tirx.IndexMap.from_func(fn, ndim=ndim, index_dtype="int32")
 
 
+_COMMUTATIVE = ("Add", "Mul", "Max", "Min")
+
+
+def _loads(expr, role_of) -> tuple:
+    """The operand roles an expression loads, in order (what decides a commuted match)."""
+    kind = type(expr).__name__
+    if kind in _LOADS:
+        return (role_of(str(_load_buffer(expr).name)),)
+    out = ()
+    for name in ("value", "a", "b"):
+        child = getattr(expr, name, None) if kind in _COMMUTATIVE + ("Cast",) else None
+        if child is not None:
+            out += _loads(child, role_of)
+    return out
+
+
+def _commuted(w, d, w_role, d_role):
+    """``w`` (a workload expression) with the operands of commutative nodes put in the
+    order of ``d`` (the intrinsic's description): TVM's tensorize compares the two
+    expressions literally, so ``B[j, k] * A[i, k]`` does not match ``A[i, k] * B[j, k]``."""
+    from ._tvm import tirx
+
+    kind = type(w).__name__
+    if kind != type(d).__name__:
+        return w
+    if kind == "Cast":
+        value = _commuted(w.value, d.value, w_role, d_role)
+        return w if value.same_as(w.value) else tirx.Cast(_dtype(w), value)
+    if kind not in _COMMUTATIVE:
+        return w
+    a, b = w.a, w.b
+    if _loads(a, w_role) != _loads(d.a, d_role) and _loads(a, w_role) == _loads(d.b, d_role):
+        a, b = b, a
+    new_a, new_b = _commuted(a, d.a, w_role, d_role), _commuted(b, d.b, w_role, d_role)
+    if new_a.same_as(w.a) and new_b.same_as(w.b):
+        return w
+    return getattr(tirx, kind)(new_a, new_b)
+
+
+def _blockize_exact(sch, loop):
+    """``sch.blockize(loop)`` with the outer block's bindings taken from the original block.
+
+    TVM 0.27's blockize mis-divides a binding that adds two overlapping loops — a
+    convolution window copied per tile, row = tile_row + kernel_row — into a fused one
+    (``ax2_0 + ax1`` becomes ``ax2_0 * 12 + ax1`` under a predicate), which would copy the
+    wrong rows. A binding that uses no loop inside ``loop`` belongs wholly to the outer block,
+    so it is put back as it was, with the original predicate; the bindings split across the
+    blockized loops are kept as TVM divided them.
+    """
+    from ._tvm import s_tir, tirx
+    from .pattern import expr_vars
+
+    inner, node = set(), sch.get(loop)
+    while isinstance(node, tirx.For):
+        inner.add(str(node.loop_var.name))
+        node = node.body
+    if not isinstance(node, s_tir.SBlockRealize):
+        raise RewriteError("blockize: the loop does not hold one block")
+    original = node
+    if expr_vars(original.predicate) & inner:
+        raise RewriteError("blockize: the block's predicate depends on the blockized loops")
+    outer_block = sch.blockize(loop)
+    parents = sch.get_loops(outer_block)
+    if not parents:
+        return outer_block
+    parent = sch.get(parents[-1])
+    realize = parent.body
+    if not isinstance(realize, s_tir.SBlockRealize) or \
+            len(realize.iter_values) != len(original.iter_values):
+        raise RewriteError("blockize: the outer block does not keep one iterator per original one")
+    values = [orig if not expr_vars(orig) & inner else new
+              for orig, new in zip(original.iter_values, realize.iter_values)]
+    fixed = s_tir.SBlockRealize(values, original.predicate, realize.block)
+    sch.state.replace(sch.get_sref(parents[-1]),
+                      tirx.For(parent.loop_var, parent.min, parent.extent, parent.kind, fixed,
+                               parent.thread_binding, parent.annotations),
+                      {realize.block: realize.block})
+    return outer_block
+
+
 class _Tensorizer:
-    def __init__(self, func, match: Match, target, schedule: bool | Callable):
+    def __init__(self, func, match: Match, target, schedule: bool | Callable, template=None):
         from ._tvm import Schedule
 
         self.m = match
@@ -130,6 +221,17 @@ class _Tensorizer:
                 "under a GEMM intrinsic); the operands would need a broadcast dimension that "
                 "TVM's reindex cannot add. Declare an intrinsic without that axis (a GEMV).")
         self.padded = any(a.padding for a in match.axes)
+        self.template = template
+        # operands the intrinsic wants in a bounded scratchpad: staged per tile by DMA
+        self.spad = {op.operand: op for op in match.operands if self._bounded(op.scope)
+                     and op.scope != op.workload_scope}
+        self.plan = None
+        self.dma_used: list[str] = []
+        self.copies: list[tuple] = []  # DMA copies to tensorize once the compute is done
+
+    def _bounded(self, scope: str) -> bool:
+        s = self.template.scope(scope, missing_ok=True) if self.template is not None else None
+        return s is not None and s.bounded
 
     # -- helpers ------------------------------------------------------------------------
     def _access(self, op: OperandMap) -> Access:
@@ -166,6 +268,12 @@ class _Tensorizer:
             acc = self._access(op)
             scope = op.scope
             staged = not op.direct or scope != op.workload_scope
+            if op.operand in self.spad:
+                # Only re-order it in its own memory here; DMA moves tiles later (and packs
+                # them, so no packing now).
+                scope = op.workload_scope
+                staged = "reindex" in op.staging or "transpose" in op.staging or \
+                    not self._dma_ready(acc, op)
             if self.padded and not _pure(acc):
                 staged = True
             if not staged:
@@ -180,6 +288,18 @@ class _Tensorizer:
             else:
                 self._stage_reindex(op, kind, scope)
 
+    def _dma_ready(self, acc: Access, op: OperandMap) -> bool:
+        """A DMA copies a tile as rows with a stride: the operand's axes must index the
+        buffer's dimensions in order, the last one its innermost (contiguous) dimension."""
+        try:
+            view = self._view_dims(acc, op)
+        except StopIteration:
+            return False
+        return view == sorted(view) and view[-1] == len(acc.indices) - 1
+
+    def _packs(self, op: OperandMap) -> bool:
+        return op.pack and op.operand not in self.spad
+
     def _stage_whole(self, op: OperandMap, acc: Access, kind: str, scope: str) -> None:
         """Copy the whole buffer and move the intrinsic's dimensions innermost (transpose),
         packed into tiles if the implementation reads dense tiles."""
@@ -193,17 +313,12 @@ class _Tensorizer:
         with _Step(self, what):
             idx = self._region(kind, op.buffer)
             stage = sch.cache_write(blk, idx, scope) if kind == "write" else sch.cache_read(blk, idx, scope)
-        if order != list(range(ndim)) or op.pack:
-            pack = _packing(len(rest), op.tile) if op.pack else None
-
-            def layout(*xs):
-                xs = [xs[d] for d in order]
-                return pack(*xs) if pack else xs
-
-            desc = "pack " + "x".join(map(str, op.tile)) + " tiles" if op.pack else "transpose"
+        pack = self._packs(op)
+        if order != list(range(ndim)) or pack:
+            desc = "pack " + "x".join(map(str, op.tile)) + " tiles" if pack else "transpose"
             with _Step(self, f"{desc} {op.operand} ({op.buffer}) with transform_layout"):
                 sch.transform_layout(blk, (kind, self._region(kind, self._stage_name(stage, kind))),
-                                     _index_map(layout, ndim))
+                                     _index_map(_relayout(order, len(rest), op.tile if pack else None), ndim))
 
     def _stage_name(self, stage_block, kind: str) -> str:
         block = self.sch.get(stage_block)
@@ -229,8 +344,35 @@ class _Tensorizer:
         with _Step(self, f"stage {op.operand}: reindex {op.buffer} by the intrinsic's axes into {scope}"):
             stage = fn(blk, self._region(kind, op.buffer), scope, _index_map(index_map, ndim))
         self.inline_after_pad.append((stage, kind))
-        if op.pack:
+        if self._packs(op):
             self.packs.append((op, kind, len(others)))
+
+    def commute(self) -> None:
+        """Put the block's multiply-add operands in the intrinsic's order (see `_commuted`).
+        Done on the block itself (``ScheduleState.replace``), so this step is not in the
+        trace."""
+        from ._tvm import s_tir, tirx
+        from .tir_walk import iter_blocks
+
+        block = self.sch.get(self.blk)
+        desc_block = next((b for b in iter_blocks(self.m.intrinsic.desc.body)
+                           if type(b.body).__name__ == "BufferStore"), None)
+        if desc_block is None or type(block.body).__name__ != "BufferStore":
+            return
+        by_buffer = {op.buffer: op.operand for op in self.m.operands}
+        value = _commuted(block.body.value, desc_block.body.value,
+                          lambda n: by_buffer.get(n, n), lambda n: n)
+        # tensorize also compares the read regions in order
+        order = [str(r.source.name) for r in desc_block.reads]
+        rank = {name: i for i, name in enumerate(order)}
+        reads = sorted(block.reads, key=lambda r: rank.get(by_buffer.get(str(r.source.name)), len(order)))
+        if value.same_as(block.body.value) and all(a.same_as(b) for a, b in zip(reads, block.reads)):
+            return
+        body = tirx.BufferStore(block.body.buffer, value, block.body.indices)
+        new = s_tir.SBlock(block.iter_vars, reads, block.writes, block.name_hint, body,
+                           block.init, block.alloc_buffers, block.match_buffers, block.annotations)
+        with _Step(self, "order the block's operands as the intrinsic's (multiply-add, reads)"):
+            self.sch.state.replace(self.sch.get_sref(self.blk), new, {block: new})
 
     def canonicalize(self) -> None:
         with _Step(self, "transform_block_layout to (outer loops, intrinsic axes)"):
@@ -295,11 +437,173 @@ class _Tensorizer:
                         *out.inner)
         return out
 
+    # -- step 5 (scratchpad templates): DMA staging per tile ---------------------------------
+    def stage_scratchpads(self, loops: Loops) -> Loops:
+        """Group intrinsic tiles (and rows of the loops around the intrinsic) into scratchpad
+        tiles that fit (`scratchpad.rank_tiles`), load each input's tile into its
+        scratchpad at the innermost loop around it, keep the output tile in its scratchpad
+        across the reduction and store it after, lay every scratchpad tile out as dense
+        intrinsic tiles, and tensorize the copies with the template's DMA intrinsics where
+        one fits (the rest stay copy loops). The allocation TVM will make is measured
+        (`scratchpad_usage`); a plan whose real windows overflow a scope gives way to the
+        next."""
+        from .scratchpad import TileAxis, TileOperand, rank_tiles, scratchpad_usage
+
+        m = self.m
+        dtypes = {o.name: o.dtype for o in m.intrinsic.operands}
+        scopes = {op.scope: self.template.scope(op.scope) for op in self.spad.values()}
+        kinds = {it.name: it.kind for it in self.pattern.iters}
+        outer = []  # (name, loop, extent, reduce)
+        for name, loop in zip(m.outer, self._outer_loops(loops)):
+            ext = self.sch.get(loop).extent
+            outer.append((name, loop, int(ext.value) if hasattr(ext, "value") else 1, kinds[name] == "R"))
+        # keyed "loop NAME": a workload iterator may share its name with an intrinsic axis
+        outer = [(f"loop {n}", loop, e, r) for n, loop, e, r in outer]
+        axes = [TileAxis(n, 1, e, r) for n, _, e, r in outer]
+        axes += [TileAxis(a.axis, a.size, a.padded // a.size, a.kind == "R") for a in m.axes]
+        tile_ops = []
+        for op in self.spad.values():
+            uses = {f"loop {v}" for v in self._access(op).vars}
+            tile_ops.append(TileOperand(op.operand, op.scope,
+                                        tuple(n for n, *_ in outer if n in uses) + op.view_axes,
+                                        dtypes[op.operand], op.is_output))
+        capacity = {s: sc.capacity for s, sc in scopes.items()}
+        plans = rank_tiles(axes, tile_ops, capacity, {s: sc.alignment for s, sc in scopes.items()},
+                           self.where)
+        base, steps = self.sch, list(self.steps)
+        tried = []
+        for plan in plans[:8]:
+            self.sch, self.steps, self.copies = base.copy(), list(steps), []
+            out = self._split_for(plan, outer, loops)
+            used = scratchpad_usage(self.sch.mod["main"], list(scopes))
+            if all(used[s] <= capacity[s] for s in scopes):
+                self.plan = plan
+                self.steps.insert(len(steps), plan.describe(used))
+                return out
+            tried.append(", ".join(f"{s} {used[s]} > {capacity[s]} B" for s in scopes if used[s] > capacity[s]))
+        raise RewriteError(f"{self.where}: the {len(tried)} best scratchpad tilings overflow once "
+                           f"TVM allocates their windows ({'; '.join(tried)})")
+
+    def _outer_loops(self, loops: Loops) -> list:
+        """The loops around the intrinsic in the order of ``Match.outer``."""
+        kinds = {it.name: it.kind for it in self.pattern.iters}
+        spatial, reduce = iter(loops.outer_spatial), iter(loops.outer_reduce)
+        return [next(reduce) if kinds[n] == "R" else next(spatial) for n in self.m.outer]
+
+    def _split_for(self, plan, outer: list, loops: Loops) -> Loops:
+        """Cut every loop by the plan, order tile loops outside, then stage each operand."""
+        sch, m = self.sch, self.m
+        so, ro, si, ri = [], [], [], []
+        with _Step(self, "split into scratchpad tiles"):
+            cut = [(n, loop, r) for n, loop, _, r in outer]
+            tile_loops = iter(loops.axis_spatial), iter(loops.axis_reduce)
+            cut += [(a.axis, next(tile_loops[a.kind == "R"]), a.kind == "R") for a in m.axes]
+            for name, loop, reduce in cut:
+                o, i = sch.split(loop, [None, plan.factors[name]])
+                (ro if reduce else so).append(o)
+                (ri if reduce else si).append(i)
+            sch.reorder(*so, *ro, *si, *ri, *loops.inner)
+        load_at = (so + ro)[-1:] or [None]
+        store_at = so[-1:] or [None]
+        for op in self.spad.values():
+            self._dma(op, store_at[0] if op.is_output else load_at[0])
+        n_out_s = sum(1 for *_, r in outer if not r)
+        n_out_r = len(outer) - n_out_s
+        return Loops(so + si[:n_out_s], ro + ri[:n_out_r], si[n_out_s:], ri[n_out_r:], loops.inner,
+                     loops.outer_names)
+
+    def _feeding(self, op: OperandMap, kind: str) -> str:
+        """The buffer the compute block now uses for ``op`` (the workload's, or its staged
+        or padded copy)."""
+        block = self.sch.get(self.blk)
+        regions = block.writes if kind == "write" else block.reads
+        names = [str(r.source.name) for r in regions]
+        hits = [n for n in names if n == op.buffer] or [n for n in names if n.startswith(op.buffer + "_")]
+        if len(hits) != 1:
+            raise RewriteError(f"{self.where}: cannot tell which buffer feeds operand {op.operand} "
+                               f"(candidates {hits or names})")
+        return hits[0]
+
+    def _dims_of(self, buffer: str, kind: str, op: OperandMap) -> tuple[int, list[int]]:
+        """(ndim, the dimension of ``buffer`` each of the operand's axes indexes)."""
+        block = self.sch.get(self.blk)
+        pat = read_block(block)
+        acc = pat.store if kind == "write" else next(a for a in pat.loads if a.buffer == buffer)
+        names = [str(iv.var.name) for iv in block.iter_vars]
+        pos = {a.axis: len(self.m.outer) + i for i, a in enumerate(self.m.axes)}
+        dims = []
+        for a in op.view_axes:
+            var = names[pos[a]]
+            hits = [d for d, vs in enumerate(acc.index_vars) if var in vs]
+            if len(hits) != 1:
+                raise RewriteError(f"{self.where}: axis {a} of {op.operand} does not index one "
+                                   f"dimension of {buffer}")
+            dims.append(hits[0])
+        return len(acc.indices), dims
+
+    def _dma(self, op: OperandMap, at) -> None:
+        """Stage one operand's scratchpad tile at loop ``at`` and tensorize its copy."""
+        sch, blk = self.sch, self.blk
+        kind = "write" if op.is_output else "read"
+        src = self._feeding(op, kind)
+        ndim, view = self._dims_of(src, kind, op)
+        rest = [d for d in range(ndim) if d not in view]
+        verb = "store" if op.is_output else "load"
+        with _Step(self, f"DMA {verb} {op.operand} tiles of {src} in {op.scope}"):
+            idx = self._region(kind, src)
+            if op.is_output:
+                stage = sch.cache_write(blk, idx, op.scope)
+                if at is not None:
+                    sch.reverse_compute_at(stage, at, preserve_unit_loops=True)
+            else:
+                stage = sch.cache_read(blk, idx, op.scope)
+                if at is not None:
+                    sch.compute_at(stage, at, preserve_unit_loops=True)
+            staged = self._stage_name(stage, kind)
+            sch.transform_layout(blk, (kind, self._region(kind, staged)),
+                                 _index_map(_relayout(rest + view, len(rest), op.tile), ndim))
+            # the copy's own loops run over the source region: cut them into intrinsic tiles
+            copy_loops = sch.get_loops(stage)[-ndim:]
+            outs, ins = [], []
+            for d, t in zip(view, op.tile):
+                o, i = sch.split(copy_loops[d], [None, t])
+                outs.append(o)
+                ins.append(i)
+            sch.reorder(*[copy_loops[d] for d in rest], *outs, *ins)
+        # Tensorized last: a tensorized window copy (a halo) ends TVM's stage-pipeline
+        # analysis of the scope, which compute_at on the other operands needs.
+        self.copies.append((op, stage, ins, kind))
+
+    def _tensorize_copy(self, op: OperandMap, stage, loops: list, kind: str) -> None:
+        block = self.sch.get(stage)
+        read, write = block.reads[0].source, block.writes[0].source
+        role = "store" if kind == "write" else "load"
+        candidates = [i for i in self.template.intrinsics()
+                      if i.role.value == role and len(i.operands) == 2
+                      and (i.operands[0].scope, i.operands[1].scope) == (str(read.scope()), str(write.scope()))
+                      and (i.operands[0].dtype, i.operands[1].dtype) == (str(read.dtype), str(write.dtype))]
+        for intrin in candidates:
+            intrin.register()
+            for loop in loops:
+                trial = self.sch.copy()
+                try:
+                    trial.tensorize(_blockize_exact(trial, loop), intrin.name)
+                except Exception:  # noqa: BLE001 - the next candidate may fit
+                    continue
+                with _Step(self, f"tensorize the {role} of {op.operand} with {intrin.name}"):
+                    self.sch.tensorize(_blockize_exact(self.sch, loop), intrin.name)
+                self.dma_used.append(intrin.name)
+                return
+        tile = "x".join(map(str, op.tile))
+        self.steps.append(f"{role} of {op.operand} ({read.dtype} {read.scope()} -> {write.dtype} "
+                          f"{write.scope()}, {tile} tiles) left as a copy loop: no DMA intrinsic of "
+                          f"the template fits ({len(candidates)} tried)")
+
     def finish(self, loops: Loops) -> Rewritten:
         m, sch = self.m, self.sch
         group = m.group
         used = []
-        if self.schedule_fn:
+        if self.schedule_fn and not self.spad:
             from .cpu_schedule import default_schedule
 
             fn = default_schedule if self.schedule_fn is True else self.schedule_fn
@@ -307,6 +611,8 @@ class _Tensorizer:
                 note = fn(sch, self.blk, loops, m, self.target)
             if note:
                 self.steps[-1] = note
+        for copy in self.copies:
+            self._tensorize_copy(*copy)
         init_block = None
         reduce_loops = loops.outer_reduce + loops.axis_reduce
         if self.pattern.init_value is not None and reduce_loops:
@@ -327,6 +633,7 @@ class _Tensorizer:
                 used.append(group.init.name)
             except RewriteError:
                 self.steps.append("init left to TVM (its tile does not fit the init intrinsic)")
+        used += self.dma_used
         func = sch.mod["main"]
         libraries = self._libraries()
         if libraries:
@@ -339,33 +646,37 @@ class _Tensorizer:
         return Rewritten(func, m, sch.trace, tuple(self.steps), tuple(used))
 
     def _libraries(self) -> list:
-        if self.m.template is None:
-            return []
-        from .registry import get_template
-
-        return list(get_template(self.m.template).libraries)
+        return list(self.template.libraries) if self.template is not None else []
 
 
-def tensorize(func, match: Match, *, target=None, schedule: bool | Callable = True) -> Rewritten:
+def tensorize(func, match: Match, *, target=None, schedule: bool | Callable = True,
+              template=None) -> Rewritten:
     """Rewrite ``match.block`` of ``func`` to call ``match.intrinsic`` (and its group's init).
 
     ``target``: what the default outer-loop schedule optimises for (default: the match's
     template's target). ``schedule``: True for the target's default schedule, False for
     none (loops as tiled, useful to read the IR), or a callable
-    ``(sch, block, loops, match, target) -> note`` of your own.
+    ``(sch, block, loops, match, target) -> note`` of your own. ``template``: the Template
+    the match came from (its scopes' capacities and DMA intrinsics), default: the one
+    registered under ``match.template`` — pass it for an unregistered variant.
     """
     from ._tvm import make_target
 
-    if target is None and match.template is not None:
+    if template is None and match.template is not None:
         from .registry import get_template
 
-        target = get_template(match.template).target
+        template = get_template(match.template)
+    if target is None and template is not None:
+        target = template.target
     target = make_target(target) if target is not None else None
-    rw = _Tensorizer(func, match, target, schedule)
+    rw = _Tensorizer(func, match, target, schedule, template)
+    rw.commute()
     rw.canonicalize()
     rw.stage()
     rw.pad_and_pack()
     loops = rw.tile()
+    if rw.spad:
+        loops = rw.stage_scratchpads(loops)
     return rw.finish(loops)
 
 
