@@ -225,6 +225,12 @@ class _Tensorizer:
         # operands the intrinsic wants in a bounded scratchpad: staged per tile by DMA
         self.spad = {op.operand: op for op in match.operands if self._bounded(op.scope)
                      and op.scope != op.workload_scope}
+        # operands the intrinsic wants in GPU fragments: staged per warp tile (gpu_staging)
+        gpu = target is not None and str(target.kind.name) == "cuda"
+        self.fragments = {op.operand: op for op in match.operands
+                          if gpu and op.scope != op.workload_scope and op.operand not in self.spad}
+        self.tiled = {**self.spad, **self.fragments}  # staged per tile, not as a whole buffer
+        self.fragment_copies: list[tuple] = []
         self.plan = None
         self.dma_used: list[str] = []
         self.copies: list[tuple] = []  # DMA copies to tensorize once the compute is done
@@ -234,6 +240,16 @@ class _Tensorizer:
         return s is not None and s.bounded
 
     # -- helpers ------------------------------------------------------------------------
+    def step(self, what: str) -> "_Step":
+        """A named step (for staging modules): recorded, and named in any TVM error."""
+        return _Step(self, what)
+
+    def feeding(self, op: OperandMap, kind: str) -> str:
+        return self._feeding(op, kind)
+
+    def region(self, kind: str, buffer: str) -> int:
+        return self._region(kind, buffer)
+
     def _access(self, op: OperandMap) -> Access:
         if op.is_output:
             return self.pattern.store
@@ -268,9 +284,9 @@ class _Tensorizer:
             acc = self._access(op)
             scope = op.scope
             staged = not op.direct or scope != op.workload_scope
-            if op.operand in self.spad:
-                # Only re-order it in its own memory here; DMA moves tiles later (and packs
-                # them, so no packing now).
+            if op.operand in self.tiled:
+                # Only re-order it in its own memory here; DMA (or the warp's copies) move
+                # tiles later (and lay them out, so no packing now).
                 scope = op.workload_scope
                 staged = "reindex" in op.staging or "transpose" in op.staging or \
                     not self._dma_ready(acc, op)
@@ -298,7 +314,7 @@ class _Tensorizer:
         return view == sorted(view) and view[-1] == len(acc.indices) - 1
 
     def _packs(self, op: OperandMap) -> bool:
-        return op.pack and op.operand not in self.spad
+        return op.pack and op.operand not in self.tiled
 
     def _stage_whole(self, op: OperandMap, acc: Access, kind: str, scope: str) -> None:
         """Copy the whole buffer and move the intrinsic's dimensions innermost (transpose),
@@ -603,7 +619,7 @@ class _Tensorizer:
         m, sch = self.m, self.sch
         group = m.group
         used = []
-        if self.schedule_fn and not self.spad:
+        if self.schedule_fn and not self.tiled:
             from .cpu_schedule import default_schedule
 
             fn = default_schedule if self.schedule_fn is True else self.schedule_fn
@@ -613,6 +629,10 @@ class _Tensorizer:
                 self.steps[-1] = note
         for copy in self.copies:
             self._tensorize_copy(*copy)
+        if self.fragment_copies:
+            from .gpu_staging import tensorize_copies
+
+            tensorize_copies(self, self.fragment_copies)
         init_block = None
         reduce_loops = loops.outer_reduce + loops.axis_reduce
         if self.pattern.init_value is not None and reduce_loops:
@@ -677,6 +697,10 @@ def tensorize(func, match: Match, *, target=None, schedule: bool | Callable = Tr
     loops = rw.tile()
     if rw.spad:
         loops = rw.stage_scratchpads(loops)
+    if rw.fragments:
+        from .gpu_staging import stage_fragments
+
+        loops, rw.fragment_copies = stage_fragments(rw, loops)
     return rw.finish(loops)
 
 
