@@ -116,6 +116,25 @@ def cmd_match(args) -> int:
     return 0
 
 
+def cmd_run(args) -> int:
+    from .run import Progress, run_model
+
+    target = None
+    if args.target:
+        try:
+            target = json.loads(args.target)
+        except json.JSONDecodeError:
+            target = {"kind": args.target}
+    result = run_model(args.model, args.template, target=target, seed=args.seed,
+                       progress=Progress(enabled=not args.quiet))
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print(f"{result.model} on {', '.join(result.templates)}\n")
+        print(result.table())
+    return 0 if result.verified is not False else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tirbyoc", description="Offload TensorIR blocks to accelerator intrinsics.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -129,6 +148,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--object", help="which PrimFunc/IRModule of the file, when it defines several")
     p.add_argument("--json", action="store_true", help='print {"blocks": [...]} as JSON')
     p.set_defaults(func=cmd_match)
+    p = sub.add_parser("run", help="offload a model, build it and TVM's default build, run both, compare, report")
+    p.add_argument("--model", "-m", help="builtin:NAME (default: an MLP suited to the template)")
+    p.add_argument("--template", "-t", action="append",
+                   help="template to offload to (repeatable, tried in order; default: x86_vnni if "
+                        "this CPU has VNNI, else blas)")
+    p.add_argument("--target", help='TVM target as JSON (e.g. \'{"kind": "llvm", "mcpu": "native"}\') '
+                                    "or a kind; default: the first template's")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs and weights")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=cmd_run)
     return parser
 
 

@@ -113,7 +113,63 @@ def bert_base(batch: int = 1, seq: int = 128, layers: int = 12, hidden: int = 76
     return mod
 
 
-MODELS: dict[str, Callable] = {"resnet50": resnet50, "bert_base": bert_base}
+def mlp(batch: int = 16, sizes=(256, 512, 512, 128), dtype: str = "float32"):
+    """A float MLP: Linear + ReLU layers (the last without ReLU)."""
+    nn = _nn()
+
+    class MLP(nn.Module):
+        def __init__(self):
+            self.layers = nn.ModuleList([nn.Linear(a, b, dtype=dtype) for a, b in zip(sizes, sizes[1:])])
+
+        def forward(self, x):
+            for i, layer in enumerate(self.layers):
+                x = layer(x)
+                if i + 1 < len(self.layers):
+                    x = nn.op.relu(x)
+            return x
+
+    mod, _ = MLP().export_tvm({"forward": {"x": nn.spec.Tensor((batch, sizes[0]), dtype)}})
+    return mod
+
+
+def mlp_int8(batch: int = 16, sizes=(256, 512, 512, 128)):
+    """A quantized MLP as a quantized model has it: uint8 activations x int8 weights ->
+    int32 accumulators, dequantized (per-channel scale, float bias), ReLU, requantized to
+    uint8 (x 1/4, rounded, clipped to [0, 255]) for the next layer; float output."""
+    nn = _nn()
+    from tvm import relax
+
+    class QLinear(nn.Module):
+        def __init__(self, cin, cout):
+            self.weight = nn.Parameter((cout, cin), "int8")
+            self.scale = nn.Parameter((cout,), "float32")
+            self.bias = nn.Parameter((cout,), "float32")
+
+        def forward(self, x):
+            acc = nn.op.matmul(x, nn.op.permute_dims(self.weight), out_dtype="int32")
+            return nn.op.astype(acc, "float32") * self.scale + self.bias
+
+    def requantize(y):
+        q = relax.op.clip(relax.op.round(relax.op.multiply(y._expr, relax.const(0.25, "float32"))), 0, 255)
+        return _wrap(relax.op.astype(q, "uint8"), "requantize")
+
+    class QMLP(nn.Module):
+        def __init__(self):
+            self.layers = nn.ModuleList([QLinear(a, b) for a, b in zip(sizes, sizes[1:])])
+
+        def forward(self, x):
+            for i, layer in enumerate(self.layers):
+                y = layer(x)
+                if i + 1 == len(self.layers):
+                    return y
+                x = requantize(nn.op.relu(y))
+
+    mod, _ = QMLP().export_tvm({"forward": {"x": nn.spec.Tensor((batch, sizes[0]), "uint8")}})
+    return mod
+
+
+MODELS: dict[str, Callable] = {"mlp": mlp, "mlp_int8": mlp_int8, "resnet50": resnet50,
+                               "bert_base": bert_base}
 
 
 def build_model(name: str):

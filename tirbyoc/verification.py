@@ -109,6 +109,8 @@ def _reduction_length(func) -> int:
 def _compile(func, target, what: str):
     from ._tvm import build
 
+    if func.attrs is None or "global_symbol" not in func.attrs:
+        func = func.with_attr("global_symbol", "main")  # e.g. a private PrimFunc from Relax
     try:
         return build(func, target)
     except Exception as err:  # TVM raises many types; say which build failed

@@ -1,0 +1,198 @@
+"""`tirbyoc run`: a model in, its offloadable PrimFuncs offloaded, both builds run and compared.
+
+Import (built-in model), legalize (``LegalizeOps``), offload (`OffloadTIR`), build the
+offloaded and the untouched module with TVM's default pipeline, run both on the same seeded
+inputs, compare the outputs, time both, and report per PrimFunc what happened.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import TirbyocError
+from .relax_bridge import OffloadReport, offload_module
+
+DEFAULT_TEMPLATES = ("x86_vnni", "blas")  # the first that runs here is the default
+INT8_TEMPLATES = {"x86_vnni", "vta", "hexagon_hvx"}
+
+
+@dataclass
+class RunResult:
+    model: str
+    templates: list[str]
+    target: dict
+    report: OffloadReport
+    verified: bool | None
+    max_abs_err: float
+    latency_ms: dict = field(default_factory=dict)  # offloaded / baseline
+    seconds: dict = field(default_factory=dict)  # wall time per phase
+
+    def to_json(self) -> dict:
+        r = self.report
+        return {
+            "model": self.model, "template": ",".join(self.templates), "templates": self.templates,
+            "target": self.target, "coverage": r.coverage, "offloaded_macs": r.offloaded_macs,
+            "total_macs": r.total_macs, "verified": self.verified, "max_abs_err": self.max_abs_err,
+            "latency_ms": self.latency_ms, "seconds": self.seconds,
+            "functions": [{"name": f.name, "macs": f.macs, "offloaded_macs": f.offloaded_macs,
+                           "template": f.template, "intrinsics": list(f.intrinsics),
+                           "reason": f.reason, "verified": f.verified} for f in r.functions],
+        }
+
+    def table(self) -> str:
+        from .table import render
+
+        rows = []
+        for f in sorted(self.report.functions, key=lambda f: (-f.macs, f.name)):
+            if not f.macs and not f.offloaded:
+                continue
+            what = ", ".join(dict.fromkeys(f.intrinsics)) if f.offloaded else "-"
+            rows.append((f.name, f"{f.macs:,}", what, f.reason or ("verified" if f.verified else
+                                                                    "not run here" if f.offloaded else "")))
+        others = sum(1 for f in self.report.functions if not f.macs and not f.offloaded)
+        text = render(("PrimFunc", "MACs", "intrinsic", "note"), rows)
+        r = self.report
+        lat = self.latency_ms
+        text += (f"\n\n{len(r.functions)} PrimFuncs ({others} without multiply-accumulates, "
+                 "left to TVM)"
+                 f"\nMAC coverage: {r.coverage:.1%} ({r.offloaded_macs:,} of {r.total_macs:,})"
+                 f"\nlatency: offloaded {lat.get('offloaded', float('nan')):.3f} ms, "
+                 f"TVM default {lat.get('baseline', float('nan')):.3f} ms"
+                 f"\noutputs: {'match' if self.verified else 'DIFFER' if self.verified is False else 'not compared'}"
+                 f" (max abs error {self.max_abs_err:.3g})")
+        return text
+
+
+class Progress:
+    """A one-line progress bar on a terminal (plain lines otherwise), on stderr."""
+
+    def __init__(self, enabled: bool = True, stream=None):
+        self.stream = stream or sys.stderr
+        self.enabled = enabled
+        self.tty = self.stream.isatty()
+
+    def phase(self, text: str) -> None:
+        if self.enabled:
+            self._write(f"tirbyoc: {text}", end=True)
+
+    def step(self, done: int, total: int, name: str) -> None:
+        if not self.enabled or not total:
+            return
+        width = 24
+        fill = width * done // total
+        line = f"tirbyoc: offload [{'#' * fill}{'.' * (width - fill)}] {done}/{total} {name}"
+        if self.tty:
+            self.stream.write("\r" + line[:100].ljust(100))
+            if done == total:
+                self.stream.write("\n")
+            self.stream.flush()
+        elif done == total or done % max(1, total // 4) == 0:
+            self._write(line, end=True)
+
+    def _write(self, text: str, end: bool) -> None:
+        self.stream.write(text + ("\n" if end else ""))
+        self.stream.flush()
+
+
+def default_templates() -> list[str]:
+    from .registry import get_template
+
+    for name in DEFAULT_TEMPLATES:
+        if get_template(name).runs_here():
+            return [name]
+    raise TirbyocError("none of the default templates (x86_vnni, blas) runs on this machine; "
+                       "pass --template")
+
+
+def load_model(spec: str, templates: list[str]):
+    """A Relax IRModule from ``builtin:NAME`` (default: an MLP suited to the template)."""
+    from .models import MODELS, build_model
+
+    if spec in (None, "", "builtin"):
+        spec = "builtin:" + ("mlp_int8" if set(templates) & INT8_TEMPLATES else "mlp")
+    if not spec.startswith("builtin:"):
+        raise TirbyocError(f"model {spec!r}: this version runs built-in models only "
+                           f"(builtin:NAME, NAME one of {sorted(MODELS)})")
+    name = spec.split(":", 1)[1]
+    if name not in MODELS:
+        raise TirbyocError(f"unknown built-in model {name!r}; known: {sorted(MODELS)}")
+    return spec, build_model(name)
+
+
+def _inputs(func, seed: int) -> list[np.ndarray]:
+    from .verification import random_array
+
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for param in func.params:
+        ty = param.ty  # TVM 0.27: a Relax parameter's type (struct info) is ``.ty``
+        try:
+            shape = tuple(int(d) for d in ty.shape.values)
+        except (AttributeError, TypeError) as err:
+            raise TirbyocError(f"model input {param.name!r} has no static shape ({ty}); "
+                               "tirbyoc run needs static shapes") from err
+        arrays.append(random_array(shape, str(ty.dtype), rng))
+    return arrays
+
+
+def _build_and_time(mod, target, arrays, repeat: int):
+    from ._tvm import tvm
+    from tvm import relax
+
+    exe = tvm.compile(mod, target=target)
+    dev = tvm.cpu()
+    vm = relax.VirtualMachine(exe, dev)
+    args = [tvm.runtime.tensor(a, dev) for a in arrays]
+    out = vm["forward"](*args)
+    timer = vm.time_evaluator("forward", dev, number=max(1, repeat), repeat=3)
+    ms = float(np.min(timer(*args).results)) * 1e3
+    return out.numpy(), ms
+
+
+def run_model(model: str | None = None, templates: list[str] | None = None, *, target=None,
+              seed: int = 0, repeat: int = 10, progress: Progress | None = None) -> RunResult:
+    from ._tvm import make_target
+    from .registry import get_template
+    from .verification import tolerance
+    from tvm import relax
+
+    progress = progress or Progress(enabled=False)
+    templates = list(templates) if templates else default_templates()
+    tmpls = [get_template(t) for t in templates]
+    if target is None:
+        target = tmpls[0].target
+    seconds = {}
+    t0 = time.perf_counter()
+    progress.phase(f"importing {model or 'the built-in model'}")
+    spec, mod = load_model(model, templates)
+    mod = relax.transform.LegalizeOps()(mod)
+    seconds["import"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    progress.phase(f"offloading to {', '.join(templates)}")
+    offloaded, report = offload_module(mod, tmpls, progress=progress.step)
+    seconds["offload"] = time.perf_counter() - t0
+
+    runnable = all(t.runs_here() for t in tmpls)
+    arrays = _inputs(mod["forward"], seed)
+    verified, err, latency = None, float("nan"), {}
+    if runnable:
+        t0 = time.perf_counter()
+        progress.phase("building and running both modules")
+        tgt = make_target(target)
+        new_out, latency["offloaded"] = _build_and_time(offloaded, tgt, arrays, repeat)
+        ref_out, latency["baseline"] = _build_and_time(mod, tgt, arrays, repeat)
+        diff = np.abs(new_out.astype(np.float64) - ref_out.astype(np.float64))
+        err = float(diff.max()) if diff.size else 0.0
+        tol = tolerance(str(ref_out.dtype), 1, float(np.abs(ref_out).max()) if ref_out.size else 0.0)
+        verified = bool(err <= tol)
+        seconds["build_and_run"] = time.perf_counter() - t0
+    target_json = target if isinstance(target, dict) else {"kind": str(make_target(target).kind.name)}
+    return RunResult(spec, templates, target_json, report, verified, err, latency, seconds)
+
+
+__all__ = ["Progress", "RunResult", "run_model"]
