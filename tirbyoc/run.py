@@ -30,6 +30,7 @@ class RunResult:
     max_abs_err: float
     latency_ms: dict = field(default_factory=dict)  # offloaded / baseline
     seconds: dict = field(default_factory=dict)  # wall time per phase
+    not_run: str | None = None  # why the builds were not run and compared
 
     def to_json(self) -> dict:
         r = self.report
@@ -37,7 +38,7 @@ class RunResult:
             "model": self.model, "template": ",".join(self.templates), "templates": self.templates,
             "target": self.target, "coverage": r.coverage, "offloaded_macs": r.offloaded_macs,
             "total_macs": r.total_macs, "verified": self.verified, "max_abs_err": self.max_abs_err,
-            "latency_ms": self.latency_ms, "seconds": self.seconds,
+            "latency_ms": self.latency_ms, "seconds": self.seconds, "not_run": self.not_run,
             "functions": [{"name": f.name, "macs": f.macs, "offloaded_macs": f.offloaded_macs,
                            "template": f.template, "intrinsics": list(f.intrinsics),
                            "reason": f.reason, "verified": f.verified} for f in r.functions],
@@ -64,6 +65,8 @@ class RunResult:
                  f"TVM default {lat.get('baseline', float('nan')):.3f} ms"
                  f"\noutputs: {'match' if self.verified else 'DIFFER' if self.verified is False else 'not compared'}"
                  f" (max abs error {self.max_abs_err:.3g})")
+        if self.not_run:
+            text += f"\nnot run: {self.not_run}"
         return text
 
 
@@ -177,7 +180,9 @@ def run_model(model: str | None = None, templates: list[str] | None = None, *, t
     offloaded, report = offload_module(mod, tmpls, progress=progress.step)
     seconds["offload"] = time.perf_counter() - t0
 
-    runnable = all(t.runs_here() for t in tmpls)
+    missing = [f"template {t.name} cannot run here: {t.unavailable_reason()}" for t in tmpls
+               if not t.runs_here()]
+    runnable = not missing
     arrays = _inputs(mod["forward"], seed)
     verified, err, latency = None, float("nan"), {}
     if runnable:
@@ -192,7 +197,8 @@ def run_model(model: str | None = None, templates: list[str] | None = None, *, t
         verified = bool(err <= tol)
         seconds["build_and_run"] = time.perf_counter() - t0
     target_json = target if isinstance(target, dict) else {"kind": str(make_target(target).kind.name)}
-    return RunResult(spec, templates, target_json, report, verified, err, latency, seconds)
+    return RunResult(spec, templates, target_json, report, verified, err, latency, seconds,
+                     "; ".join(missing) or None)
 
 
 __all__ = ["Progress", "RunResult", "run_model"]
