@@ -45,7 +45,8 @@ def test_offload_builds_a_wmma_kernel(cuda_mma, case):
         assert f"nvcuda::wmma::{call}" in source, call
     assert "__shared__" in source and "threadIdx.x" in source and "blockIdx" in source
     if not cuda_mma.runs_here():
-        assert out.verification.passed is None and "cannot run here" in out.verification.reason
+        # offload itself built the kernel before saying it cannot run it
+        assert out.verification.passed is None and "built for CUDA" in out.verification.reason
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc (CUDA toolkit) is not installed")

@@ -18,17 +18,18 @@ All with TVM's primitives (`cache_read`/`cache_write` into the template's scopes
 
 from __future__ import annotations
 
+from .cpu_schedule import _extent
 from .errors import RewriteError
 
 WARP = 32
 
 
-def _extent(sch, loop) -> int:
-    ext = sch.get(loop).extent
-    if not hasattr(ext, "value"):
+def _static_extent(sch, loop) -> int:
+    ext = _extent(sch, loop)
+    if ext is None:
         raise RewriteError("a loop around the intrinsic has a symbolic extent; the CUDA schedule "
                            "needs static tile counts")
-    return int(ext.value)
+    return ext
 
 
 def _per_warp(tiles: int, most: int = 2) -> int:
@@ -56,7 +57,7 @@ def stage_fragments(tz, loops):
     if len(loops.axis_spatial) != 2 or len(loops.axis_reduce) != 1:
         raise RewriteError(f"{tz.where}: the CUDA schedule expects an (i, j, k) intrinsic")
     io, jo = loops.axis_spatial
-    bm, bn = _per_warp(_extent(sch, io)), _per_warp(_extent(sch, jo))
+    bm, bn = _per_warp(_static_extent(sch, io)), _per_warp(_static_extent(sch, jo))
     with tz.step(f"one warp per block computing {bm}x{bn} {m.intrinsic.name.split('.')[-1]} tiles"):
         io_o, io_i = sch.split(io, [None, bm])
         jo_o, jo_i = sch.split(jo, [None, bn])

@@ -168,8 +168,10 @@ def offload(func, template, policy="first", *, verify: bool = True, target=None,
     current, outcomes, rewrites = _apply(func, results, choose, target, schedule, tmpl, check_each=False)
     verification = None
     unavailable = tmpl.unavailable_reason() if isinstance(tmpl, Template) else None
-    if verify and rewrites and unavailable:
-        # e.g. a simulator-backed template before its runtime exists: the IR is the result
+    if verify and rewrites and unavailable and _host_code(target):
+        # verify would run this on the CPU, but the template's runtime is missing (e.g. a
+        # simulator not there yet): the IR is the result. Device code (CUDA) is left to
+        # verify, which still builds what it cannot run.
         verification = Verification(None, float("nan"), reason=f"template {name} cannot run here: "
                                                                f"{unavailable}")
     elif verify and rewrites:
@@ -180,6 +182,12 @@ def offload(func, template, policy="first", *, verify: bool = True, target=None,
                                                  check_each=True)
             verification = run_verify(func, current, target) if rewrites else None
     return Offloaded(current, func, name, tuple(outcomes), verification, tuple(rewrites))
+
+
+def _host_code(target) -> bool:
+    from ._tvm import make_target
+
+    return str(make_target(target).kind.name) in ("llvm", "c")
 
 
 def _apply(func, results, choose, target, schedule, template, *, check_each: bool):

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .cpu_schedule import _extent
 from .errors import RewriteError
 from .matcher import Match, OperandMap
 from .pattern import _LOADS, Access, BlockPattern, _dtype, _load_buffer, read_block
@@ -231,7 +232,6 @@ class _Tensorizer:
                           if gpu and op.scope != op.workload_scope and op.operand not in self.spad}
         self.tiled = {**self.spad, **self.fragments}  # staged per tile, not as a whole buffer
         self.fragment_copies: list[tuple] = []
-        self.plan = None
         self.dma_used: list[str] = []
         self.copies: list[tuple] = []  # DMA copies to tensorize once the compute is done
 
@@ -244,12 +244,6 @@ class _Tensorizer:
         """A named step (for staging modules): recorded, and named in any TVM error."""
         return _Step(self, what)
 
-    def feeding(self, op: OperandMap, kind: str) -> str:
-        return self._feeding(op, kind)
-
-    def region(self, kind: str, buffer: str) -> int:
-        return self._region(kind, buffer)
-
     def _access(self, op: OperandMap) -> Access:
         if op.is_output:
             return self.pattern.store
@@ -259,7 +253,7 @@ class _Tensorizer:
         raise RewriteError(f"{self.where}: operand {op.operand} reads {op.buffer}, which the block "
                            "no longer reads")
 
-    def _region(self, kind: str, buffer: str) -> int:
+    def region(self, kind: str, buffer: str) -> int:
         block = self.sch.get(self.blk)
         regions = block.writes if kind == "write" else block.reads
         hits = [i for i, r in enumerate(regions) if str(r.source.name) == buffer]
@@ -327,13 +321,13 @@ class _Tensorizer:
         what = f"stage {op.operand}: {'cache_write' if kind == 'write' else 'cache_read'} " \
                f"{op.buffer} into {scope}"
         with _Step(self, what):
-            idx = self._region(kind, op.buffer)
+            idx = self.region(kind, op.buffer)
             stage = sch.cache_write(blk, idx, scope) if kind == "write" else sch.cache_read(blk, idx, scope)
         pack = self._packs(op)
         if order != list(range(ndim)) or pack:
             desc = "pack " + "x".join(map(str, op.tile)) + " tiles" if pack else "transpose"
             with _Step(self, f"{desc} {op.operand} ({op.buffer}) with transform_layout"):
-                sch.transform_layout(blk, (kind, self._region(kind, self._stage_name(stage, kind))),
+                sch.transform_layout(blk, (kind, self.region(kind, self._stage_name(stage, kind))),
                                      _index_map(_relayout(order, len(rest), op.tile if pack else None), ndim))
 
     def _stage_name(self, stage_block, kind: str) -> str:
@@ -358,7 +352,7 @@ class _Tensorizer:
 
         fn = sch.reindex_cache_write if kind == "write" else sch.reindex_cache_read
         with _Step(self, f"stage {op.operand}: reindex {op.buffer} by the intrinsic's axes into {scope}"):
-            stage = fn(blk, self._region(kind, op.buffer), scope, _index_map(index_map, ndim))
+            stage = fn(blk, self.region(kind, op.buffer), scope, _index_map(index_map, ndim))
         self.inline_after_pad.append((stage, kind))
         if self._packs(op):
             self.packs.append((op, kind, len(others)))
@@ -471,8 +465,7 @@ class _Tensorizer:
         kinds = {it.name: it.kind for it in self.pattern.iters}
         outer = []  # (name, loop, extent, reduce)
         for name, loop in zip(m.outer, self._outer_loops(loops)):
-            ext = self.sch.get(loop).extent
-            outer.append((name, loop, int(ext.value) if hasattr(ext, "value") else 1, kinds[name] == "R"))
+            outer.append((name, loop, _extent(self.sch, loop) or 1, kinds[name] == "R"))
         # keyed "loop NAME": a workload iterator may share its name with an intrinsic axis
         outer = [(f"loop {n}", loop, e, r) for n, loop, e, r in outer]
         axes = [TileAxis(n, 1, e, r) for n, _, e, r in outer]
@@ -493,7 +486,6 @@ class _Tensorizer:
             out = self._split_for(plan, outer, loops)
             used = scratchpad_usage(self.sch.mod["main"], list(scopes))
             if all(used[s] <= capacity[s] for s in scopes):
-                self.plan = plan
                 self.steps.insert(len(steps), plan.describe(used))
                 return out
             tried.append(", ".join(f"{s} {used[s]} > {capacity[s]} B" for s in scopes if used[s] > capacity[s]))
@@ -528,7 +520,7 @@ class _Tensorizer:
         return Loops(so + si[:n_out_s], ro + ri[:n_out_r], si[n_out_s:], ri[n_out_r:], loops.inner,
                      loops.outer_names)
 
-    def _feeding(self, op: OperandMap, kind: str) -> str:
+    def feeding(self, op: OperandMap, kind: str) -> str:
         """The buffer the compute block now uses for ``op`` (the workload's, or its staged
         or padded copy)."""
         block = self.sch.get(self.blk)
@@ -561,12 +553,12 @@ class _Tensorizer:
         """Stage one operand's scratchpad tile at loop ``at`` and tensorize its copy."""
         sch, blk = self.sch, self.blk
         kind = "write" if op.is_output else "read"
-        src = self._feeding(op, kind)
+        src = self.feeding(op, kind)
         ndim, view = self._dims_of(src, kind, op)
         rest = [d for d in range(ndim) if d not in view]
         verb = "store" if op.is_output else "load"
         with _Step(self, f"DMA {verb} {op.operand} tiles of {src} in {op.scope}"):
-            idx = self._region(kind, src)
+            idx = self.region(kind, src)
             if op.is_output:
                 stage = sch.cache_write(blk, idx, op.scope)
                 if at is not None:
@@ -576,7 +568,7 @@ class _Tensorizer:
                 if at is not None:
                     sch.compute_at(stage, at, preserve_unit_loops=True)
             staged = self._stage_name(stage, kind)
-            sch.transform_layout(blk, (kind, self._region(kind, staged)),
+            sch.transform_layout(blk, (kind, self.region(kind, staged)),
                                  _index_map(_relayout(rest + view, len(rest), op.tile), ndim))
             # the copy's own loops run over the source region: cut them into intrinsic tiles
             copy_loops = sch.get_loops(stage)[-ndim:]

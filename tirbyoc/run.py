@@ -182,10 +182,9 @@ def run_model(model: str | None = None, templates: list[str] | None = None, *, t
 
     missing = [f"template {t.name} cannot run here: {t.unavailable_reason()}" for t in tmpls
                if not t.runs_here()]
-    runnable = not missing
-    arrays = _inputs(mod["forward"], seed)
     verified, err, latency = None, float("nan"), {}
-    if runnable:
+    if not missing:
+        arrays = _inputs(mod["forward"], seed)
         t0 = time.perf_counter()
         progress.phase("building and running both modules")
         tgt = make_target(target)
