@@ -4,6 +4,10 @@ The implementations are destination-passing extern calls: pointers to the operan
 (offset by TVM's ``access_ptr``), their leading strides, and the preallocated output, which
 is accumulated into. Windows of larger buffers are therefore read in place, rows apart.
 The shim (``csrc/blas_shim.c``) is compiled against ``scipy_openblas32`` on first use.
+
+A PrimFunc that is nothing but one matmul (what ``LegalizeOps`` makes of ``R.matmul``) is
+instead called whole from Relax: ``csrc/blas_packed.c`` exports the TVM packed functions
+``tirbyoc_blas_matmul_nn`` / ``_nt``, and the Relax bridge emits ``R.call_dps_packed``.
 """
 
 from functools import cache
@@ -18,6 +22,7 @@ from tirbyoc import (
     IntrinsicGroup,
     Layout,
     Operand,
+    PackedFunction,
     Role,
     Runtime,
     Template,
@@ -45,6 +50,21 @@ LIBRARY = ExternLibrary(
     library_dirs=_openblas("lib"),
     libraries=_openblas("link"),
 )
+
+PACKED_LIBRARY = ExternLibrary(
+    name="tirbyoc_blas_packed",
+    sources=[Path(__file__).parent / "csrc" / "blas_packed.c", Path(__file__).parent / "csrc" / "blas_shim.c"],
+    symbols=["tirbyoc_blas_matmul_nn", "tirbyoc_blas_matmul_nt"],
+    include_dirs=_openblas("inc"),
+    library_dirs=_openblas("lib"),
+    libraries=_openblas("link"),
+    ffi=True,
+)
+MATMUL = {
+    trans_b: PackedFunction(f"tirbyoc_blas_matmul_{'nt' if trans_b else 'nn'}", PACKED_LIBRARY,
+                            doc="C = A @ B" + ("^T" if trans_b else "") + ", rank 2 or batched")
+    for trans_b in (False, True)
+}
 
 
 @cache
@@ -184,6 +204,7 @@ def _gemm_group(trans_b: bool, m: int = TILE, n: int = TILE, k: int = TILE) -> I
     return IntrinsicGroup(
         f"sgemm_{kind}" + (f"_{m}x{n}x{k}" if exact else ""),
         compute=gemm(m, n, k, trans_b),
+        packed=MATMUL[trans_b],
         resize=lambda ext: _gemm_group(trans_b, ext["vi"], ext["vj"], ext["vk"]),
     )
 
@@ -195,6 +216,7 @@ def _batched_group(trans_b: bool, b: int = 4, m: int = TILE, n: int = TILE,
     return IntrinsicGroup(
         f"sgemm_batched_{kind}" + (f"_{b}x{m}x{n}x{k}" if exact else ""),
         compute=batched_gemm(b, m, n, k, trans_b),
+        packed=MATMUL[trans_b],
         resize=lambda ext: _batched_group(trans_b, ext["vb"], ext["vi"], ext["vj"], ext["vk"]),
     )
 

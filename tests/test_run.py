@@ -31,7 +31,7 @@ def test_run_default_is_verified_with_full_coverage():
 def test_offload_tir_replaces_primfuncs_and_keeps_call_tir():
     mod = legalized("mlp")
     report = OffloadReport()
-    new = OffloadTIR(["blas"], report=report)(mod)
+    new = OffloadTIR(["blas"], report=report, whole_calls=False)(mod)
     assert set(gv.name_hint for gv in new.functions) == set(gv.name_hint for gv in mod.functions)
     assert str(new["forward"]).count("R.call_tir(") == str(mod["forward"]).count("R.call_tir(")
     matmuls = [f for f in report.functions if f.macs]
@@ -41,6 +41,59 @@ def test_offload_tir_replaces_primfuncs_and_keeps_call_tir():
         assert int(func.attrs["op_pattern"]) == 8  # opaque: fusion leaves it alone
         assert "blas" in func.script() or "sgemm" in func.script()
     assert report.coverage == 1.0
+
+
+def test_whole_matmul_becomes_call_dps_packed_with_the_library_attached():
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    from tirbyoc._tvm import make_target, relax_vm
+
+    mod = legalized("mlp")
+    report = OffloadReport()
+    new = OffloadTIR(["blas"], report=report)(mod)
+    text = str(new["forward"])
+    assert text.count('R.call_dps_packed("tirbyoc_blas_matmul_nn"') == 3
+    matmuls = [f for f in report.functions if f.macs]
+    assert [f.extern for f in matmuls] == ["tirbyoc_blas_matmul_nn"] * 3
+    assert all(f.verified for f in matmuls)
+    assert not any(f.name in {gv.name_hint for gv in new.functions} for f in matmuls)  # dropped
+    assert len(new.attrs["external_mods"]) == 1
+    target = make_target({"kind": "llvm"})
+    rng = np.random.default_rng(1)
+    args = [rng.standard_normal([int(d) for d in p.ty.shape.values]).astype("float32")
+            for p in mod["forward"].params]
+    outs = [relax_vm(tvm.compile(m, target=target), tvm.cpu())["forward"](
+        *[tvm.runtime.tensor(a) for a in args]).numpy() for m in (new, mod)]
+    from tirbyoc.verification import tolerance
+
+    err = float(np.abs(outs[0] - outs[1]).max())
+    assert err <= tolerance("float32", 512, float(np.abs(outs[1]).max())), err
+
+
+def test_whole_call_is_not_used_for_a_function_with_more_than_the_kernel():
+    from tvm.script import tirx as T
+
+    from tirbyoc.whole_function import find_whole_call
+
+    @T.prim_func(s_tir=True)
+    def matmul_relu(A: T.Buffer((32, 48), "float32"), B: T.Buffer((48, 16), "float32"),
+                    C: T.Buffer((32, 16), "float32")):
+        acc = T.sblock_alloc_buffer((32, 16), "float32")
+        for i, j, k in T.grid(32, 16, 48):
+            with T.sblock("mm"):
+                vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                with T.init():
+                    acc[vi, vj] = T.float32(0)
+                acc[vi, vj] = acc[vi, vj] + A[vi, vk] * B[vk, vj]
+        for i, j in T.grid(32, 16):
+            with T.sblock("relu"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                C[vi, vj] = T.max(acc[vi, vj], T.float32(0))
+
+    call, why = find_whole_call(matmul_relu, tirbyoc.match(matmul_relu, [tirbyoc.get_template("blas")]))
+    assert call is None and "2 blocks" in why
 
 
 def test_offload_tir_reports_why_a_function_stayed():

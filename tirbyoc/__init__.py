@@ -20,7 +20,7 @@ from .errors import (
     UnknownTemplateError,
     VerificationError,
 )
-from .extern import ExternLibrary
+from .extern import ExternLibrary, PackedFunction
 from .intrinsic import DENSE, Axis, Cost, Intrinsic, IntrinsicGroup, Layout, Operand, Role
 from .registry import get_template, register_template, template_names, templates
 from .scope import GLOBAL, Scope
@@ -47,7 +47,7 @@ def __getattr__(name):
 
 
 __all__ = [
-    "Axis", "Cost", "DENSE", "DeclarationError", "ExternLibrary", "ExternLibraryError", "GLOBAL",
+    "Axis", "Cost", "DENSE", "DeclarationError", "ExternLibrary", "ExternLibraryError", "GLOBAL", "PackedFunction",
     "Intrinsic", "IntrinsicError", "IntrinsicGroup", "Layout", "Operand", "RegistrationConflict",
     "RewriteError", "Role", "Runtime", "Scope", "ScopeError", "Template", "TemplateError", "TirbyocError",
     "UnknownTemplateError", "VerificationError", "get_template", "register_template", "template_names", "templates",

@@ -112,3 +112,16 @@ def cuda_available() -> bool:
         return bool(tvm.cuda(0).exist)
     except Exception:  # no driver library: TVM raises instead of answering
         return False
+
+
+def relax_vm(executable, device):
+    """A Relax VM for ``executable``. A module whose every PrimFunc became a library call has
+    no compiled TIR, only an empty C host module that TVM would try to export and reload
+    (which fails for a loaded library in ``external_mods``); run its module directly then."""
+    from tvm import relax
+
+    mod = executable.mod
+    kinds = [m.kind for m in mod._collect_from_import_tree(lambda m: True)]
+    if "library" in kinds and "c" in kinds and "llvm" not in kinds:
+        return relax.VirtualMachine(mod, device)
+    return relax.VirtualMachine(executable, device)

@@ -1,10 +1,20 @@
-"""Extern C libraries that intrinsic implementations call.
+"""Extern C libraries that intrinsic implementations call, and packed functions a Relax
+module calls.
 
 A library is declared with its C sources, include and library directories and the symbols it
 must export. It is compiled with TVM's own compiler helper (``tvm.support.cc``: an argument
-list, never a shell), cached by content hash, loaded with ``RTLD_GLOBAL`` so TVM's JIT can
-resolve the symbols, and its symbols are checked at load time: a missing symbol is reported
-here instead of segfaulting at the first call.
+list, never a shell) and cached by content hash. Two kinds:
+
+* plain C (``ffi=False``): loaded with ``RTLD_GLOBAL`` so TVM's JIT resolves the
+  ``T.call_extern`` symbols of tensorized PrimFuncs;
+* TVM FFI (``ffi=True``): the sources include ``<tvm/ffi/c_api.h>`` (and tirbyoc's
+  ``<tirbyoc_ffi.h>`` helpers) and export packed functions ``__tvm_ffi_<symbol>`` (TVM's
+  ``TVMFFISafeCallType``); the library is loaded as a
+  TVM runtime module, to be attached to a Relax module's ``external_mods`` and called through
+  ``R.call_dps_packed("<symbol>", ...)``.
+
+Either way every declared symbol is checked at load time: a missing symbol is reported here
+instead of segfaulting at the first call.
 """
 
 from __future__ import annotations
@@ -68,8 +78,10 @@ class ExternLibrary:
     library_dirs: PathsFn = lambda: ()
     libraries: PathsFn = lambda: ()
     defines: Sequence[str] = ()
+    ffi: bool = False
     _path: Path | None = field(default=None, init=False, repr=False)
     _handle: ctypes.CDLL | None = field(default=None, init=False, repr=False)
+    _module: object = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         if not _SAFE_NAME.match(self.name or ""):
@@ -83,12 +95,20 @@ class ExternLibrary:
     def _options(self) -> list[str]:
         opts = ["-O3", "-std=c11", "-fPIC"]
         opts += [f"-D{d}" for d in self.defines]
-        for d in self.include_dirs():
+        includes, libdirs, libs = list(self.include_dirs()), list(self.library_dirs()), list(self.libraries())
+        if self.ffi:
+            import tvm_ffi.libinfo as ffi_info
+
+            includes += [str(Path(__file__).parent / "include"), ffi_info.find_include_path(),
+                         ffi_info.find_dlpack_include_path()]
+            libdirs.append(os.path.dirname(ffi_info.find_libtvm_ffi()))
+            libs.append("tvm_ffi")
+        for d in includes:
             opts.append(f"-I{self._existing_dir(d)}")
-        for d in self.library_dirs():
+        for d in libdirs:
             d = self._existing_dir(d)
             opts += [f"-L{d}", f"-Wl,-rpath,{d}"]
-        for lib in self.libraries():
+        for lib in libs:
             if not _SAFE_NAME.match(lib):
                 raise ExternLibraryError(f"library {self.name!r}: unsafe link name {lib!r}")
             opts.append(f"-l{lib}")
@@ -129,6 +149,9 @@ class ExternLibrary:
 
     def load(self) -> ctypes.CDLL:
         """Build if needed, load globally, and check every declared symbol is exported."""
+        if self.ffi:
+            raise ExternLibraryError(f"library {self.name!r} exports TVM packed functions; "
+                                     "load it with runtime_module()")
         if self._handle is None:
             path = self.build()
             try:
@@ -144,6 +167,56 @@ class ExternLibrary:
             self._handle = handle
         return self._handle
 
+    def runtime_module(self):
+        """Build if needed and load as a TVM runtime module (``ffi=True`` libraries), checking
+        that it implements every declared packed function."""
+        if not self.ffi:
+            raise ExternLibraryError(f"library {self.name!r} is plain C (ffi=False); its "
+                                     "symbols are called through T.call_extern, use load()")
+        if self._module is None:
+            from tvm import runtime
+
+            path = self.build()
+            try:
+                module = runtime.load_module(str(path))
+            except Exception as err:
+                raise ExternLibraryError(f"library {self.name!r}: TVM cannot load {path}: {err}") from err
+            missing = [s for s in self.symbols if not module.implements_function(s)]
+            if missing:
+                raise ExternLibraryError(
+                    f"library {self.name!r} ({path}) does not export the packed functions "
+                    f"{missing} (C symbols __tvm_ffi_<name>); a call would fail at run time")
+            self._module = module
+        return self._module
+
     @property
     def path(self) -> Path:
         return self.build()
+
+
+@dataclass(frozen=True, eq=False)
+class PackedFunction:
+    """A whole-computation library kernel, called from Relax in destination-passing style.
+
+    ``R.call_dps_packed(symbol, (inputs..., ), out)`` passes the inputs in the order of the
+    group's compute intrinsic operands, then the output; the kernel overwrites the output
+    with the group's computation started from a zero accumulator (a PrimFunc's ``init``).
+    ``library`` is an ``ffi=True`` `ExternLibrary` that exports ``symbol``.
+    """
+
+    symbol: str
+    library: ExternLibrary
+    doc: str = ""
+
+    def __post_init__(self):
+        check_symbol(self.symbol)
+        if not isinstance(self.library, ExternLibrary) or not self.library.ffi:
+            raise ExternLibraryError(f"packed function {self.symbol!r}: library must be an "
+                                     "ExternLibrary declared with ffi=True")
+        if self.symbol not in self.library.symbols:
+            raise ExternLibraryError(f"packed function {self.symbol!r} is not among library "
+                                     f"{self.library.name!r}'s symbols {list(self.library.symbols)}")
+
+    def function(self):
+        """The loaded packed function (``tvm_ffi.Function``)."""
+        return self.library.runtime_module()[self.symbol]

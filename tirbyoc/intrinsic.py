@@ -18,6 +18,7 @@ from typing import Callable, Iterable
 
 from .dtypes import dtype_bytes, is_valid_dtype
 from .errors import IntrinsicError
+from .extern import PackedFunction
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
@@ -319,6 +320,11 @@ class IntrinsicGroup:
     exactly those extents. The matcher matches the declared (tile-sized) group; the rewrite
     engine then asks for the exact-size group so a block becomes one library call with no
     padding.
+
+    ``packed``: a `PackedFunction` computing this group's whole computation. When a PrimFunc
+    is nothing but that computation over its own parameters (one block, zero init, every
+    operand addressed in place, no padding), the Relax bridge replaces its ``call_tir`` with
+    ``R.call_dps_packed`` of this function and attaches the library to the module.
     """
 
     name: str
@@ -328,6 +334,7 @@ class IntrinsicGroup:
     store: Intrinsic | None = None
     epilogue: tuple[Intrinsic, ...] = field(default_factory=tuple)
     resize: Callable[[dict], "IntrinsicGroup"] | None = field(default=None, compare=False)
+    packed: PackedFunction | None = field(default=None, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "loads", tuple(self.loads))
@@ -346,6 +353,8 @@ class IntrinsicGroup:
                     f"group {self.name!r}: {slot} slot holds {intrin.name!r} whose role is "
                     f"{intrin.role.value}, expected {role.value}"
                 )
+        if self.packed is not None and not isinstance(self.packed, PackedFunction):
+            raise IntrinsicError(f"group {self.name!r}: packed must be a PackedFunction, got {self.packed!r}")
         if self.resize is not None and not callable(self.resize):
             raise IntrinsicError(f"group {self.name!r}: resize must be callable, got {self.resize!r}")
 

@@ -11,6 +11,13 @@ Where it goes in TVM's CPU pipeline::
 Offloaded PrimFuncs are marked opaque (``op_pattern`` = kOpaque) so a later FuseOps does
 not merge them into their neighbours; running the pass again (another template) only
 looks at blocks still left.
+
+A PrimFunc that is nothing but one library kernel (a group with a `PackedFunction`, e.g.
+blas's whole matmul; see `tirbyoc.whole_function`) is not tensorized: its ``call_tir`` calls
+become ``R.call_dps_packed("<symbol>", inputs, out)``, the PrimFunc is dropped, and the
+kernel's library (a TVM runtime module) is appended to the module's ``external_mods``
+attribute, which ``tvm.compile`` links so the Relax VM finds the symbol. Such a module runs
+in this process; ``export_library`` cannot serialize a loaded shared library.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ class FunctionReport:
     intrinsics: tuple[str, ...]
     reason: str | None  # why (some of) it stayed, for functions with MACs
     verified: bool | None
+    extern: str | None = None  # the packed function it became (R.call_dps_packed), if any
 
     @property
     def offloaded(self) -> bool:
@@ -81,12 +89,85 @@ def _keep_identity(original, rewritten):
     return func.with_attr("op_pattern", OPAQUE)
 
 
+def _whole_call(func, templates, verify: bool):
+    """(WholeCall, template, verified) for the first template whose library kernel computes
+    ``func`` whole (and, where it runs here, agrees with TVM's build), else None."""
+    from .matcher import match
+    from .whole_function import find_whole_call, verify_whole_call
+
+    for tmpl in templates:
+        if not any(g.packed is not None for g in tmpl.groups):
+            continue
+        try:
+            call, _ = find_whole_call(func, match(func, [tmpl]))
+        except Exception:  # noqa: BLE001 - not matchable here: the tensorize path reports why
+            continue
+        if call is None:
+            continue
+        verified = None
+        if verify and tmpl.runs_here():
+            verified = verify_whole_call(func, call).passed
+            if not verified:
+                continue  # a kernel that disagrees is not used; tensorizing may still work
+        return call, tmpl, verified
+    return None
+
+
+def _call_packed_instead(mod, calls: dict):
+    """Every ``R.call_tir(gv, args, out)`` with ``gv`` in ``calls`` rewritten to
+    ``R.call_dps_packed(symbol, kernel inputs, out)``; the PrimFuncs dropped, the kernels'
+    libraries appended to ``external_mods``."""
+    from ._tvm import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+
+    @mutator
+    class _ToPacked(PyExprMutator):
+        def visit_call_(self, op):
+            op = super().visit_call_(op)
+            if op.op.same_as(call_tir) and len(op.args) == 2 and op.args[0] in calls:
+                wc = calls[op.args[0]]
+                args = list(op.args[1].fields)
+                if len(op.ty_args) == 1 and wc.output == len(args):
+                    return relax.call_dps_packed(
+                        relax.ExternFunc(wc.symbol), relax.Tuple([args[i] for i in wc.inputs]),
+                        op.ty_args[0])
+            return op
+
+    rewriter = _ToPacked(mod)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
+    new = rewriter.builder_.get()
+    for gv in calls:
+        if not any(v.same_as(gv) for f in new.functions.values() if isinstance(f, relax.Function)
+                   for v in relax.analysis.all_global_vars(f)):
+            new = _without(new, gv)
+    libs = list((new.attrs or {}).get("external_mods", []))
+    for lib in dict.fromkeys(wc.packed.library for wc in calls.values()):
+        module = lib.runtime_module()
+        if not any(m.same_as(module) for m in libs):
+            libs.append(module)
+    return new.with_attr("external_mods", libs)
+
+
+def _without(mod, gv):
+    from ._tvm import tvm
+
+    return tvm.IRModule({g: f for g, f in mod.functions.items() if not g.same_as(gv)},
+                        attrs=mod.attrs)
+
+
 def offload_module(mod, templates: Sequence, *, policy="first", verify: bool = True,
-                   report: OffloadReport | None = None, progress=None):
+                   report: OffloadReport | None = None, progress=None, whole_calls: bool = True):
     """``mod`` with every PrimFunc offloaded where a template can; returns (mod, report).
 
     ``templates``: Template objects or names, tried in order for the blocks still left.
     ``progress``: optional callable ``(done, total, name)`` called per PrimFunc.
+    ``whole_calls``: call a library kernel through ``R.call_dps_packed`` where a PrimFunc is
+    nothing but that kernel (False: always tensorize inside the PrimFunc).
     """
     from ._tvm import tirx, tvm
     from .registry import get_template
@@ -94,11 +175,19 @@ def offload_module(mod, templates: Sequence, *, policy="first", verify: bool = T
     templates = [get_template(t) if isinstance(t, str) else t for t in templates]
     report = report if report is not None else OffloadReport()
     funcs = [(gv, f) for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)]
-    updates = {}
+    updates, whole = {}, {}
     for n, (gv, func) in enumerate(sorted(funcs, key=lambda p: p[0].name_hint)):
         name = gv.name_hint
         if progress is not None:
             progress(n, len(funcs), name)
+        packed = _whole_call(func, templates, verify) if whole_calls else None
+        if packed is not None:
+            wc, tmpl, verified = packed
+            macs = wc.match.macs or 0
+            whole[gv] = wc
+            report.functions.append(FunctionReport(name, macs, macs, tmpl.name, (wc.symbol,),
+                                                   None, verified, extern=wc.symbol))
+            continue
         current, intrinsics, used, reasons, verified = func, [], None, [], None
         total = done = 0
         reductions = _reduction_blocks(func)
@@ -130,11 +219,13 @@ def offload_module(mod, templates: Sequence, *, policy="first", verify: bool = T
         mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
         for gv, func in updates.items():
             mod[gv] = func
+    if whole:
+        mod = _call_packed_instead(mod, whole)
     return mod, report
 
 
 def OffloadTIR(templates: Sequence, *, policy="first", verify: bool = True,
-               report: OffloadReport | None = None):
+               report: OffloadReport | None = None, whole_calls: bool = True):
     """The pass form of `offload_module`: ``OffloadTIR(["x86_vnni"])(mod)``. Pass a
     `OffloadReport` to collect what happened to each PrimFunc."""
     from ._tvm import tvm
@@ -143,7 +234,8 @@ def OffloadTIR(templates: Sequence, *, policy="first", verify: bool = True,
 
     @tvm.transform.module_pass(opt_level=0, name="tirbyoc.OffloadTIR")
     def _pass(mod, _ctx):
-        new, _ = offload_module(mod, templates, policy=policy, verify=verify, report=report)
+        new, _ = offload_module(mod, templates, policy=policy, verify=verify, report=report,
+                                whole_calls=whole_calls)
         return new
 
     _pass.report = report

@@ -41,7 +41,8 @@ class RunResult:
             "latency_ms": self.latency_ms, "seconds": self.seconds, "not_run": self.not_run,
             "functions": [{"name": f.name, "macs": f.macs, "offloaded_macs": f.offloaded_macs,
                            "template": f.template, "intrinsics": list(f.intrinsics),
-                           "reason": f.reason, "verified": f.verified} for f in r.functions],
+                           "extern": f.extern, "reason": f.reason, "verified": f.verified}
+                          for f in r.functions],
         }
 
     def table(self) -> str:
@@ -51,11 +52,12 @@ class RunResult:
         for f in sorted(self.report.functions, key=lambda f: (-f.macs, f.name)):
             if not f.macs and not f.offloaded:
                 continue
-            what = ", ".join(dict.fromkeys(f.intrinsics)) if f.offloaded else "-"
+            what = (f"{f.extern} (call_dps_packed)" if f.extern else
+                    ", ".join(dict.fromkeys(f.intrinsics)) if f.offloaded else "-")
             rows.append((f.name, f"{f.macs:,}", what, f.reason or ("verified" if f.verified else
                                                                     "not run here" if f.offloaded else "")))
         others = sum(1 for f in self.report.functions if not f.macs and not f.offloaded)
-        text = render(("PrimFunc", "MACs", "intrinsic", "note"), rows)
+        text = render(("PrimFunc", "MACs", "intrinsic or library kernel", "note"), rows)
         r = self.report
         lat = self.latency_ms
         text += (f"\n\n{len(r.functions)} PrimFuncs ({others} without multiply-accumulates, "
@@ -143,12 +145,11 @@ def _inputs(func, seed: int) -> list[np.ndarray]:
 
 
 def _build_and_time(mod, target, arrays, repeat: int):
-    from ._tvm import tvm
-    from tvm import relax
+    from ._tvm import relax_vm, tvm
 
     exe = tvm.compile(mod, target=target)
     dev = tvm.cpu()
-    vm = relax.VirtualMachine(exe, dev)
+    vm = relax_vm(exe, dev)
     args = [tvm.runtime.tensor(a, dev) for a in arrays]
     out = vm["forward"](*args)
     timer = vm.time_evaluator("forward", dev, number=max(1, repeat), repeat=3)
