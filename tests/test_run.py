@@ -115,8 +115,98 @@ def test_cli_run_json(capsys):
     assert set(out["latency_ms"]) == {"offloaded", "baseline"}
 
 
+def write_onnx_mlp(path):
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal(s).astype("float32"), n)
+               for n, s in (("W1", (64, 128)), ("B1", (128,)), ("W2", (128, 32)))]
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("Add", ["h", "B1"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("MatMul", ["r", "W2"], ["y"])]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 32])], weights)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_cli_run_onnx_json(tmp_path, capsys):
+    path = write_onnx_mlp(tmp_path / "x.onnx")
+    assert main(["run", "--model", str(path), "--json", "-q", "-t", "blas"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"] == str(path) and out["verified"] is True
+    assert out["total_macs"] == 8 * 64 * 128 + 8 * 128 * 32 and out["coverage"] == 1.0
+    assert {f["extern"] for f in out["functions"] if f["macs"]} == {"tirbyoc_blas_matmul_nn"}
+
+
+RELAX_FILE = """
+from tvm.script import ir as I, relax as R
+
+@I.ir_module
+class Model:
+    @R.function
+    def main(x: R.Tensor((32, 64), "float32"), w: R.Tensor((64, 48), "float32")):
+        with R.dataflow():
+            y = R.nn.relu(R.matmul(x, w))
+            R.output(y)
+        return y
+"""
+NN_FILE = """
+from tvm.relax.frontend import nn
+
+class Net(nn.Module):
+    def __init__(self):
+        self.fc = nn.Linear(64, 48, bias=False)
+
+    def forward(self, x):
+        return nn.op.relu(self.fc(x))
+
+model = Net()
+spec = {"forward": {"x": nn.spec.Tensor((32, 64), "float32")}}
+"""
+TORCH_FILE = """
+import torch
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(64, 48))
+
+    def forward(self, x):
+        return torch.relu(x @ self.w)
+
+model = Net()
+example_inputs = (torch.randn(32, 64),)
+"""
+
+
+@pytest.mark.parametrize("source", [RELAX_FILE, NN_FILE, TORCH_FILE], ids=["tvmscript", "relax-nn", "torch"])
+def test_run_python_model_files(tmp_path, source):
+    if "torch" in source.split("\n")[1]:
+        pytest.importorskip("torch")
+    path = tmp_path / "model.py"
+    path.write_text(source)
+    r = run_model(str(path), ["blas"])
+    assert r.verified is True and r.report.total_macs == 32 * 64 * 48 and r.report.coverage == 1.0
+
+
+@pytest.mark.parametrize("source,message", [
+    ("x = 1\n", "defines no model"),
+    ("raise RuntimeError('boom')\n", "raised RuntimeError while being imported: boom"),
+    ("from tvm.relax.frontend import nn\nclass N(nn.Module):\n    def forward(self, x):\n        return x\nm = N()\n",
+     "needs `spec`"),
+])
+def test_bad_model_files_say_what_is_wrong(tmp_path, capsys, source, message):
+    path = tmp_path / "bad.py"
+    path.write_text(source)
+    assert main(["run", "-q", "--model", str(path)]) == 2
+    assert message in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("model,message", [("builtin:nope", "unknown built-in model 'nope'"),
-                                           ("model.onnx", "built-in models only")])
+                                           ("model.txt", "an .onnx file or a .py file"),
+                                           ("missing.onnx", "no such file")])
 def test_cli_run_bad_model(capsys, model, message):
     assert main(["run", "-q", "--model", model]) == 2
     assert message in capsys.readouterr().err

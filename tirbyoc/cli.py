@@ -149,7 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help='print {"blocks": [...]} as JSON')
     p.set_defaults(func=cmd_match)
     p = sub.add_parser("run", help="offload a model, build it and TVM's default build, run both, compare, report")
-    p.add_argument("--model", "-m", help="builtin:NAME (default: an MLP suited to the template)")
+    p.add_argument("--model", "-m", help="builtin:NAME (default: an MLP suited to the template), "
+                   "PATH.onnx, or PATH.py defining a Relax IRModule, a torch.nn.Module with "
+                   "example_inputs, or a relax.frontend.nn.Module with spec")
     p.add_argument("--template", "-t", action="append",
                    help="template to offload to (repeatable, tried in order; default: x86_vnni if "
                         "this CPU has VNNI, else blas)")

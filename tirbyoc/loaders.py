@@ -62,8 +62,9 @@ def load_python(path: Path, obj: str | None = None):
     return legalize(value)
 
 
-def load_onnx(path: Path, opset: int | None = None):
-    """An ONNX model imported with TVM's Relax frontend and legalized."""
+def import_onnx(path: Path, opset: int | None = None):
+    """An ONNX model imported with TVM's Relax frontend (not legalized). The file is parsed
+    as protobuf data and checked with ``onnx.checker``; nothing in it is executed."""
     try:
         import onnx
     except ImportError:
@@ -76,10 +77,88 @@ def load_onnx(path: Path, opset: int | None = None):
     from tvm.relax.frontend.onnx import from_onnx
 
     try:
-        mod = from_onnx(model, opset=opset, keep_params_in_input=False)
+        return from_onnx(model, opset=opset, keep_params_in_input=False)
     except Exception as err:
         raise LoadError(f"TVM could not import {path}: {type(err).__name__}: {err}") from err
-    return legalize(mod)
+
+
+def load_onnx(path: Path, opset: int | None = None):
+    """An ONNX model imported with TVM's Relax frontend and legalized."""
+    return legalize(import_onnx(path, opset))
+
+
+def _relax_functions(mod) -> list[str]:
+    from tvm import relax
+
+    return [gv.name_hint for gv, f in mod.functions.items() if isinstance(f, relax.Function)]
+
+
+def _from_torch(path: Path, model, namespace: dict):
+    example = namespace.get("example_inputs")
+    if not isinstance(example, tuple):
+        raise LoadError(f"{path}: a torch.nn.Module model needs `example_inputs`, a tuple of "
+                        "tensors it is called with (torch.export traces it with them)")
+    import torch
+    from tvm.relax.frontend.torch import from_exported_program
+
+    try:
+        exported = torch.export.export(model.eval(), example)
+        return from_exported_program(exported, keep_params_as_input=False)
+    except Exception as err:
+        raise LoadError(f"{path}: exporting the torch model failed: {type(err).__name__}: {err}") from err
+
+
+def load_model_file(path: str | Path):
+    """A Relax model (not legalized) from a file: ``.onnx``, or a ``.py`` file defining one of
+
+    * a Relax ``IRModule`` (TVMScript ``@I.ir_module`` with an ``@R.function``),
+    * a ``torch.nn.Module`` instance plus ``example_inputs`` (a tuple of tensors), imported
+      with ``torch.export`` and TVM's PyTorch frontend,
+    * a ``tvm.relax.frontend.nn.Module`` instance plus ``spec`` (its ``export_tvm`` spec).
+    """
+    from ._tvm import IRModule
+
+    path = Path(path)
+    if not path.exists():
+        raise LoadError(f"{path}: no such file")
+    if path.suffix == ".onnx":
+        return import_onnx(path)
+    if path.suffix != ".py":
+        raise LoadError(f"{path}: unsupported model file {path.suffix!r}; give an .onnx file or a "
+                        ".py file defining a Relax IRModule, a torch.nn.Module or a relax nn.Module")
+    try:
+        namespace = runpy.run_path(str(path), run_name="__tirbyoc_model__")
+    except SyntaxError as err:
+        raise LoadError(f"{path}:{err.lineno}: Python syntax error: {err.msg}") from None
+    except Exception as err:
+        raise LoadError(f"{path} raised {type(err).__name__} while being imported: {err}") from err
+    public = {k: v for k, v in namespace.items() if not k.startswith("_")}
+    modules = {k: v for k, v in public.items() if isinstance(v, IRModule) and _relax_functions(v)}
+    if len(modules) == 1:
+        return next(iter(modules.values()))
+    if len(modules) > 1:
+        raise LoadError(f"{path} defines several Relax modules {sorted(modules)}; keep one")
+    torch = __import__("sys").modules.get("torch")
+    if torch is not None:
+        models = [v for v in public.values() if isinstance(v, torch.nn.Module)]
+        if len(models) == 1:
+            return _from_torch(path, models[0], public)
+    from tvm.relax.frontend import nn
+
+    models = [v for v in public.values() if isinstance(v, nn.Module)]
+    if len(models) == 1:
+        spec = public.get("spec")
+        if not isinstance(spec, dict):
+            raise LoadError(f"{path}: a relax.frontend.nn model needs `spec`, its export_tvm "
+                            "spec, e.g. {'forward': {'x': nn.spec.Tensor((1, 64), 'float32')}}")
+        try:
+            mod, _ = models[0].export_tvm(spec)
+        except Exception as err:
+            raise LoadError(f"{path}: export_tvm failed: {type(err).__name__}: {err}") from err
+        return mod
+    raise LoadError(f"{path} defines no model: write a Relax IRModule (@I.ir_module), a "
+                    "torch.nn.Module instance with example_inputs, or a relax.frontend.nn.Module "
+                    "instance with spec")
 
 
 def load_workload(path: str | Path, obj: str | None = None):

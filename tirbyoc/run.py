@@ -114,14 +114,18 @@ def default_templates() -> list[str]:
 
 
 def load_model(spec: str, templates: list[str]):
-    """A Relax IRModule from ``builtin:NAME`` (default: an MLP suited to the template)."""
+    """A Relax IRModule from ``builtin:NAME`` (default: an MLP suited to the template), an
+    ``.onnx`` file or a ``.py`` file (`tirbyoc.loaders.load_model_file`)."""
+    from .loaders import load_model_file
     from .models import MODELS, build_model
 
     if spec in (None, "", "builtin"):
         spec = "builtin:" + ("mlp_int8" if set(templates) & INT8_TEMPLATES else "mlp")
     if not spec.startswith("builtin:"):
-        raise TirbyocError(f"model {spec!r}: this version runs built-in models only "
-                           f"(builtin:NAME, NAME one of {sorted(MODELS)})")
+        if spec.endswith((".onnx", ".py")):
+            return spec, load_model_file(spec)
+        raise TirbyocError(f"model {spec!r}: give builtin:NAME (NAME one of {sorted(MODELS)}), "
+                           "an .onnx file or a .py file")
     name = spec.split(":", 1)[1]
     if name not in MODELS:
         raise TirbyocError(f"unknown built-in model {name!r}; known: {sorted(MODELS)}")
@@ -144,17 +148,42 @@ def _inputs(func, seed: int) -> list[np.ndarray]:
     return arrays
 
 
-def _build_and_time(mod, target, arrays, repeat: int):
+def entry_function(mod) -> str:
+    """The Relax function a run calls: ``forward`` (relax.frontend.nn, built-ins), ``main``
+    (ONNX, PyTorch), or the only one there is."""
+    from tvm import relax
+
+    names = [gv.name_hint for gv, f in mod.functions.items() if isinstance(f, relax.Function)]
+    for name in ("forward", "main"):
+        if name in names:
+            return name
+    if len(names) == 1:
+        return names[0]
+    raise TirbyocError(f"the model has Relax functions {sorted(names)}; name the entry forward or main")
+
+
+def _output(value) -> np.ndarray:
+    """One array of a model's result (a tuple's leaves flattened and concatenated, in the
+    widest of their dtypes)."""
+    if hasattr(value, "numpy"):
+        return value.numpy()
+    leaves = [_output(v) for v in value]
+    if not leaves:
+        return np.zeros(0, "float32")
+    return np.concatenate([l.ravel() for l in leaves]).astype(np.result_type(*leaves))
+
+
+def _build_and_time(mod, target, entry, arrays, repeat: int):
     from ._tvm import relax_vm, tvm
 
     exe = tvm.compile(mod, target=target)
     dev = tvm.cpu()
     vm = relax_vm(exe, dev)
     args = [tvm.runtime.tensor(a, dev) for a in arrays]
-    out = vm["forward"](*args)
-    timer = vm.time_evaluator("forward", dev, number=max(1, repeat), repeat=3)
+    out = vm[entry](*args)
+    timer = vm.time_evaluator(entry, dev, number=max(1, repeat), repeat=3)
     ms = float(np.min(timer(*args).results)) * 1e3
-    return out.numpy(), ms
+    return _output(out), ms
 
 
 def run_model(model: str | None = None, templates: list[str] | None = None, *, target=None,
@@ -184,13 +213,14 @@ def run_model(model: str | None = None, templates: list[str] | None = None, *, t
     missing = [f"template {t.name} cannot run here: {t.unavailable_reason()}" for t in tmpls
                if not t.runs_here()]
     verified, err, latency = None, float("nan"), {}
+    entry = entry_function(mod)
     if not missing:
-        arrays = _inputs(mod["forward"], seed)
+        arrays = _inputs(mod[entry], seed)
         t0 = time.perf_counter()
         progress.phase("building and running both modules")
         tgt = make_target(target)
-        new_out, latency["offloaded"] = _build_and_time(offloaded, tgt, arrays, repeat)
-        ref_out, latency["baseline"] = _build_and_time(mod, tgt, arrays, repeat)
+        new_out, latency["offloaded"] = _build_and_time(offloaded, tgt, entry, arrays, repeat)
+        ref_out, latency["baseline"] = _build_and_time(mod, tgt, entry, arrays, repeat)
         diff = np.abs(new_out.astype(np.float64) - ref_out.astype(np.float64))
         err = float(diff.max()) if diff.size else 0.0
         tol = tolerance(str(ref_out.dtype), 1, float(np.abs(ref_out).max()) if ref_out.size else 0.0)
