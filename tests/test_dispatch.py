@@ -1,9 +1,5 @@
 """Target dispatch before legalization, and the examples that use it."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import tvm
@@ -15,16 +11,7 @@ from tirbyoc import ExternLibrary, ExternLibraryError, PackedFunction
 from tirbyoc.dispatch import (Dispatch, DispatchError, DispatchReport, LibraryKernel, Rule,
                               TIRKernel, dispatch_module)
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 LLVM = {"kind": "llvm"}
-
-
-def load_example(name):
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # TVMScript reads a class's source through its module
-    spec.loader.exec_module(module)
-    return module
 
 
 @I.ir_module
@@ -137,17 +124,3 @@ def test_packed_function_declarations_are_checked(tmp_path):
         PackedFunction("other", lib)
     with pytest.raises(ExternLibraryError, match="ffi=True"):
         PackedFunction("present", ExternLibrary("plain", [src], ["present"]))
-
-
-def test_example_conv_relu_extern():
-    report, err = load_example("conv_relu_extern").main()
-    assert [c.kernel for c in report.replaced] == ["vendor_conv2d_relu"] * 2
-    assert all(c.verified for c in report.replaced) and err < 1e-3
-
-
-def test_example_concat_dispatch():
-    results = load_example("concat_dispatch").main()
-    (x86_report, x86_err), (generic_report, generic_err) = results.values()
-    assert {c.kernel for c in x86_report.replaced} == {"concat_tir"} and len(x86_report.replaced) == 2
-    assert {c.kernel for c in generic_report.replaced} == {"vendor_concat"} and len(generic_report.replaced) == 2
-    assert x86_err == 0 and generic_err == 0

@@ -210,3 +210,32 @@ def test_bad_model_files_say_what_is_wrong(tmp_path, capsys, source, message):
 def test_cli_run_bad_model(capsys, model, message):
     assert main(["run", "-q", "--model", model]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["cnn_int8", "transformer_int8"])
+def test_int8_builtins_run_verified_on_x86_vnni(name):
+    if not tirbyoc.get_template("x86_vnni").runs_here():
+        pytest.skip("this CPU has no AVX-512 VNNI")
+    r = run_model(f"builtin:{name}", ["x86_vnni"], repeat=1)
+    assert r.verified is True and r.max_abs_err == 0 and r.report.coverage == 1.0
+
+
+def test_builtin_architectures():
+    from tirbyoc.models import build_model
+
+    text = str(build_model("mobilenet_v2")["forward"])
+    assert text.count("R.nn.conv2d(") == 52 and text.count("groups=") >= 17
+    quantized = str(build_model("cnn_int8")["forward"])
+    assert quantized.count('out_dtype="int32"') == 4  # three convs and the classifier
+    assert 'R.astype' in quantized and '"uint8"' in quantized and '"int8"' in quantized
+
+
+def test_cli_run_writes_an_html_report(tmp_path, capsys):
+    path = tmp_path / "run.html"
+    assert main(["run", "-q", "-t", "blas", "--report", str(path)]) == 0
+    page = path.read_text()
+    assert page.startswith("<!DOCTYPE html>") and "<script" not in page and "http" not in page.replace(
+        'xmlns="http://www.w3.org/2000/svg"', "")
+    assert page.count("<svg") == 1 and page.count('fill="#2e7d32"') == 3  # three matmuls, all offloaded
+    assert "100.0% (7,340,032 of 7,340,032)" in page and "tirbyoc_blas_matmul_nn (call_dps_packed)" in page
+    assert f"report written to {path}" in capsys.readouterr().err

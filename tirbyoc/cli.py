@@ -132,6 +132,11 @@ def cmd_run(args) -> int:
     else:
         print(f"{result.model} on {', '.join(result.templates)}\n")
         print(result.table())
+    if args.report:
+        from .html_report import write
+
+        path = write(result, args.report)
+        print(f"report written to {path}", file=sys.stderr)
     return 0 if result.verified is not False else 1
 
 
@@ -158,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", help='TVM target as JSON (e.g. \'{"kind": "llvm", "mcpu": "native"}\') '
                                     "or a kind; default: the first template's")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs and weights")
+    p.add_argument("--report", metavar="PATH.html",
+                   help="also write a self-contained HTML page with the table and a coverage plot")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_run)

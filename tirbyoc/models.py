@@ -168,8 +168,149 @@ def mlp_int8(batch: int = 16, sizes=(256, 512, 512, 128)):
     return mod
 
 
-MODELS: dict[str, Callable] = {"mlp": mlp, "mlp_int8": mlp_int8, "resnet50": resnet50,
-                               "bert_base": bert_base}
+def mobilenet_v2(batch: int = 1, image: int = 224, classes: int = 1000, dtype: str = "float32"):
+    """MobileNetV2 (width 1.0): 3x3 stem, 17 inverted residual blocks (1x1 expand, 3x3
+    depthwise, 1x1 project; ReLU6), 1x1 conv to 1280, global pool, FC."""
+    nn = _nn()
+    from tvm import relax
+
+    def relu6(y):
+        return _wrap(relax.op.clip(y._expr, 0, 6), "relu6")
+
+    class ConvBN(nn.Module):
+        def __init__(self, cin, cout, k, stride=1, groups=1, act=True):
+            self.conv = nn.Conv2D(cin, cout, k, stride=stride, padding=k // 2, groups=groups,
+                                  bias=True, dtype=dtype)
+            self.act = act
+
+        def forward(self, x):
+            y = self.conv(x)
+            return relu6(y) if self.act else y
+
+    class InvertedResidual(nn.Module):
+        def __init__(self, cin, cout, stride, expand):
+            hidden = cin * expand
+            self.expand = ConvBN(cin, hidden, 1) if expand != 1 else None
+            self.depthwise = ConvBN(hidden, hidden, 3, stride, groups=hidden)
+            self.project = ConvBN(hidden, cout, 1, act=False)
+            self.residual = stride == 1 and cin == cout
+
+        def forward(self, x):
+            y = self.expand(x) if self.expand is not None else x
+            y = self.project(self.depthwise(y))
+            return x + y if self.residual else y
+
+    class MobileNetV2(nn.Module):
+        def __init__(self):
+            self.stem = ConvBN(3, 32, 3, 2)
+            blocks, cin = [], 32
+            for t, c, n, st in ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2),
+                                (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)):
+                for i in range(n):
+                    blocks.append(InvertedResidual(cin, c, st if i == 0 else 1, t))
+                    cin = c
+            self.blocks = nn.ModuleList(blocks)
+            self.head = ConvBN(320, 1280, 1)
+            self.fc = nn.Linear(1280, classes, dtype=dtype)
+
+        def forward(self, x):
+            y = self.stem(x)
+            for blk in self.blocks:
+                y = blk(y)
+            y = _wrap(relax.op.mean(self.head(y)._expr, axis=[2, 3]), "avgpool")
+            return self.fc(y)
+
+    spec = {"forward": {"x": nn.spec.Tensor((batch, 3, image, image), dtype)}}
+    mod, _ = MobileNetV2().export_tvm(spec)
+    return mod
+
+
+def small_cnn(batch: int = 1, image: int = 32, classes: int = 10, dtype: str = "float32"):
+    """A small CNN: three 3x3 / 1x1 conv + ReLU layers (one strided), global pool, FC."""
+    nn = _nn()
+    from tvm import relax
+
+    class CNN(nn.Module):
+        def __init__(self):
+            self.c1 = nn.Conv2D(3, 32, 3, padding=1, dtype=dtype)
+            self.c2 = nn.Conv2D(32, 64, 3, stride=2, padding=1, dtype=dtype)
+            self.c3 = nn.Conv2D(64, 64, 1, dtype=dtype)
+            self.fc = nn.Linear(64, classes, dtype=dtype)
+
+        def forward(self, x):
+            y = nn.op.relu(self.c3(nn.op.relu(self.c2(nn.op.relu(self.c1(x))))))
+            return self.fc(_wrap(relax.op.mean(y._expr, axis=[2, 3]), "avgpool"))
+
+    mod, _ = CNN().export_tvm({"forward": {"x": nn.spec.Tensor((batch, 3, image, image), dtype)}})
+    return mod
+
+
+def transformer_block(batch: int = 1, seq: int = 64, hidden: int = 256, heads: int = 4, ffn: int = 1024):
+    """One encoder block (self-attention + GELU FFN, post-norm), BERT's layer at a small size."""
+    return bert_base(batch, seq, layers=1, hidden=hidden, heads=heads, ffn=ffn)
+
+
+# ------------------------------------------------------------------ int8 variants
+ACT_SCALE = 32.0  # activations -> uint8: round(x * 32) clipped to [0, 255]
+WEIGHT_SCALE = 64.0  # second operands -> int8: round(w * 64) clipped to [-127, 127]
+
+
+def quantize(mod):
+    """The int8 variant of a float model, as a quantized model has it: every ``conv2d`` and
+    ``matmul`` of float tensors becomes uint8 activations x int8 weights -> int32 accumulators,
+    dequantized back to float32 (fixed per-tensor scales); the rest stays float. Templates
+    that are int8-only (x86_vnni, vta, hexagon_hvx) see the integer cores."""
+    from tvm import relax
+    from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+    def q(expr, scale, lo, hi, dtype):
+        scaled = relax.op.multiply(expr, relax.const(scale, "float32"))
+        return relax.op.astype(relax.op.clip(relax.op.round(scaled), lo, hi), dtype)
+
+    x, w = wildcard(), wildcard()
+    patterns = [is_op("relax.nn.conv2d")(x, w), is_op("relax.matmul")(x, w)]
+
+    def rewriter(call, m):
+        a, b = m[x], m[w]
+        if str(a.ty.dtype) != "float32" or str(b.ty.dtype) != "float32":
+            return call
+        qa = q(a, ACT_SCALE, 0, 255, "uint8")
+        qb = q(b, WEIGHT_SCALE, -127, 127, "int8")
+        if call.op.name == "relax.nn.conv2d":
+            at = call.attrs
+            acc = relax.op.nn.conv2d(qa, qb, at.strides, at.padding, at.dilation, at.groups,
+                                     at.data_layout, at.kernel_layout, at.out_layout, "int32")
+        else:
+            acc = relax.op.matmul(qa, qb, out_dtype="int32")
+        return relax.op.multiply(relax.op.astype(acc, "float32"),
+                                 relax.const(1.0 / (ACT_SCALE * WEIGHT_SCALE), "float32"))
+
+    out = {}
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            for pat in patterns:
+                func = rewrite_call(pat, rewriter, func)
+        out[gv] = func
+    import tvm
+
+    return tvm.IRModule(out, attrs=mod.attrs)
+
+
+def _int8(builder: Callable) -> Callable:
+    def build():
+        return quantize(builder())
+
+    build.__doc__ = f"{builder.__name__} quantized with `quantize` (uint8 x int8 -> int32 cores)."
+    return build
+
+
+MODELS: dict[str, Callable] = {
+    "mlp": mlp, "mlp_int8": mlp_int8, "cnn": small_cnn, "cnn_int8": _int8(small_cnn),
+    "transformer": transformer_block, "transformer_int8": _int8(transformer_block),
+    "resnet50": resnet50, "resnet50_int8": _int8(resnet50),
+    "mobilenet_v2": mobilenet_v2, "mobilenet_v2_int8": _int8(mobilenet_v2),
+    "bert_base": bert_base, "bert_base_int8": _int8(bert_base),
+}
 
 
 def build_model(name: str):

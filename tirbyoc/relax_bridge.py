@@ -67,10 +67,28 @@ class OffloadReport:
         return self.offloaded_macs / self.total_macs if self.total_macs else 0.0
 
 
+def _is_operand(tree) -> bool:
+    """A tensor element, possibly cast: what a multiply-accumulate multiplies."""
+    while tree[0] == "cast":
+        tree = tree[2]
+    return tree[0] == "load"
+
+
+def _has_product(tree) -> bool:
+    if not isinstance(tree, tuple) or not tree:
+        return False
+    if tree[0] == "mul" and _is_operand(tree[2]) and _is_operand(tree[3]):
+        return True
+    return any(_has_product(t) for t in tree[1:] if isinstance(t, tuple))
+
+
 def _reduction_blocks(func) -> set[str]:
+    """Blocks that multiply-accumulate (convolutions, matmuls: a reduction over a product of
+    two tensor elements). Sums, means, maxima and variances are not counted as MACs."""
     from .pattern import function_blocks
 
-    return {p.name for p in function_blocks(func) if p.is_reduction}
+    return {p.name for p in function_blocks(func)
+            if p.is_reduction and p.value is not None and _has_product(p.value)}
 
 
 def _macs(out: Offloaded, reductions: set[str]) -> tuple[int, int]:
