@@ -239,3 +239,28 @@ def test_cli_run_writes_an_html_report(tmp_path, capsys):
     assert page.count("<svg") == 1 and page.count('fill="#2e7d32"') == 3  # three matmuls, all offloaded
     assert "100.0% (7,340,032 of 7,340,032)" in page and "tirbyoc_blas_matmul_nn (call_dps_packed)" in page
     assert f"report written to {path}" in capsys.readouterr().err
+
+
+def test_coverage_weighs_shared_primfuncs_by_their_call_sites():
+    from tvm.script import ir as I
+    from tvm.script import relax as R
+
+    @I.ir_module
+    class Twice:
+        @R.function
+        def main(x: R.Tensor((16, 32), "float32"), w: R.Tensor((32, 32), "float32"),
+                 v: R.Tensor((16, 48), "float32"), u: R.Tensor((48, 24), "float32")):
+            with R.dataflow():
+                a = R.matmul(x, w)
+                b = R.matmul(a, w)  # same shapes: LegalizeOps shares one PrimFunc
+                c = R.matmul(v, u)
+                R.output(b, c)
+            return (b, c)
+
+    from tvm import relax
+
+    mod = relax.transform.LegalizeOps()(Twice)
+    _, report = tirbyoc.relax_bridge.offload_module(mod, ["x86_vnni"], verify=False)  # fp32: stays
+    by_name = {f.name: f for f in report.functions}
+    assert sorted((f.calls, f.macs) for f in by_name.values()) == [(1, 16 * 48 * 24), (2, 16 * 32 * 32)]
+    assert report.total_macs == 2 * 16 * 32 * 32 + 16 * 48 * 24 and report.coverage == 0.0

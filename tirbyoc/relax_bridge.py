@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .offloading import Offloaded, offload
+from .offloading import offload
 
 OPAQUE = 8  # relay/relax OpPatternKind::kOpaque
 
@@ -35,13 +35,14 @@ class FunctionReport:
     """What became of one PrimFunc: its compute blocks, MACs, and the rewrite or reason."""
 
     name: str
-    macs: int  # multiply-accumulates of its reduction blocks (0 for elementwise work)
+    macs: int  # multiply-accumulates of one call (0 for elementwise work, sums, means)
     offloaded_macs: int
     template: str | None
     intrinsics: tuple[str, ...]
     reason: str | None  # why (some of) it stayed, for functions with MACs
     verified: bool | None
     extern: str | None = None  # the packed function it became (R.call_dps_packed), if any
+    calls: int = 1  # call sites in the model (coverage weighs each function by them)
 
     @property
     def offloaded(self) -> bool:
@@ -56,11 +57,11 @@ class OffloadReport:
 
     @property
     def total_macs(self) -> int:
-        return sum(f.macs for f in self.functions)
+        return sum(f.macs * f.calls for f in self.functions)
 
     @property
     def offloaded_macs(self) -> int:
-        return sum(f.offloaded_macs for f in self.functions)
+        return sum(f.offloaded_macs * f.calls for f in self.functions)
 
     @property
     def coverage(self) -> float:
@@ -82,19 +83,40 @@ def _has_product(tree) -> bool:
     return any(_has_product(t) for t in tree[1:] if isinstance(t, tuple))
 
 
-def _reduction_blocks(func) -> set[str]:
+def mac_blocks(func) -> dict[str, int]:
     """Blocks that multiply-accumulate (convolutions, matmuls: a reduction over a product of
-    two tensor elements). Sums, means, maxima and variances are not counted as MACs."""
+    two tensor elements) and their MACs (the product of their iterator extents; 0 where one
+    is symbolic). Sums, means, maxima and variances are not counted as MACs."""
+    from math import prod
+
     from .pattern import function_blocks
 
-    return {p.name for p in function_blocks(func)
+    try:
+        blocks = function_blocks(func)
+    except ValueError:  # not schedulable TIR: nothing the matcher could take either
+        return {}
+    return {p.name: prod(it.extent or 0 for it in p.iters) for p in blocks
             if p.is_reduction and p.value is not None and _has_product(p.value)}
 
 
-def _macs(out: Offloaded, reductions: set[str]) -> tuple[int, int]:
-    """(MACs of the function's reduction blocks, of those offloaded)."""
-    compute = [b for b in out.blocks if b.block in reductions]
-    return sum(b.macs or 0 for b in compute), sum(b.macs or 0 for b in compute if b.offloaded)
+def call_counts(mod) -> dict[str, int]:
+    """How many ``call_tir`` / ``call_dps_packed`` sites name each PrimFunc (LegalizeOps
+    shares one PrimFunc between equal operators: ResNet-50's repeated blocks)."""
+    from ._tvm import tvm
+    from tvm import relax
+
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    counts: dict[str, int] = {}
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and expr.op.same_as(call_tir):
+            name = expr.args[0].name_hint
+            counts[name] = counts.get(name, 0) + 1
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return counts
 
 
 def _keep_identity(original, rewritten):
@@ -193,6 +215,7 @@ def offload_module(mod, templates: Sequence, *, policy="first", verify: bool = T
     templates = [get_template(t) if isinstance(t, str) else t for t in templates]
     report = report if report is not None else OffloadReport()
     funcs = [(gv, f) for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)]
+    counts = call_counts(mod)
     updates, whole = {}, {}
     for n, (gv, func) in enumerate(sorted(funcs, key=lambda p: p[0].name_hint)):
         name = gv.name_hint
@@ -201,26 +224,25 @@ def offload_module(mod, templates: Sequence, *, policy="first", verify: bool = T
         packed = _whole_call(func, templates, verify) if whole_calls else None
         if packed is not None:
             wc, tmpl, verified = packed
-            macs = wc.match.macs or 0
+            macs = sum(mac_blocks(func).values())
             whole[gv] = wc
             report.functions.append(FunctionReport(name, macs, macs, tmpl.name, (wc.symbol,),
-                                                   None, verified, extern=wc.symbol))
+                                                   None, verified, extern=wc.symbol,
+                                                   calls=counts.get(name, 1)))
             continue
         current, intrinsics, used, reasons, verified = func, [], None, [], None
-        total = done = 0
-        reductions = _reduction_blocks(func)
+        reductions = mac_blocks(func)
+        total, done = sum(reductions.values()), 0
         for tmpl in templates:
             try:
                 out = offload(current, tmpl, policy, verify=verify)
             except Exception as err:  # noqa: BLE001 - one function must not stop the model
                 reasons.append(f"{tmpl.name}: {type(err).__name__}: {err}")
                 continue
-            t, d = _macs(out, reductions)
-            total = max(total, t)
             if out.offloaded:
                 current, used = out.func, tmpl.name
                 intrinsics += [b.intrinsic for b in out.offloaded]
-                done += d
+                done += sum(reductions.get(b.block, 0) for b in out.offloaded)
                 v = out.verification
                 verified = None if v is None else v.passed
             reasons += [f"{b.block}: {b.reason}" for b in out.blocks
@@ -230,7 +252,7 @@ def offload_module(mod, templates: Sequence, *, policy="first", verify: bool = T
         report.functions.append(FunctionReport(
             name, total, done, used, tuple(intrinsics),
             None if not total or done == total else "; ".join(dict.fromkeys(reasons)) or None,
-            verified))
+            verified, calls=counts.get(name, 1)))
     if progress is not None:
         progress(len(funcs), len(funcs), "")
     if updates:

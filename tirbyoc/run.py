@@ -39,7 +39,7 @@ class RunResult:
             "target": self.target, "coverage": r.coverage, "offloaded_macs": r.offloaded_macs,
             "total_macs": r.total_macs, "verified": self.verified, "max_abs_err": self.max_abs_err,
             "latency_ms": self.latency_ms, "seconds": self.seconds, "not_run": self.not_run,
-            "functions": [{"name": f.name, "macs": f.macs, "offloaded_macs": f.offloaded_macs,
+            "functions": [{"name": f.name, "calls": f.calls, "macs": f.macs, "offloaded_macs": f.offloaded_macs,
                            "template": f.template, "intrinsics": list(f.intrinsics),
                            "extern": f.extern, "reason": f.reason, "verified": f.verified}
                           for f in r.functions],
@@ -49,15 +49,15 @@ class RunResult:
         from .table import render
 
         rows = []
-        for f in sorted(self.report.functions, key=lambda f: (-f.macs, f.name)):
+        for f in sorted(self.report.functions, key=lambda f: (-f.macs * f.calls, f.name)):
             if not f.macs and not f.offloaded:
                 continue
             what = (f"{f.extern} (call_dps_packed)" if f.extern else
                     ", ".join(dict.fromkeys(f.intrinsics)) if f.offloaded else "-")
-            rows.append((f.name, f"{f.macs:,}", what, f.reason or ("verified" if f.verified else
-                                                                    "not run here" if f.offloaded else "")))
+            rows.append((f.name, str(f.calls), f"{f.macs * f.calls:,}", what,
+                         f.reason or ("verified" if f.verified else "not run here" if f.offloaded else "")))
         others = sum(1 for f in self.report.functions if not f.macs and not f.offloaded)
-        text = render(("PrimFunc", "MACs", "intrinsic or library kernel", "note"), rows)
+        text = render(("PrimFunc", "calls", "MACs", "intrinsic or library kernel", "note"), rows)
         r = self.report
         lat = self.latency_ms
         text += (f"\n\n{len(r.functions)} PrimFuncs ({others} without multiply-accumulates, "
