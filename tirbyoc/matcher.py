@@ -521,6 +521,14 @@ class _PairMatcher:
             staging.append("transpose")
             reasons.append(f"{wacc.text} holds axes {view} in another order")
             ok = False
+        elif wdims and wdims != list(range(wdims[0], len(wacc.indices))):
+            # TVM's tensorize passes a region in place only if the dimensions it adds to the
+            # description's are leading ones (w[k, c, 0, 0] of a 1x1 conv's OIHW weight is not)
+            inner = [d for d in range(wdims[0], len(wacc.indices)) if d not in wdims]
+            staging.append("transpose")
+            reasons.append(f"{wacc.text}: dimension {inner[0]} of {wacc.buffer} lies inside the "
+                           "window; TVM's tensorize takes extra dimensions only as outer ones")
+            ok = False
         if ok:
             layout_problem = self._layout_problem(op, wacc, wdims, tile, [axes[a].iters[0] for a in view])
             if layout_problem:

@@ -255,11 +255,15 @@ ACT_SCALE = 32.0  # activations -> uint8: round(x * 32) clipped to [0, 255]
 WEIGHT_SCALE = 64.0  # second operands -> int8: round(w * 64) clipped to [-127, 127]
 
 
-def quantize(mod):
+def quantize(mod, act_dtype: str = "uint8"):
     """The int8 variant of a float model, as a quantized model has it: every ``conv2d`` and
-    ``matmul`` of float tensors becomes uint8 activations x int8 weights -> int32 accumulators,
+    ``matmul`` of float tensors becomes ``act_dtype`` activations (uint8, or int8 for cores
+    that take signed inputs: VTA, tensor cores) x int8 weights -> int32 accumulators,
     dequantized back to float32 (fixed per-tensor scales); the rest stays float. Templates
     that are int8-only (x86_vnni, vta, hexagon_hvx) see the integer cores."""
+    if act_dtype not in ("uint8", "int8"):
+        raise ValueError(f"act_dtype must be uint8 or int8, got {act_dtype!r}")
+    act_lo, act_hi = (0, 255) if act_dtype == "uint8" else (-127, 127)
     from tvm import relax
     from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
@@ -274,7 +278,7 @@ def quantize(mod):
         a, b = m[x], m[w]
         if str(a.ty.dtype) != "float32" or str(b.ty.dtype) != "float32":
             return call
-        qa = q(a, ACT_SCALE, 0, 255, "uint8")
+        qa = q(a, ACT_SCALE, act_lo, act_hi, act_dtype)
         qb = q(b, WEIGHT_SCALE, -127, 127, "int8")
         if call.op.name == "relax.nn.conv2d":
             at = call.attrs

@@ -1,0 +1,145 @@
+"""Reach: how much of a real model's multiply-accumulate work each template takes (JSON out).
+
+For ResNet-50, MobileNetV2 and BERT-base (batch 1, full size, random weights) and each
+template, the MAC coverage - MACs of conv / dense / matmul blocks that are rewritten to the
+template's intrinsics or library kernels, over all such MACs, each PrimFunc weighted by its
+call sites - of:
+
+* **tirbyoc**: `offload_module` on the legalized model (the real rewrite: tiling, padding,
+  layout staging, DMA staging; verification off here, it is the tests' job);
+* **TVM exact**: TVM's own path for a registered intrinsic, ``tile_with_tensor_intrin``
+  (no padding) then ``tensorize``, tried with every compute intrinsic of the template - it
+  needs the block's computation to be the description's exactly (same index expressions, same
+  operand order, same dtypes), up to loop tiling.
+
+Models are legalized as they are for the template: float32 for ``blas``; `quantize`d
+(uint8 x int8 -> int32 cores) for ``x86_vnni`` and ``hexagon_hvx``; int8 x int8 for ``vta``
+and ``cuda_mma``. Usage::
+
+    python bench/reach.py [--models resnet50,mobilenet_v2,bert_base] [--templates T,...]
+                          [--out bench/results/reach.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import tirbyoc
+from tirbyoc.models import bert_base, mobilenet_v2, quantize, resnet50
+from tirbyoc.relax_bridge import call_counts, mac_blocks, offload_module
+from tirbyoc.table import render
+
+HERE = Path(__file__).resolve().parent
+MODELS = {"resnet50": resnet50, "mobilenet_v2": mobilenet_v2, "bert_base": bert_base}
+TEMPLATES = ("x86_vnni", "blas", "vta", "hexagon_hvx", "cuda_mma")
+VARIANT = {"blas": "float32", "x86_vnni": "uint8", "hexagon_hvx": "uint8", "vta": "int8", "cuda_mma": "int8"}
+
+
+def legalized(model: str, variant: str):
+    from tvm import relax
+
+    mod = MODELS[model]()
+    if variant != "float32":
+        mod = quantize(mod, act_dtype=variant)
+    return relax.transform.LegalizeOps()(mod)
+
+
+def tvm_exact_covers(func, block: str, intrinsics) -> bool:
+    """TVM's tile_with_tensor_intrin (no padding) + tensorize with any of ``intrinsics``."""
+    from tvm.s_tir.schedule.transform import tile_with_tensor_intrin
+
+    from tirbyoc._tvm import Schedule
+
+    for intrin in intrinsics:
+        intrin.register()
+        try:
+            sch = Schedule(func)
+            blk = sch.get_sblock(block)
+            loop = tile_with_tensor_intrin(sch, blk, intrin.name, allow_padding=False)
+            if loop is None:
+                continue
+            if sch.get(blk).init is not None:
+                sch.decompose_reduction(blk, sch.get_loops(blk)[0])
+            sch.tensorize(loop, intrin.name)
+            return True
+        except Exception:  # noqa: BLE001 - TVM reports each mismatch with its own error type
+            continue
+    return False
+
+
+def tvm_exact_coverage(mod, template) -> tuple[int, int]:
+    from tirbyoc._tvm import tirx
+
+    counts = call_counts(mod)
+    computes = [g.compute for g in template.groups]
+    total = covered = 0
+    for gv, func in mod.functions.items():
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        calls = counts.get(gv.name_hint, 1)
+        for block, macs in mac_blocks(func).items():
+            total += macs * calls
+            if tvm_exact_covers(func.with_attr("global_symbol", "main"), block, computes):
+                covered += macs * calls
+    return total, covered
+
+
+def top_reasons(report, limit: int = 3) -> list[dict]:
+    lost: dict[str, int] = {}
+    for f in report.functions:
+        missing = (f.macs - f.offloaded_macs) * f.calls
+        if missing and f.reason:
+            key = f.reason.split("; ")[0][:160]
+            lost[key] = lost.get(key, 0) + missing
+    return [{"reason": r, "macs": m} for r, m in sorted(lost.items(), key=lambda kv: -kv[1])[:limit]]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--templates", default=",".join(TEMPLATES))
+    parser.add_argument("--out", default=str(HERE / "results" / "reach.json"))
+    args = parser.parse_args()
+    rows, results = [], []
+    cache = {}
+    for model in args.models.split(","):
+        for name in args.templates.split(","):
+            template = tirbyoc.get_template(name)
+            variant = VARIANT.get(name, "float32")
+            key = (model, variant)
+            if key not in cache:
+                t0 = time.perf_counter()
+                cache[key] = legalized(model, variant)
+                print(f"[reach] {model} ({variant}) legalized in {time.perf_counter() - t0:.1f} s", flush=True)
+            mod = cache[key]
+            t0 = time.perf_counter()
+            _, report = offload_module(mod, [template], verify=False, whole_calls=False)
+            t_offload = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            total, exact = tvm_exact_coverage(mod, template)
+            t_exact = time.perf_counter() - t0
+            entry = {
+                "model": model, "template": name, "variant": variant, "total_macs": report.total_macs,
+                "tirbyoc_macs": report.offloaded_macs, "tirbyoc_coverage": report.coverage,
+                "tvm_exact_macs": exact, "tvm_exact_coverage": exact / total if total else 0.0,
+                "seconds": {"tirbyoc": round(t_offload, 1), "tvm_exact": round(t_exact, 1)},
+                "not_covered": top_reasons(report),
+            }
+            assert total == report.total_macs, (total, report.total_macs)
+            results.append(entry)
+            print(f"[reach] {model} on {name}: tirbyoc {report.coverage:.1%}, TVM exact "
+                  f"{entry['tvm_exact_coverage']:.1%} ({t_offload:.0f} s + {t_exact:.0f} s)", flush=True)
+            rows.append([model, name, variant, f"{report.total_macs / 1e9:.2f} G",
+                         f"{report.coverage:.1%}", f"{entry['tvm_exact_coverage']:.1%}"])
+    print()
+    print(render(["model", "template", "operands", "MACs", "tirbyoc", "TVM exact"], rows))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"benchmark": "reach", "results": results}, indent=2))
+    print(f"\nwritten to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
