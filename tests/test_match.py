@@ -1,7 +1,7 @@
 """The matcher: each flexibility with a positive case and a near miss with its reason."""
 
 import pytest
-from workloads import conv2d, matmul, parse
+from workloads import conv2d, matmul, parse, symbolic_matmul
 
 import tirbyoc
 from tirbyoc import explain, match, match_chains
@@ -228,19 +228,7 @@ def main(A: T.Buffer((16,), "float32"), B: T.Buffer((16,), "float32")):
 
 
 def test_symbolic_extent_on_an_intrinsic_axis_is_a_reason():
-    f = parse('''
-@T.prim_func(s_tir=True)
-def main(a: T.handle, B: T.Buffer((64, 64), "float32"), c: T.handle):
-    n = T.int32()
-    A = T.match_buffer(a, (n, 64), "float32")
-    C = T.match_buffer(c, (n, 64), "float32")
-    for i, j, k in T.grid(n, 64, 64):
-        with T.sblock("C"):
-            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-            with T.init():
-                C[vi, vj] = T.float32(0)
-            C[vi, vj] = C[vi, vj] + A[vi, vk] * B[vk, vj]
-''')
+    f = symbolic_matmul()
     r = best(f, "blas")
     assert r.best is None and "symbolic extent" in r.reason
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+_BITS = {"int": {4, 8, 16, 32, 64}, "uint": {1, 4, 8, 16, 32, 64}, "float": {16, 32, 64},
+         "bfloat": {16}}
 _DTYPE = re.compile(r"^(int|uint|float|bfloat|bool)(\d*)(x\d+)?$")
 
 
@@ -17,6 +19,8 @@ def parse_dtype(dtype: str) -> tuple[str, int, int]:
         return "bool", 8, int(lanes[1:]) if lanes else 1
     if not bits:
         raise ValueError(f"{dtype!r} has no bit width")
+    if int(bits) not in _BITS[kind]:
+        raise ValueError(f"{dtype!r}: TVM has no {bits}-bit {kind}; widths are {sorted(_BITS[kind])}")
     return kind, int(bits), int(lanes[1:]) if lanes else 1
 
 

@@ -194,6 +194,33 @@ class ExternLibrary:
         return self.build()
 
 
+_EXTERN_CALL = re.compile(r'call_extern\("[^"]*", "([A-Za-z_][A-Za-z0-9_]*)"')
+
+
+def extern_symbols(func) -> list[str]:
+    """The C symbols a PrimFunc calls through ``T.call_extern``."""
+    return sorted(set(_EXTERN_CALL.findall(func.script())))
+
+
+def missing_symbols(func) -> list[str]:
+    """The extern symbols ``func`` calls that nothing loaded in this process exports. TVM's
+    JIT compiles such a call and then crashes the process at the first call ("Symbols not
+    found"); ask this before running host code."""
+    process = ctypes.CDLL(None)
+    return [s for s in extern_symbols(func) if not hasattr(process, s)]
+
+
+def check_loaded(func, what: str = "the function") -> None:
+    """Raise `ExternLibraryError` if ``func`` calls an extern symbol that is not loaded."""
+    missing = missing_symbols(func)
+    if missing:
+        raise ExternLibraryError(
+            f"{what} calls extern symbol(s) {missing} that no library loaded in this process "
+            "exports; declare the library that defines them in the template's `libraries` "
+            "(ExternLibrary(..., symbols=[...])) so tirbyoc builds and loads it first. Running "
+            "it as is would crash the process at the first call.")
+
+
 @dataclass(frozen=True, eq=False)
 class PackedFunction:
     """A whole-computation library kernel, called from Relax in destination-passing style.

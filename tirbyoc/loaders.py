@@ -40,8 +40,8 @@ def load_python(path: Path, obj: str | None = None):
         namespace = runpy.run_path(str(path), run_name="__tirbyoc_workload__")
     except SyntaxError as err:
         raise LoadError(f"{path}:{err.lineno}: Python syntax error: {err.msg}") from None
-    except Exception as err:  # the user's file failed while importing
-        raise LoadError(f"{path} raised {type(err).__name__} while being imported: {err}") from err
+    except (Exception, SystemExit) as err:  # the user's file failed while importing
+        raise LoadError(f"{path} raised {type(err).__name__} while being imported: {err}") from None
     found = _candidates(namespace)
     if obj is not None:
         if obj not in namespace:
@@ -130,8 +130,8 @@ def load_model_file(path: str | Path):
         namespace = runpy.run_path(str(path), run_name="__tirbyoc_model__")
     except SyntaxError as err:
         raise LoadError(f"{path}:{err.lineno}: Python syntax error: {err.msg}") from None
-    except Exception as err:
-        raise LoadError(f"{path} raised {type(err).__name__} while being imported: {err}") from err
+    except (Exception, SystemExit) as err:  # a model file must not end the process
+        raise LoadError(f"{path} raised {type(err).__name__} while being imported: {err}") from None
     public = {k: v for k, v in namespace.items() if not k.startswith("_")}
     modules = {k: v for k, v in public.items() if isinstance(v, IRModule) and _relax_functions(v)}
     if len(modules) == 1:

@@ -174,8 +174,13 @@ def _output(value) -> np.ndarray:
 
 
 def _build_and_time(mod, target, entry, arrays, repeat: int):
-    from ._tvm import relax_vm, tvm
+    from ._tvm import relax_vm, tirx, tvm
+    from .extern import check_loaded
 
+    if str(target.kind.name) in ("llvm", "c"):
+        for gv, func in mod.functions.items():
+            if isinstance(func, tirx.PrimFunc):
+                check_loaded(func, f"PrimFunc {gv.name_hint}")
     exe = tvm.compile(mod, target=target)
     dev = tvm.cpu()
     vm = relax_vm(exe, dev)
@@ -198,6 +203,11 @@ def run_model(model: str | None = None, templates: list[str] | None = None, *, t
     tmpls = [get_template(t) for t in templates]
     if target is None:
         target = tmpls[0].target
+    try:
+        make_target(target)
+    except Exception as err:  # TVM's own message is the last line of a C++ traceback
+        last = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        raise TirbyocError(f"target {target!r} is not a TVM target: {last}") from None
     seconds = {}
     t0 = time.perf_counter()
     progress.phase(f"importing {model or 'the built-in model'}")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import VerificationError
+from .errors import TirbyocError, VerificationError
 
 # Relative tolerance per float dtype, scaled by sqrt(reduction length) in `tolerance`.
 _FLOAT_RTOL = {"float16": 2e-3, "bfloat16": 1e-2, "float32": 2e-6, "float64": 1e-13}
@@ -107,8 +107,14 @@ def _reduction_length(func) -> int:
 
 
 def _compile(func, target, what: str):
-    from ._tvm import build
+    from ._tvm import build, make_target
+    from .extern import check_loaded
 
+    if str(make_target(target).kind.name) in ("llvm", "c"):
+        try:
+            check_loaded(func, f"the {what} function")
+        except TirbyocError as err:
+            raise VerificationError(str(err)) from None
     if func.attrs is None or "global_symbol" not in func.attrs:
         func = func.with_attr("global_symbol", "main")  # e.g. a private PrimFunc from Relax
     try:
