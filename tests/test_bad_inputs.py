@@ -231,3 +231,28 @@ def test_run_on_a_template_that_cannot_run_here_says_so(capsys):
     code = main(["run", "-q", "--json", "-t", "vta", "-m", "builtin:cnn_int8"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["verified"] is None and "cannot run here" in out["not_run"]
+
+
+def test_compiling_never_goes_through_a_shell(tmp_path, monkeypatch):
+    """A source path full of shell syntax is one argument to the compiler, never a command."""
+    monkeypatch.chdir(tmp_path)
+    marker = tmp_path / "PWNED"
+    weird = tmp_path / "lib;touch PWNED;$(touch PWNED)`touch PWNED`.c"
+    weird.write_text(SRC)
+    lib = ExternLibrary("lib_weird", [weird], ["present"])
+    path = lib.build()
+    assert path.exists() and not marker.exists()
+    assert lib.load().present(41) == 41
+
+
+def test_description_without_root_regions_is_refused():
+    """A description whose root block does not declare what it reads and writes."""
+    @T.prim_func(s_tir=True)
+    def desc(A: T.Buffer((4,), "int8", offset_factor=1), C: T.Buffer((4,), "int8", offset_factor=1)) -> None:
+        for i in T.serial(4):
+            with T.sblock("copy"):
+                vi = T.axis.remap("S", [i])
+                C[vi] = A[vi]
+
+    with pytest.raises(IntrinsicError, match="'t.noregions': description root block declares no T.writes"):
+        Intrinsic.from_prim_funcs("t.noregions", Role.LOAD, desc, desc)
