@@ -5,13 +5,14 @@ The core computes acc[BATCH, BLOCK_OUT] += inp[BATCH, BLOCK_IN] . wgt[BLOCK_OUT,
 filled and drained by DMA loads and stores; the ALU applies add, max, shift and clip to the
 accumulator. Defaults are VTA's published configuration (1x16x16, 32 / 256 / 128 KiB).
 
-Implementations call the simulator runtime (``tirbyoc.vta.*`` packed functions) with the
+Implementations call the simulator runtime (``tirbyoc.sim.*`` packed functions) with the
 operand windows as DLTensors.
 """
 
 from functools import cache, partial
 from typing import Optional
 
+from tirbyoc.sim import SimConfig, Simulator
 from tirbyoc import (
     DENSE,
     Cost,
@@ -27,6 +28,7 @@ from tirbyoc import (
 
 NAME = "vta"
 INP, WGT, ACC = "local.inp_buffer", "local.wgt_buffer", "local.acc_buffer"
+SCOPE_ID = {INP: 0, WGT: 1, ACC: 2}  # tirbyoc.sim's scratchpad ids (input, weight, accumulator)
 TARGET = {"kind": "llvm", "num-cores": 2}
 
 
@@ -72,7 +74,7 @@ def gemm(batch: int, block_in: int, block_out: int, in_dtype: str = "int8",
             with T.sblock("root"):
                 T.reads(C[0:batch, 0:block_out], A[0:batch, 0:block_in], B[0:block_out, 0:block_in])
                 T.writes(C[0:batch, 0:block_out])
-                T.evaluate(T.call_packed("tirbyoc.vta.gemm", C, A, B))
+                T.evaluate(T.call_packed("tirbyoc.sim.gemm", C, A, B))
 
         return desc, impl
 
@@ -111,7 +113,7 @@ def fill_zero(lanes: int, acc_dtype: str = "int32", prefix: str = NAME) -> Intri
             with T.sblock("root"):
                 T.reads()
                 T.writes(C[0:lanes])
-                T.evaluate(T.call_packed("tirbyoc.vta.fill_zero", C))
+                T.evaluate(T.call_packed("tirbyoc.sim.fill_zero", C))
 
         return desc, impl
 
@@ -120,7 +122,7 @@ def fill_zero(lanes: int, acc_dtype: str = "int32", prefix: str = NAME) -> Intri
                      doc="zero an accumulator tile")
 
 
-def _copy_1d(cols, dtype, dst_dtype, src_scope, dst_scope, symbol):
+def _copy_1d(cols, dtype, dst_dtype, src_scope, dst_scope, symbol, scope_id):
     from tvm.script import tirx as T
 
     @T.prim_func(s_tir=True)
@@ -144,12 +146,12 @@ def _copy_1d(cols, dtype, dst_dtype, src_scope, dst_scope, symbol):
         with T.sblock("root"):
             T.reads(S[0:cols])
             T.writes(D[0:cols])
-            T.evaluate(T.call_packed(symbol, D, S))
+            T.evaluate(T.call_packed(symbol, D, S, scope_id))
 
     return desc, impl
 
 
-def _copy_2d(rows, cols, dtype, dst_dtype, src_scope, dst_scope, symbol):
+def _copy_2d(rows, cols, dtype, dst_dtype, src_scope, dst_scope, symbol, scope_id):
     from tvm.script import tirx as T
 
     @T.prim_func(s_tir=True)
@@ -174,7 +176,7 @@ def _copy_2d(rows, cols, dtype, dst_dtype, src_scope, dst_scope, symbol):
         with T.sblock("root"):
             T.reads(S[0:rows, 0:cols])
             T.writes(D[0:rows, 0:cols])
-            T.evaluate(T.call_packed(symbol, D, S))
+            T.evaluate(T.call_packed(symbol, D, S, scope_id))
 
     return desc, impl
 
@@ -190,13 +192,13 @@ def dma(direction: str, rows: int, cols: int, dtype: str, scope: str, out_dtype:
     """
     src_scope, dst_scope = ("global", scope) if direction == "load" else (scope, "global")
     dst_dtype = out_dtype or dtype
-    symbol = "tirbyoc.vta.dma_" + direction
+    symbol = "tirbyoc.sim.dma_" + direction
     if rows == 1:
         shape, layout, axes = (cols,), DENSE, [("j", cols, "S")]
-        build = partial(_copy_1d, cols, dtype, dst_dtype, src_scope, dst_scope, symbol)
+        build = partial(_copy_1d, cols, dtype, dst_dtype, src_scope, dst_scope, symbol, SCOPE_ID[scope])
     else:
         shape, layout, axes = (rows, cols), Layout.row_strided(), [("i", rows, "S"), ("j", cols, "S")]
-        build = partial(_copy_2d, rows, cols, dtype, dst_dtype, src_scope, dst_scope, symbol)
+        build = partial(_copy_2d, rows, cols, dtype, dst_dtype, src_scope, dst_scope, symbol, SCOPE_ID[scope])
     short = scope.split(".")[-1].replace("_buffer", "")
     suffix = f"_{dst_dtype}" if out_dtype else ""
     return Intrinsic(
@@ -247,7 +249,7 @@ def alu_binary(op: str, lanes: int, acc_dtype: str = "int32", prefix: str = NAME
             with T.sblock("root"):
                 T.reads(X[0:lanes], Y[0:lanes])
                 T.writes(Z[0:lanes])
-                T.evaluate(T.call_packed("tirbyoc.vta.alu_" + op, Z, X, Y))
+                T.evaluate(T.call_packed("tirbyoc.sim.alu_" + op, Z, X, Y))
 
         return desc, impl
 
@@ -301,7 +303,7 @@ def alu_relu(lanes: int, acc_dtype: str = "int32", prefix: str = NAME) -> Intrin
     """z[i] = max(x[i], 0): the ALU's max with an immediate 0 (ReLU)."""
     return _alu_unary(f"alu_relu_{lanes}", lanes, acc_dtype,
                       lambda T, x: T.max(x, T.cast(0, acc_dtype)),
-                      lambda T, Z, X: T.call_packed("tirbyoc.vta.alu_relu", Z, X),
+                      lambda T, Z, X: T.call_packed("tirbyoc.sim.alu_relu", Z, X),
                       1, "ALU max(acc, 0) (ReLU)", prefix)
 
 
@@ -313,7 +315,7 @@ def alu_shift_clip(lanes: int, shift: int = 8, lo: int = -128, hi: int = 127,
         f"alu_shift_clip_{lanes}_s{shift}", lanes, acc_dtype,
         lambda T, x: T.max(T.min(T.shift_right(x, T.cast(shift, acc_dtype)), T.cast(hi, acc_dtype)),
                            T.cast(lo, acc_dtype)),
-        lambda T, Z, X: T.call_packed("tirbyoc.vta.alu_shift_clip", Z, X, shift, lo, hi),
+        lambda T, Z, X: T.call_packed("tirbyoc.sim.alu_shift_clip", Z, X, shift, lo, hi),
         2, f"ALU clip(acc >> {shift}, {lo}, {hi})", prefix)
 
 
@@ -358,6 +360,10 @@ def make_template(batch: int = 1, block_in: int = 16, block_out: int = 16,
         extra=(dma("load", batch, block_out, acc_dtype, ACC, prefix=name),
                dma("store", batch, block_out, acc_dtype, ACC, prefix=name)),
         requires=_requires,
+        simulator=Simulator(SimConfig(
+            core_macs=batch * block_in * block_out, alu_lanes=batch * block_out,
+            dma_bytes_per_cycle=dma_bytes_per_cycle, dma_latency=dma_latency,
+            capacities=(inp_kib * 1024, wgt_kib * 1024, acc_kib * 1024), clock_mhz=clock_mhz)),
         doc=f"VTA-style {batch}x{block_in}x{block_out} int8 GEMM core with scratchpads, DMA and ALU",
         params=dict(batch=batch, block_in=block_in, block_out=block_out, inp_kib=inp_kib,
                     wgt_kib=wgt_kib, acc_kib=acc_kib, in_dtype=in_dtype, wgt_dtype=wgt_dtype,
@@ -367,11 +373,9 @@ def make_template(batch: int = 1, block_in: int = 16, block_out: int = 16,
 
 
 def _requires() -> Optional[str]:
-    from tirbyoc._tvm import get_global_func
+    from tirbyoc import sim
 
-    if get_global_func("tirbyoc.vta.gemm") is None:
-        return "the VTA simulator runtime (tirbyoc.vta.* functions) is not available yet"
-    return None
+    return sim.unavailable_reason()
 
 
 TEMPLATE = make_template()

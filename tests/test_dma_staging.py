@@ -66,10 +66,15 @@ def test_vta_tiles_grow_to_fill_the_scratchpads():
     assert "local.inp_buffer 32768/32768 B" in " ".join(r.steps)
 
 
-def test_vta_offload_reports_that_the_simulator_is_missing():
-    out = tirbyoc.offload(matmul(64, 64, 64, "int8", "int8", "int32", trans_b=True), "vta")
-    assert out.blocks[0].offloaded
-    assert out.verification.passed is None and "cannot run here" in out.verification.reason
+@pytest.mark.parametrize("func", [
+    lambda: matmul(64, 64, 64, "int8", "int8", "int32", trans_b=True),
+    lambda: matmul(100, 200, 300, "int8", "int8", "int32"),  # padded, weights [K, N]
+    lambda: conv2d(1, 32, 14, 14, 32, 3, 3, layout="NHWC", dtype="int8", wdtype="int8", acc="int32"),  # halo
+], ids=["dense", "padded", "conv-halo"])
+def test_vta_dma_staged_offloads_run_bit_exact_in_the_simulator(func):
+    out = tirbyoc.offload(func(), "vta")
+    assert out.blocks[0].offloaded and any("load_inp" in i for i in out.rewrites[0].intrinsics)
+    assert out.verification.passed is True and out.verification.max_abs_err == 0
 
 
 def test_hexagon_vtcm_staging_shares_one_scope():

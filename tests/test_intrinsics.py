@@ -95,7 +95,7 @@ def test_hexagon_vrmpy_lowered_ir():
 def test_vta_impls_call_simulator_runtime():
     t = tirbyoc.get_template("vta")
     text = tensorize_exact(t.intrinsic("gemm_1x16x16")).script()
-    assert 'T.call_packed("tirbyoc.vta.gemm"' in text
+    assert 'T.call_packed("tirbyoc.sim.gemm"' in text
 
 
 def test_cuda_mma_tensorized_calls_wmma():

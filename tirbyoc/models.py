@@ -301,10 +301,12 @@ def quantize(mod, act_dtype: str = "uint8"):
 
 
 def _int8(builder: Callable) -> Callable:
-    def build():
-        return quantize(builder())
+    def build(act_dtype: str = "uint8"):
+        return quantize(builder(), act_dtype)
 
-    build.__doc__ = f"{builder.__name__} quantized with `quantize` (uint8 x int8 -> int32 cores)."
+    build.__doc__ = (f"{builder.__name__} quantized with `quantize` (uint8 or int8 activations "
+                     "x int8 weights -> int32 cores).")
+    build.quantized = True
     return build
 
 
@@ -317,9 +319,14 @@ MODELS: dict[str, Callable] = {
 }
 
 
-def build_model(name: str):
-    """A built-in model by name (Relax IRModule, not legalized)."""
+def build_model(name: str, act_dtype: str | None = None):
+    """A built-in model by name (Relax IRModule, not legalized). ``act_dtype``: for the
+    ``_int8`` variants, the activations' dtype (uint8 for x86_vnni / Hexagon, int8 for VTA
+    and tensor cores)."""
     try:
-        return MODELS[name]()
+        builder = MODELS[name]
     except KeyError:
         raise KeyError(f"unknown built-in model {name!r}; known: {sorted(MODELS)}") from None
+    if act_dtype is not None and getattr(builder, "quantized", False):
+        return builder(act_dtype)
+    return builder()

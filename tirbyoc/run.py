@@ -31,6 +31,7 @@ class RunResult:
     latency_ms: dict = field(default_factory=dict)  # offloaded / baseline
     seconds: dict = field(default_factory=dict)  # wall time per phase
     not_run: str | None = None  # why the builds were not run and compared
+    simulation: dict = field(default_factory=dict)  # template -> tirbyoc.sim.SimStats of one run
 
     def to_json(self) -> dict:
         r = self.report
@@ -39,6 +40,7 @@ class RunResult:
             "target": self.target, "coverage": r.coverage, "offloaded_macs": r.offloaded_macs,
             "total_macs": r.total_macs, "verified": self.verified, "max_abs_err": self.max_abs_err,
             "latency_ms": self.latency_ms, "seconds": self.seconds, "not_run": self.not_run,
+            "simulation": {t: st.to_json() for t, st in self.simulation.items()},
             "functions": [{"name": f.name, "calls": f.calls, "macs": f.macs, "offloaded_macs": f.offloaded_macs,
                            "template": f.template, "intrinsics": list(f.intrinsics),
                            "extern": f.extern, "reason": f.reason, "verified": f.verified}
@@ -67,6 +69,13 @@ class RunResult:
                  f"TVM default {lat.get('baseline', float('nan')):.3f} ms"
                  f"\noutputs: {'match' if self.verified else 'DIFFER' if self.verified is False else 'not compared'}"
                  f" (max abs error {self.max_abs_err:.3g})")
+        for name, st in self.simulation.items():
+            u = st.utilization
+            text += (f"\nsimulated on {name}: {st.cycles:,} cycles ({st.seconds * 1e3:.3f} ms at "
+                     f"{st.config.clock_mhz} MHz), busy load {u['load']:.0%} / compute "
+                     f"{u['compute']:.0%} / store {u['store']:.0%}, DMA in "
+                     f"{sum(st.load_bytes.values()):,} B, out {st.store_bytes:,} B, "
+                     f"{st.tile_ops:,} tile operations")
         if self.not_run:
             text += f"\nnot run: {self.not_run}"
         return text
@@ -129,7 +138,20 @@ def load_model(spec: str, templates: list[str]):
     name = spec.split(":", 1)[1]
     if name not in MODELS:
         raise TirbyocError(f"unknown built-in model {name!r}; known: {sorted(MODELS)}")
-    return spec, build_model(name)
+    return spec, build_model(name, _activation_dtype(templates))
+
+
+def _activation_dtype(templates) -> str | None:
+    """The activation dtype the first template's GEMM takes (uint8 or int8), if any: the
+    quantized built-ins are quantized to it."""
+    from .registry import get_template
+
+    for t in templates[:1]:
+        for g in get_template(t).groups:
+            dtype = str(g.compute.operands[0].dtype)
+            if dtype in ("uint8", "int8"):
+                return dtype
+    return None
 
 
 def _inputs(func, seed: int) -> list[np.ndarray]:
@@ -173,7 +195,8 @@ def _output(value) -> np.ndarray:
     return np.concatenate([l.ravel() for l in leaves]).astype(np.result_type(*leaves))
 
 
-def _build_and_time(mod, target, entry, arrays, repeat: int):
+def _build_and_time(mod, target, entry, arrays, repeat: int, simulators=()):
+    """(output, latency in ms[, simulator stats of the first run])."""
     from ._tvm import relax_vm, tirx, tvm
     from .extern import check_loaded
 
@@ -185,10 +208,13 @@ def _build_and_time(mod, target, entry, arrays, repeat: int):
     dev = tvm.cpu()
     vm = relax_vm(exe, dev)
     args = [tvm.runtime.tensor(a, dev) for a in arrays]
+    for sim in simulators:
+        sim.configure()  # this template's timing, state cleared: the first run is measured
     out = vm[entry](*args)
+    stats = [sim.stats() for sim in simulators]
     timer = vm.time_evaluator(entry, dev, number=max(1, repeat), repeat=3)
     ms = float(np.min(timer(*args).results)) * 1e3
-    return _output(out), ms
+    return _output(out), ms, stats
 
 
 def run_model(model: str | None = None, templates: list[str] | None = None, *, target=None,
@@ -222,15 +248,18 @@ def run_model(model: str | None = None, templates: list[str] | None = None, *, t
 
     missing = [f"template {t.name} cannot run here: {t.unavailable_reason()}" for t in tmpls
                if not t.runs_here()]
-    verified, err, latency = None, float("nan"), {}
+    verified, err, latency, simulation = None, float("nan"), {}, {}
     entry = entry_function(mod)
     if not missing:
         arrays = _inputs(mod[entry], seed)
         t0 = time.perf_counter()
         progress.phase("building and running both modules")
         tgt = make_target(target)
-        new_out, latency["offloaded"] = _build_and_time(offloaded, tgt, entry, arrays, repeat)
-        ref_out, latency["baseline"] = _build_and_time(mod, tgt, entry, arrays, repeat)
+        sims = {t.name: t.simulator for t in tmpls if t.simulator is not None}
+        new_out, latency["offloaded"], stats = _build_and_time(offloaded, tgt, entry, arrays, repeat,
+                                                               list(sims.values()))
+        simulation = dict(zip(sims, stats))
+        ref_out, latency["baseline"], _ = _build_and_time(mod, tgt, entry, arrays, repeat)
         diff = np.abs(new_out.astype(np.float64) - ref_out.astype(np.float64))
         err = float(diff.max()) if diff.size else 0.0
         tol = tolerance(str(ref_out.dtype), 1, float(np.abs(ref_out).max()) if ref_out.size else 0.0)
@@ -238,7 +267,7 @@ def run_model(model: str | None = None, templates: list[str] | None = None, *, t
         seconds["build_and_run"] = time.perf_counter() - t0
     target_json = target if isinstance(target, dict) else {"kind": str(make_target(target).kind.name)}
     return RunResult(spec, templates, target_json, report, verified, err, latency, seconds,
-                     "; ".join(missing) or None)
+                     "; ".join(missing) or None, simulation)
 
 
 __all__ = ["Progress", "RunResult", "run_model"]

@@ -58,6 +58,9 @@ class Template:
     allow_padding : bool
         Whether a workload whose extents are not multiples of the intrinsic's may be padded
         to fit (False: such blocks do not match, and the report says which axis).
+    simulator : tirbyoc.sim.Simulator or None
+        For ``Runtime.SIMULATOR`` templates: the simulator with this template's timing;
+        `tirbyoc run` configures it before running and reports its cycles.
     """
 
     name: str
@@ -71,6 +74,7 @@ class Template:
     doc: str = ""
     params: Mapping = field(default_factory=dict)
     allow_padding: bool = True
+    simulator: object = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name.isidentifier():

@@ -1,0 +1,130 @@
+"""tirbyoc.sim: exact tile arithmetic and the decoupled access-execute timing model, checked
+against closed-form counts; and the vta template run end to end through it."""
+
+import numpy as np
+import pytest
+import tvm
+
+import tirbyoc
+from tirbyoc import sim
+
+LAT, BPC = 10, 8
+
+
+@pytest.fixture
+def simulator():
+    s = sim.Simulator(sim.SimConfig(core_macs=256, alu_lanes=16, dma_bytes_per_cycle=BPC, dma_latency=LAT))
+    s.configure()
+    return s
+
+
+def op(name):
+    return tvm.get_global_func(f"tirbyoc.sim.{name}")
+
+
+def t(array):
+    return tvm.runtime.tensor(np.ascontiguousarray(array))
+
+
+rng = np.random.default_rng(0)
+
+
+def i8(*shape):
+    return rng.integers(-128, 128, shape, dtype="int8")
+
+
+def test_gemm_only_program(simulator):
+    """N GEMMs into one accumulator tile: serialized by the tile, one cycle each."""
+    a, b, c = i8(1, 16), i8(16, 16), t(np.zeros((1, 16), "int32"))
+    for _ in range(25):
+        op("gemm")(c, t(a), t(b))
+    np.testing.assert_array_equal(c.numpy(), 25 * (a.astype(np.int32) @ b.T.astype(np.int32)))
+    st = simulator.stats()
+    assert st.cycles == 25 and st.busy == {"load": 0, "compute": 25, "store": 0}
+    assert st.utilization["compute"] == 1.0 and st.ops["gemm"] == 25 and st.macs == 25 * 256
+
+
+def test_dma_only_program(simulator):
+    """N loads of 16x16 int8 tiles: latency + bytes / bandwidth each, one after another."""
+    src = i8(64, 64)
+    tiles = [t(np.zeros((16, 16), "int8")) for _ in range(4)]
+    for n, tile in enumerate(tiles):
+        op("dma_load")(tile, t(src[16 * n:16 * n + 16, :16]), 1)
+    for n, tile in enumerate(tiles):
+        np.testing.assert_array_equal(tile.numpy(), src[16 * n:16 * n + 16, :16])
+    st = simulator.stats()
+    per = LAT + 256 // BPC
+    assert st.cycles == 4 * per and st.busy["load"] == 4 * per
+    assert st.load_bytes == {"input": 0, "weight": 4 * 256, "accumulator": 0} and st.ops["load"] == 4
+
+
+def test_a_load_overlaps_independent_compute_and_waits_for_nothing_else(simulator):
+    a, b = t(i8(1, 16)), t(i8(16, 16))
+    c = t(np.zeros((1, 16), "int32"))
+    op("gemm")(c, a, b)  # compute: cycles 0..1
+    op("dma_load")(t(np.zeros((16, 16), "int8")), t(i8(16, 16)), 1)  # load: 0..LAT+32
+    assert simulator.stats().cycles == LAT + 32  # overlapped, not 1 + LAT + 32
+
+
+def test_compute_waits_for_the_load_of_its_operand(simulator):
+    a = t(np.zeros((1, 16), "int8"))
+    op("dma_load")(a, t(i8(1, 16)), 0)  # LAT + 2 cycles
+    op("gemm")(t(np.zeros((1, 16), "int32")), a, t(i8(16, 16)))
+    op("dma_load")(a, t(i8(1, 16)), 0)  # must wait until the GEMM has read a (write after read)
+    st = simulator.stats()
+    assert st.cycles == (LAT + 2) + 1 + (LAT + 2)
+
+
+def test_store_narrows_and_alu_ops(simulator):
+    x = np.array([[300, -5, 70000, -129] * 4], dtype="int32")
+    out = t(np.zeros((1, 16), "int8"))
+    op("dma_store")(out, t(x), 2)
+    np.testing.assert_array_equal(out.numpy(), x.astype(np.int8))  # low bits, as a cast
+    z = t(np.zeros((1, 16), "int32"))
+    op("alu_shift_clip")(z, t(x), 2, -128, 127)
+    np.testing.assert_array_equal(z.numpy(), np.clip(x >> 2, -128, 127))
+    op("alu_relu")(z, t(x))
+    np.testing.assert_array_equal(z.numpy(), np.maximum(x, 0))
+    op("alu_max")(z, t(x), t(-x))
+    np.testing.assert_array_equal(z.numpy(), np.abs(x))
+    assert simulator.stats().ops == {"gemm": 0, "alu": 3, "load": 0, "store": 1}
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: op("gemm")(t(np.zeros((1, 16), "int32")), t(i8(1, 16))), "expects \\(C, A, B\\)"),
+    (lambda: op("gemm")(t(np.zeros((1, 16), "int32")), t(i8(1, 8)), t(i8(16, 16))), "do not chain"),
+    (lambda: op("fill_zero")(t(np.zeros(16, "float32"))), "integer tile"),
+    (lambda: op("dma_load")(t(np.zeros(16, "int8")), t(i8(16)), 7), "scope 7"),
+])
+def test_bad_calls_raise_instead_of_corrupting_memory(simulator, call, message):
+    with pytest.raises(Exception, match=message):
+        call()
+
+
+def test_config_is_validated():
+    with pytest.raises(ValueError, match="dma_bytes_per_cycle must be a positive int"):
+        sim.SimConfig(dma_bytes_per_cycle=0)
+    with pytest.raises(ValueError, match="capacities"):
+        sim.SimConfig(capacities=(1, 2))
+
+
+def test_vta_offload_runs_bit_exact_in_the_simulator():
+    from tirbyoc.workloads import matmul
+
+    vta = tirbyoc.get_template("vta")
+    assert vta.runs_here()
+    out = tirbyoc.offload(matmul(40, 48, 70, "int8", "int8", "int32", trans_b=True), vta)
+    assert out.offloaded and out.verification.passed and out.verification.max_abs_err == 0
+
+
+def test_run_on_vta_reports_cycles():
+    from tirbyoc.run import run_model
+
+    r = run_model("builtin:cnn_int8", ["vta"], repeat=1)
+    assert r.verified is True and r.max_abs_err == 0 and r.report.coverage == 1.0
+    st = r.simulation["vta"]
+    assert st.cycles > 0 and st.ops["gemm"] > 0 and 0 < st.utilization["compute"] <= 1
+    # every GEMM call is one 1x16x16 tile; padding makes the MACs at least the model's
+    assert st.macs == 256 * st.ops["gemm"] >= r.report.total_macs
+    assert "simulated on vta:" in r.table()
+    assert r.to_json()["simulation"]["vta"]["cycles"] == st.cycles

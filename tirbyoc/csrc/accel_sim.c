@@ -1,0 +1,355 @@
+/* tirbyoc accelerator simulator: functional results and a decoupled access-execute timing
+ * model for GEMM accelerators with scratchpads (VTA style). See docs/simulator.md.
+ *
+ * The tensorized code of a simulated template calls these packed functions (registered as
+ * tirbyoc.sim.<op> by tirbyoc/sim.py) once per tile operation:
+ *   gemm(C, A, B)                 C[b, o] += sum_i A[b, i] * B[o, i]   (compute unit)
+ *   fill_zero(C)                  C = 0                                (compute unit)
+ *   alu_add / alu_max(Z, X, Y)    Z = X op Y                           (compute unit)
+ *   alu_relu(Z, X), alu_shift_clip(Z, X, shift, lo, hi)                (compute unit)
+ *   dma_load(D, S, scope)         DRAM window S -> scratchpad tile D   (load unit)
+ *   dma_store(D, S, scope)        scratchpad tile S -> DRAM window D   (store unit)
+ * Tiles are 1-D or 2-D, possibly strided windows; values are computed exactly as the untouched
+ * program computes them (integer arithmetic, wrap-around narrowing on store).
+ *
+ * Timing: each unit executes its operations in program order; an operation starts when its
+ * unit is free and its dependences are met (read-after-write on the tiles it reads,
+ * write-after-read and write-after-write on the tiles it writes, tracked per tile address),
+ * which is what VTA's dependence tokens enforce. So a load overlaps compute whenever the
+ * program's tiles allow. Durations: GEMM ceil(b*i*o / core MACs), ALU ceil(lanes / alu
+ * lanes), reset 1, DMA latency + ceil(bytes / bytes per cycle).
+ */
+#include <stdint.h>
+#include <string.h>
+#include <tirbyoc_ffi.h>
+
+enum { UNIT_LOAD = 0, UNIT_COMPUTE = 1, UNIT_STORE = 2, N_UNITS = 3 };
+enum { N_SCOPES = 3 };  /* 0: input, 1: weight, 2: accumulator scratchpad */
+enum { CFG_CORE_MACS, CFG_ALU_LANES, CFG_DMA_BPC, CFG_DMA_LATENCY, CFG_CAP0, CFG_CAP1, CFG_CAP2, N_CFG };
+enum {
+  ST_CYCLES, ST_BUSY_LOAD, ST_BUSY_COMPUTE, ST_BUSY_STORE, ST_LOAD_BYTES0, ST_LOAD_BYTES1,
+  ST_LOAD_BYTES2, ST_STORE_BYTES, ST_TILES0, ST_TILES1, ST_TILES2, ST_OPS_GEMM, ST_OPS_ALU,
+  ST_OPS_LOAD, ST_OPS_STORE, ST_MACS, N_STATS
+};
+
+#define TABLE 16384 /* scratchpad tiles tracked for dependences (open addressing) */
+
+typedef struct {
+  uintptr_t addr;   /* first byte of the tile; 0 = empty slot */
+  int64_t ready;    /* cycle its last write completes */
+  int64_t read_end; /* cycle its last read completes */
+  int64_t bytes;
+  int scope;        /* scratchpad scope, or -1 for DRAM */
+} Tile;
+
+static int64_t cfg[N_CFG] = {256, 16, 8, 64, 32768, 262144, 131072};
+static int64_t stats[N_STATS];
+static int64_t unit_free[N_UNITS];
+static Tile tiles[TABLE];
+
+static size_t tiles_used;
+
+static Tile* find_slot(uintptr_t addr) {
+  size_t h = (size_t)((addr >> 4) * 2654435761u) & (TABLE - 1);
+  while (tiles[h].addr != 0 && tiles[h].addr != addr) h = (h + 1) & (TABLE - 1);
+  return &tiles[h];
+}
+
+/* Forget tiles no later operation can wait for: every unit is past their last use. */
+static void purge(void) {
+  static Tile keep[TABLE];
+  int64_t horizon = unit_free[0];
+  for (int u = 1; u < N_UNITS; ++u)
+    if (unit_free[u] < horizon) horizon = unit_free[u];
+  size_t kept = 0;
+  for (size_t h = 0; h < TABLE; ++h)
+    if (tiles[h].addr && (tiles[h].ready > horizon || tiles[h].read_end > horizon)) keep[kept++] = tiles[h];
+  memset(tiles, 0, sizeof tiles);
+  for (size_t k = 0; k < kept; ++k) *find_slot(keep[k].addr) = keep[k];
+  tiles_used = kept;
+}
+
+static Tile* tile_of(uintptr_t addr) {
+  Tile* t = find_slot(addr);
+  if (t->addr == addr) return t;
+  if (tiles_used + 1 >= TABLE) return NULL;
+  t->addr = addr;
+  t->ready = t->read_end = t->bytes = 0;
+  t->scope = -1;
+  ++tiles_used;
+  return t;
+}
+
+static void reset_state(void) {
+  memset(stats, 0, sizeof stats);
+  memset(unit_free, 0, sizeof unit_free);
+  memset(tiles, 0, sizeof tiles);
+  tiles_used = 0;
+}
+
+/* ---------------------------------------------------------------- element access */
+static inline uintptr_t elem_addr(const DLTensor* t, int64_t i, int64_t j) {
+  int64_t bytes = t->dtype.bits / 8;
+  int64_t off;
+  if (t->ndim == 1) {
+    off = (t->strides ? t->strides[0] : 1) * j;
+  } else {
+    int64_t s0 = t->strides ? t->strides[0] : t->shape[1];
+    int64_t s1 = t->strides ? t->strides[1] : 1;
+    off = i * s0 + j * s1;
+  }
+  return (uintptr_t)tirbyoc_data(t) + (uintptr_t)(off * bytes);
+}
+
+static inline int64_t load(const DLTensor* t, int64_t i, int64_t j) {
+  const void* p = (const void*)elem_addr(t, i, j);
+  int signed_int = t->dtype.code == kDLInt;
+  /* (each branch widened on its own: a ?: of int32_t and uint32_t would be unsigned) */
+  switch (t->dtype.bits) {
+    case 8: return signed_int ? (int64_t)*(const int8_t*)p : (int64_t)*(const uint8_t*)p;
+    case 16: return signed_int ? (int64_t)*(const int16_t*)p : (int64_t)*(const uint16_t*)p;
+    case 32: return signed_int ? (int64_t)*(const int32_t*)p : (int64_t)*(const uint32_t*)p;
+    default: return *(const int64_t*)p;
+  }
+}
+
+static inline void store(const DLTensor* t, int64_t i, int64_t j, int64_t v) {
+  void* p = (void*)elem_addr(t, i, j);
+  switch (t->dtype.bits) { /* narrowing keeps the low bits, as a cast does */
+    case 8: *(uint8_t*)p = (uint8_t)v; break;
+    case 16: *(uint16_t*)p = (uint16_t)v; break;
+    case 32: *(uint32_t*)p = (uint32_t)v; break;
+    default: *(int64_t*)p = v;
+  }
+}
+
+static int64_t col_stride(const DLTensor* t) {
+  return t->strides ? t->strides[t->ndim - 1] : 1;
+}
+
+static int rows(const DLTensor* t) { return t->ndim == 1 ? 1 : (int)t->shape[0]; }
+static int cols(const DLTensor* t) { return (int)t->shape[t->ndim - 1]; }
+
+static int check_tile(const char* fn, const char* name, const DLTensor* t) {
+  if (t == NULL) return tirbyoc_fail("TypeError", "tirbyoc.sim.%s: %s is not a tensor", fn, name);
+  if (t->ndim < 1 || t->ndim > 2 || t->dtype.code == kDLFloat || t->dtype.lanes != 1 ||
+      (t->dtype.bits != 8 && t->dtype.bits != 16 && t->dtype.bits != 32 && t->dtype.bits != 64))
+    return tirbyoc_fail("TypeError", "tirbyoc.sim.%s: %s must be a 1-D or 2-D integer tile", fn, name);
+  if (t->device.device_type != kDLCPU)
+    return tirbyoc_fail("ValueError", "tirbyoc.sim.%s: %s is not in host memory", fn, name);
+  return 0;
+}
+
+/* ---------------------------------------------------------------- timing */
+typedef struct {
+  const DLTensor* t;
+  int scope;
+} Access;
+
+static int issue(const char* fn, int unit, int64_t duration, const Access* reads, int nr,
+                 const Access* writes, int nw) {
+  if (tiles_used * 4 >= TABLE * 3) purge(); /* before any lookup: purging moves tiles */
+  int64_t start = unit_free[unit];
+  Tile* rt[4];
+  Tile* wt[4];
+  for (int k = 0; k < nr; ++k) {
+    rt[k] = NULL;
+    if (reads[k].scope < 0) continue; /* DRAM: ordered by the host between programs */
+    rt[k] = tile_of((uintptr_t)tirbyoc_data(reads[k].t));
+    if (!rt[k]) return tirbyoc_fail("RuntimeError", "tirbyoc.sim.%s: more than %d live tiles", fn, TABLE);
+    if (rt[k]->ready > start) start = rt[k]->ready; /* read after write */
+  }
+  for (int k = 0; k < nw; ++k) {
+    wt[k] = NULL;
+    if (writes[k].scope < 0) continue;
+    wt[k] = tile_of((uintptr_t)tirbyoc_data(writes[k].t));
+    if (!wt[k]) return tirbyoc_fail("RuntimeError", "tirbyoc.sim.%s: more than %d live tiles", fn, TABLE);
+    if (wt[k]->read_end > start) start = wt[k]->read_end; /* write after read */
+    if (wt[k]->ready > start) start = wt[k]->ready;       /* write after write */
+    int s = writes[k].scope;
+    if (s >= 0 && wt[k]->scope < 0) { /* a scratchpad tile seen for the first time */
+      wt[k]->scope = s;
+      wt[k]->bytes = (int64_t)rows(writes[k].t) * cols(writes[k].t) * (writes[k].t->dtype.bits / 8);
+      stats[ST_TILES0 + s] += wt[k]->bytes;
+    }
+  }
+  int64_t end = start + duration;
+  unit_free[unit] = end;
+  stats[ST_BUSY_LOAD + unit] += duration;
+  for (int k = 0; k < nr; ++k)
+    if (rt[k] && rt[k]->read_end < end) rt[k]->read_end = end;
+  for (int k = 0; k < nw; ++k)
+    if (wt[k]) wt[k]->ready = end;
+  if (end > stats[ST_CYCLES]) stats[ST_CYCLES] = end;
+  return 0;
+}
+
+static int64_t ceil_div(int64_t a, int64_t b) { return b > 0 ? (a + b - 1) / b : a; }
+
+/* ---------------------------------------------------------------- operations */
+int __tvm_ffi_tirbyoc_sim_gemm(void* self, const TVMFFIAny* args, int32_t n, TVMFFIAny* rv) {
+  (void)self;
+  if (n != 3) return tirbyoc_fail("TypeError", "tirbyoc.sim.gemm: expects (C, A, B)");
+  DLTensor *c = tirbyoc_tensor_arg(&args[0]), *a = tirbyoc_tensor_arg(&args[1]), *b = tirbyoc_tensor_arg(&args[2]);
+  if (check_tile("gemm", "C", c) || check_tile("gemm", "A", a) || check_tile("gemm", "B", b)) return -1;
+  int batch = rows(a), in = cols(a), out = rows(b);
+  if (cols(b) != in || rows(c) != batch || cols(c) != out)
+    return tirbyoc_fail("ValueError", "tirbyoc.sim.gemm: C %dx%d, A %dx%d, B %dx%d do not chain",
+                        rows(c), cols(c), batch, in, rows(b), cols(b));
+  if (a->dtype.bits == 8 && b->dtype.bits == 8 && c->dtype.bits == 32 && a->dtype.code == kDLInt &&
+      b->dtype.code == kDLInt && b->ndim == 2) {
+    int64_t sa = col_stride(a), sb = col_stride(b);
+    for (int i = 0; i < batch; ++i)
+      for (int o = 0; o < out; ++o) {
+        const int8_t* ap = (const int8_t*)elem_addr(a, i, 0);
+        const int8_t* bp = (const int8_t*)elem_addr(b, o, 0);
+        int32_t acc = 0;
+        for (int k = 0; k < in; ++k) acc += (int32_t)ap[k * sa] * (int32_t)bp[k * sb];
+        int32_t* cp = (int32_t*)elem_addr(c, i, o);
+        *cp = (int32_t)((uint32_t)*cp + (uint32_t)acc);
+      }
+  } else {
+    for (int i = 0; i < batch; ++i)
+      for (int o = 0; o < out; ++o) {
+        int64_t acc = load(c, i, o);
+        for (int k = 0; k < in; ++k) acc += load(a, i, k) * load(b, o, k);
+        store(c, i, o, acc);
+      }
+  }
+  int64_t macs = (int64_t)batch * in * out;
+  stats[ST_OPS_GEMM] += 1;
+  stats[ST_MACS] += macs;
+  Access r[3] = {{a, 0}, {b, 1}, {c, 2}}, w[1] = {{c, 2}};
+  if (issue("gemm", UNIT_COMPUTE, ceil_div(macs, cfg[CFG_CORE_MACS]), r, 3, w, 1)) return -1;
+  return tirbyoc_return_none(rv);
+}
+
+int __tvm_ffi_tirbyoc_sim_fill_zero(void* self, const TVMFFIAny* args, int32_t n, TVMFFIAny* rv) {
+  (void)self;
+  if (n != 1) return tirbyoc_fail("TypeError", "tirbyoc.sim.fill_zero: expects (C)");
+  DLTensor* c = tirbyoc_tensor_arg(&args[0]);
+  if (check_tile("fill_zero", "C", c)) return -1;
+  for (int i = 0; i < rows(c); ++i)
+    for (int j = 0; j < cols(c); ++j) store(c, i, j, 0);
+  stats[ST_OPS_ALU] += 1;
+  Access w[1] = {{c, 2}};
+  if (issue("fill_zero", UNIT_COMPUTE, 1, NULL, 0, w, 1)) return -1;
+  return tirbyoc_return_none(rv);
+}
+
+static int dma(int is_load, const TVMFFIAny* args, int32_t n, TVMFFIAny* rv) {
+  const char* fn = is_load ? "dma_load" : "dma_store";
+  if (n != 3 || args[2].type_index != kTVMFFIInt)
+    return tirbyoc_fail("TypeError", "tirbyoc.sim.%s: expects (D, S, scope)", fn);
+  DLTensor *d = tirbyoc_tensor_arg(&args[0]), *s = tirbyoc_tensor_arg(&args[1]);
+  int64_t scope = args[2].v_int64;
+  if (check_tile(fn, "D", d) || check_tile(fn, "S", s)) return -1;
+  if (scope < 0 || scope >= N_SCOPES) return tirbyoc_fail("ValueError", "tirbyoc.sim.%s: scope %lld", fn, (long long)scope);
+  if (rows(d) != rows(s) || cols(d) != cols(s))
+    return tirbyoc_fail("ValueError", "tirbyoc.sim.%s: D and S differ in shape", fn);
+  for (int i = 0; i < rows(s); ++i)
+    for (int j = 0; j < cols(s); ++j) store(d, i, j, load(s, i, j));
+  const DLTensor* dram = is_load ? s : d;
+  int64_t bytes = (int64_t)rows(dram) * cols(dram) * (dram->dtype.bits / 8);
+  int64_t duration = cfg[CFG_DMA_LATENCY] + ceil_div(bytes, cfg[CFG_DMA_BPC]);
+  if (is_load) {
+    stats[ST_OPS_LOAD] += 1;
+    stats[ST_LOAD_BYTES0 + scope] += bytes;
+    Access r[1] = {{s, -1}}, w[1] = {{d, (int)scope}};
+    if (issue(fn, UNIT_LOAD, duration, r, 1, w, 1)) return -1;
+  } else {
+    stats[ST_OPS_STORE] += 1;
+    stats[ST_STORE_BYTES] += bytes;
+    Access r[1] = {{s, (int)scope}}, w[1] = {{d, -1}};
+    if (issue(fn, UNIT_STORE, duration, r, 1, w, 1)) return -1;
+  }
+  return tirbyoc_return_none(rv);
+}
+
+int __tvm_ffi_tirbyoc_sim_dma_load(void* self, const TVMFFIAny* args, int32_t n, TVMFFIAny* rv) {
+  (void)self;
+  return dma(1, args, n, rv);
+}
+
+int __tvm_ffi_tirbyoc_sim_dma_store(void* self, const TVMFFIAny* args, int32_t n, TVMFFIAny* rv) {
+  (void)self;
+  return dma(0, args, n, rv);
+}
+
+static int alu(const char* fn, int op, const TVMFFIAny* args, int32_t n, TVMFFIAny* rv) {
+  int binary = op <= 1;
+  int want = binary ? 3 : (op == 2 ? 2 : 5);
+  if (n != want) return tirbyoc_fail("TypeError", "tirbyoc.sim.%s: expects %d arguments", fn, want);
+  DLTensor *z = tirbyoc_tensor_arg(&args[0]), *x = tirbyoc_tensor_arg(&args[1]);
+  DLTensor* y = binary ? tirbyoc_tensor_arg(&args[2]) : NULL;
+  if (check_tile(fn, "Z", z) || check_tile(fn, "X", x) || (binary && check_tile(fn, "Y", y))) return -1;
+  int64_t shift = 0, lo = 0, hi = 0;
+  if (op == 3) {
+    if (args[2].type_index != kTVMFFIInt || args[3].type_index != kTVMFFIInt || args[4].type_index != kTVMFFIInt)
+      return tirbyoc_fail("TypeError", "tirbyoc.sim.%s: shift, lo and hi must be integers", fn);
+    shift = args[2].v_int64, lo = args[3].v_int64, hi = args[4].v_int64;
+  }
+  for (int i = 0; i < rows(x); ++i)
+    for (int j = 0; j < cols(x); ++j) {
+      int64_t a = load(x, i, j), v;
+      switch (op) {
+        case 0: v = (int32_t)((uint32_t)a + (uint32_t)load(y, i, j)); break;
+        case 1: { int64_t b = load(y, i, j); v = a > b ? a : b; break; }
+        case 2: v = a > 0 ? a : 0; break;
+        default: v = a >> shift; v = v < lo ? lo : (v > hi ? hi : v);
+      }
+      store(z, i, j, v);
+    }
+  stats[ST_OPS_ALU] += 1;
+  Access r[2] = {{x, 2}, {y, 2}}, w[1] = {{z, 2}};
+  int64_t lanes = (int64_t)rows(x) * cols(x);
+  if (issue(fn, UNIT_COMPUTE, ceil_div(lanes, cfg[CFG_ALU_LANES]), r, binary ? 2 : 1, w, 1)) return -1;
+  return tirbyoc_return_none(rv);
+}
+
+int __tvm_ffi_tirbyoc_sim_alu_add(void* s, const TVMFFIAny* a, int32_t n, TVMFFIAny* rv) { (void)s; return alu("alu_add", 0, a, n, rv); }
+int __tvm_ffi_tirbyoc_sim_alu_max(void* s, const TVMFFIAny* a, int32_t n, TVMFFIAny* rv) { (void)s; return alu("alu_max", 1, a, n, rv); }
+int __tvm_ffi_tirbyoc_sim_alu_relu(void* s, const TVMFFIAny* a, int32_t n, TVMFFIAny* rv) { (void)s; return alu("alu_relu", 2, a, n, rv); }
+int __tvm_ffi_tirbyoc_sim_alu_shift_clip(void* s, const TVMFFIAny* a, int32_t n, TVMFFIAny* rv) { (void)s; return alu("alu_shift_clip", 3, a, n, rv); }
+
+/* ---------------------------------------------------------------- control */
+static int int64_vector(const TVMFFIAny* arg, int64_t len, int64_t** out) {
+  DLTensor* t = tirbyoc_tensor_arg(arg);
+  if (!t || t->ndim != 1 || t->shape[0] != len || t->dtype.code != kDLInt || t->dtype.bits != 64 ||
+      !tirbyoc_compact(t) || t->device.device_type != kDLCPU)
+    return -1;
+  *out = (int64_t*)tirbyoc_data(t);
+  return 0;
+}
+
+/* configure(cfg: int64[N_CFG]): core MACs per cycle, ALU lanes per cycle, DMA bytes per cycle,
+ * DMA latency, scratchpad capacities (input, weight, accumulator; reported beside the tile
+ * bytes, the compile-time plan enforces them); resets the state. */
+int __tvm_ffi_tirbyoc_sim_configure(void* self, const TVMFFIAny* args, int32_t n, TVMFFIAny* rv) {
+  (void)self;
+  int64_t* v;
+  if (n != 1 || int64_vector(&args[0], N_CFG, &v))
+    return tirbyoc_fail("TypeError", "tirbyoc.sim.configure: expects one int64[%d] tensor", N_CFG);
+  for (int k = 0; k < N_CFG; ++k)
+    if (v[k] <= 0 && k != CFG_DMA_LATENCY)
+      return tirbyoc_fail("ValueError", "tirbyoc.sim.configure: parameter %d must be positive", k);
+  memcpy(cfg, v, sizeof cfg);
+  reset_state();
+  return tirbyoc_return_none(rv);
+}
+
+int __tvm_ffi_tirbyoc_sim_reset(void* self, const TVMFFIAny* args, int32_t n, TVMFFIAny* rv) {
+  (void)self, (void)args, (void)n;
+  reset_state();
+  return tirbyoc_return_none(rv);
+}
+
+/* stats(out: int64[N_STATS]) */
+int __tvm_ffi_tirbyoc_sim_stats(void* self, const TVMFFIAny* args, int32_t n, TVMFFIAny* rv) {
+  (void)self;
+  int64_t* v;
+  if (n != 1 || int64_vector(&args[0], N_STATS, &v))
+    return tirbyoc_fail("TypeError", "tirbyoc.sim.stats: expects one int64[%d] tensor", N_STATS);
+  memcpy(v, stats, sizeof stats);
+  return tirbyoc_return_none(rv);
+}
