@@ -332,8 +332,10 @@ def make_template(batch: int = 1, block_in: int = 16, block_out: int = 16,
                   name: str = NAME) -> Template:
     """A VTA-style template; every parameter is validated, defaults are VTA's own."""
     for pname in ("batch", "block_in", "block_out", "inp_kib", "wgt_kib", "acc_kib",
-                  "dma_bytes_per_cycle", "dma_latency", "clock_mhz"):
+                  "dma_bytes_per_cycle", "clock_mhz"):
         _positive(pname, locals()[pname])
+    if isinstance(dma_latency, bool) or not isinstance(dma_latency, int) or dma_latency < 0:
+        raise ValueError(f"vta parameter dma_latency must be a non-negative int, got {dma_latency!r}")
     core = gemm(batch, block_in, block_out, in_dtype, wgt_dtype, acc_dtype, prefix=name)
     group = IntrinsicGroup(
         "gemm",
@@ -365,7 +367,8 @@ def make_template(batch: int = 1, block_in: int = 16, block_out: int = 16,
             dma_bytes_per_cycle=dma_bytes_per_cycle, dma_latency=dma_latency,
             capacities=(inp_kib * 1024, wgt_kib * 1024, acc_kib * 1024), clock_mhz=clock_mhz)),
         doc=f"VTA-style {batch}x{block_in}x{block_out} int8 GEMM core with scratchpads, DMA and ALU",
-        params=dict(batch=batch, block_in=block_in, block_out=block_out, inp_kib=inp_kib,
+        factory=make_template,
+        params=dict(name=name, batch=batch, block_in=block_in, block_out=block_out, inp_kib=inp_kib,
                     wgt_kib=wgt_kib, acc_kib=acc_kib, in_dtype=in_dtype, wgt_dtype=wgt_dtype,
                     acc_dtype=acc_dtype, dma_bytes_per_cycle=dma_bytes_per_cycle,
                     dma_latency=dma_latency, clock_mhz=clock_mhz),

@@ -47,3 +47,11 @@ def test_d_int8_model_on_x86_vnni():
     assert report.coverage == 1.0 and err == 0
     assert all(f.verified for f in report.functions if f.macs)
     assert latency["offloaded"] > 0 and latency["TVM default"] > 0
+
+
+def test_new_accelerator_runs_in_the_simulator():
+    result = load_example("new_accelerator").main()
+    assert result.verified is True and result.max_abs_err == 0
+    convs = [f for f in result.report.functions if f.name.startswith("conv2d")]
+    assert len(convs) == 3 and all(f.offloaded and f.verified for f in convs)
+    assert result.simulation["npu8"].cycles > 0 and result.simulation["npu8"].config.clock_mhz == 400

@@ -1,6 +1,8 @@
 """tirbyoc.sim: exact tile arithmetic and the decoupled access-execute timing model, checked
 against closed-form counts; and the vta template run end to end through it."""
 
+import json
+
 import numpy as np
 import pytest
 import tvm
@@ -128,3 +130,32 @@ def test_run_on_vta_reports_cycles():
     assert st.macs == 256 * st.ops["gemm"] >= r.report.total_macs
     assert "simulated on vta:" in r.table()
     assert r.to_json()["simulation"]["vta"]["cycles"] == st.cycles
+
+
+# ------------------------------------------------------------------------ sweep
+def test_sweep_table_json_and_plot(tmp_path, capsys):
+    from tirbyoc.cli import main
+
+    plot = tmp_path / "sweep.png"
+    code = main(["sweep", "-q", "-t", "vta", "-p", "BLOCK_OUT=8,16", "-p", "dma_latency=0",
+                 "-m", "builtin:cnn_int8", "--json", "--plot", str(plot)])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and [p["params"] for p in out["points"]] == [
+        {"block_out": 8, "dma_latency": 0}, {"block_out": 16, "dma_latency": 0}]
+    narrow, wide = out["points"]
+    assert narrow["verified"] and wide["verified"] and narrow["coverage"] == wide["coverage"] == 1.0
+    assert narrow["cycles"] > wide["cycles"] > 0  # a wider core takes fewer cycles
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sweep_reports_invalid_points_and_rejects_unknown_parameters():
+    from tirbyoc.errors import TirbyocError
+    from tirbyoc.sweep import parse_params, sweep, table
+
+    points = sweep("builtin:mlp_int8", "vta", parse_params(["block_out=0"]))
+    assert points[0].error and "block_out must be a positive int" in points[0].error
+    assert "block_out must be a positive int" in table(points)
+    with pytest.raises(TirbyocError, match="no parameter 'block_size'"):
+        sweep("builtin:mlp_int8", "vta", parse_params(["BLOCK_SIZE=8"]))
+    with pytest.raises(TirbyocError, match="NAME=V1,V2"):
+        parse_params(["BLOCK_OUT"])

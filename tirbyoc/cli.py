@@ -116,15 +116,20 @@ def cmd_match(args) -> int:
     return 0
 
 
+def _target_arg(text: str | None):
+    """--target: a JSON target dict, or a bare kind ("llvm")."""
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return {"kind": text}
+
+
 def cmd_run(args) -> int:
     from .run import Progress, run_model
 
-    target = None
-    if args.target:
-        try:
-            target = json.loads(args.target)
-        except json.JSONDecodeError:
-            target = {"kind": args.target}
+    target = _target_arg(args.target)
     result = run_model(args.model, args.template, target=target, seed=args.seed,
                        progress=Progress(enabled=not args.quiet))
     if args.json:
@@ -138,6 +143,28 @@ def cmd_run(args) -> int:
         path = write(result, args.report)
         print(f"report written to {path}", file=sys.stderr)
     return 0 if result.verified is not False else 1
+
+
+def cmd_sweep(args) -> int:
+    from .run import Progress
+    from .sweep import parse_params, plot, sweep, table
+
+    grid = parse_params(args.param)
+    if not grid:
+        raise TirbyocError("give at least one --param NAME=V1,V2,... to sweep")
+    target = _target_arg(args.target)
+    bar = Progress(enabled=not args.quiet)
+    points = sweep(args.model, args.template, grid, target=target, seed=args.seed, progress=bar.step)
+    if args.json:
+        print(json.dumps({"model": args.model, "template": args.template,
+                          "points": [p.to_json() for p in points]}, indent=2))
+    else:
+        print(f"{args.model or 'the built-in model'} on {args.template} variants\n")
+        print(table(points))
+    if args.plot:
+        plot(points, args.plot, title=f"{args.model or 'built-in model'} on {args.template}")
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    return 1 if any(p.verified is False for p in points) else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -168,6 +195,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_run)
+    p = sub.add_parser("sweep", help="run a model on a grid of template variants (cycles, coverage, correctness)")
+    p.add_argument("--template", "-t", required=True, help="a template with a factory (e.g. vta)")
+    p.add_argument("--param", "-p", action="append", metavar="NAME=V1,V2,...",
+                   help="a template parameter and its values (repeatable; the grid is their product)")
+    p.add_argument("--model", "-m", help="as for run (default: an MLP suited to the template)")
+    p.add_argument("--target", help="as for run")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the points as JSON")
+    p.add_argument("--plot", metavar="PATH.png", help="also plot cycles and utilization per point")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_sweep)
     return parser
 
 

@@ -22,8 +22,8 @@ def _wrap(expr, name):
     return nn.op.wrap_nested(expr, name)
 
 
-def resnet50(batch: int = 1, image: int = 224, classes: int = 1000, dtype: str = "float32"):
-    """ResNet-50 v1.5: 7x7 stem, max-pool, 3-4-6-3 bottlenecks (stride on the 3x3), FC."""
+def _resnet(blocks_per_stage, bottleneck: bool, batch: int, image: int, classes: int, dtype: str):
+    """ResNet v1.5: 7x7 stem, max-pool, four stages (stride on the first block's 3x3), FC."""
     nn = _nn()
     from tvm import relax
 
@@ -36,28 +36,34 @@ def resnet50(batch: int = 1, image: int = 224, classes: int = 1000, dtype: str =
             y = self.conv(x)
             return nn.op.relu(y) if self.act else y
 
-    class Bottleneck(nn.Module):
+    class Block(nn.Module):
         def __init__(self, cin, width, stride):
-            cout = width * 4
-            self.a = ConvAct(cin, width, 1)
-            self.b = ConvAct(width, width, 3, stride)
-            self.c = ConvAct(width, cout, 1, act=False)
+            cout = width * 4 if bottleneck else width
+            if bottleneck:
+                self.body = nn.ModuleList([ConvAct(cin, width, 1), ConvAct(width, width, 3, stride),
+                                           ConvAct(width, cout, 1, act=False)])
+            else:
+                self.body = nn.ModuleList([ConvAct(cin, width, 3, stride), ConvAct(width, width, 3, act=False)])
             self.down = ConvAct(cin, cout, 1, stride, act=False) if (stride != 1 or cin != cout) else None
+            self.cout = cout
 
         def forward(self, x):
             short = self.down(x) if self.down is not None else x
-            return nn.op.relu(self.c(self.b(self.a(x))) + short)
+            y = x
+            for layer in self.body:
+                y = layer(y)
+            return nn.op.relu(y + short)
 
-    class ResNet50(nn.Module):
+    class ResNet(nn.Module):
         def __init__(self):
             self.stem = ConvAct(3, 64, 7, 2)
             blocks, cin = [], 64
-            for width, count, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+            for width, count, stride in zip((64, 128, 256, 512), blocks_per_stage, (1, 2, 2, 2)):
                 for i in range(count):
-                    blocks.append(Bottleneck(cin, width, stride if i == 0 else 1))
-                    cin = width * 4
+                    blocks.append(Block(cin, width, stride if i == 0 else 1))
+                    cin = blocks[-1].cout
             self.blocks = nn.ModuleList(blocks)
-            self.fc = nn.Linear(2048, classes, dtype=dtype)
+            self.fc = nn.Linear(cin, classes, dtype=dtype)
 
         def forward(self, x):
             y = self.stem(x)
@@ -69,8 +75,18 @@ def resnet50(batch: int = 1, image: int = 224, classes: int = 1000, dtype: str =
             return self.fc(y)
 
     spec = {"forward": {"x": nn.spec.Tensor((batch, 3, image, image), dtype)}}
-    mod, _ = ResNet50().export_tvm(spec)
+    mod, _ = ResNet().export_tvm(spec)
     return mod
+
+
+def resnet50(batch: int = 1, image: int = 224, classes: int = 1000, dtype: str = "float32"):
+    """ResNet-50 v1.5: 3-4-6-3 bottleneck blocks (1x1, 3x3 with the stride, 1x1 x4)."""
+    return _resnet((3, 4, 6, 3), True, batch, image, classes, dtype)
+
+
+def resnet18(batch: int = 1, image: int = 224, classes: int = 1000, dtype: str = "float32"):
+    """ResNet-18: 2-2-2-2 basic blocks (two 3x3 convs)."""
+    return _resnet((2, 2, 2, 2), False, batch, image, classes, dtype)
 
 
 def bert_base(batch: int = 1, seq: int = 128, layers: int = 12, hidden: int = 768, heads: int = 12,
@@ -313,6 +329,7 @@ def _int8(builder: Callable) -> Callable:
 MODELS: dict[str, Callable] = {
     "mlp": mlp, "mlp_int8": mlp_int8, "cnn": small_cnn, "cnn_int8": _int8(small_cnn),
     "transformer": transformer_block, "transformer_int8": _int8(transformer_block),
+    "resnet18": resnet18, "resnet18_int8": _int8(resnet18),
     "resnet50": resnet50, "resnet50_int8": _int8(resnet50),
     "mobilenet_v2": mobilenet_v2, "mobilenet_v2_int8": _int8(mobilenet_v2),
     "bert_base": bert_base, "bert_base_int8": _int8(bert_base),

@@ -129,7 +129,8 @@ def load_model(spec: str, templates: list[str]):
     from .models import MODELS, build_model
 
     if spec in (None, "", "builtin"):
-        spec = "builtin:" + ("mlp_int8" if set(templates) & INT8_TEMPLATES else "mlp")
+        names = {t if isinstance(t, str) else t.name for t in templates}
+        spec = "builtin:" + ("mlp_int8" if names & INT8_TEMPLATES else "mlp")
     if not spec.startswith("builtin:"):
         if spec.endswith((".onnx", ".py")):
             return spec, load_model_file(spec)
@@ -147,7 +148,7 @@ def _activation_dtype(templates) -> str | None:
     from .registry import get_template
 
     for t in templates[:1]:
-        for g in get_template(t).groups:
+        for g in (get_template(t) if isinstance(t, str) else t).groups:
             dtype = str(g.compute.operands[0].dtype)
             if dtype in ("uint8", "int8"):
                 return dtype
@@ -217,57 +218,80 @@ def _build_and_time(mod, target, entry, arrays, repeat: int, simulators=()):
     return _output(out), ms, stats
 
 
-def run_model(model: str | None = None, templates: list[str] | None = None, *, target=None,
-              seed: int = 0, repeat: int = 10, progress: Progress | None = None) -> RunResult:
-    from ._tvm import make_target
-    from .registry import get_template
+def compare(new_out: np.ndarray, ref_out: np.ndarray) -> tuple[bool, float]:
+    """(outputs agree within the dtype's tolerance, max abs error)."""
     from .verification import tolerance
+
+    diff = np.abs(new_out.astype(np.float64) - ref_out.astype(np.float64))
+    err = float(diff.max()) if diff.size else 0.0
+    tol = tolerance(str(ref_out.dtype), 1, float(np.abs(ref_out).max()) if ref_out.size else 0.0)
+    return bool(err <= tol), err
+
+
+def check_target(target):
+    from ._tvm import make_target
+
+    try:
+        return make_target(target)
+    except Exception as err:  # TVM's own message is the last line of a C++ traceback
+        last = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        raise TirbyocError(f"target {target!r} is not a TVM target: {last}") from None
+
+
+def run_offloaded(mod, tmpls, target, entry, arrays, ref_out, *, repeat: int = 10, progress=None):
+    """Offload ``mod`` (legalized) to ``tmpls``, build, run once (simulators measuring that
+    run), time, compare with ``ref_out``: (report, verified, max err, ms, simulation, missing)."""
+    offloaded, report = offload_module(mod, tmpls, progress=progress)
+    missing = [f"template {t.name} cannot run here: {t.unavailable_reason()}" for t in tmpls
+               if not t.runs_here()]
+    if missing or ref_out is None:
+        return report, None, float("nan"), None, {}, missing
+    sims = {t.name: t.simulator for t in tmpls if t.simulator is not None}
+    new_out, ms, stats = _build_and_time(offloaded, check_target(target), entry, arrays, repeat,
+                                         list(sims.values()))
+    verified, err = compare(new_out, ref_out)
+    return report, verified, err, ms, dict(zip(sims, stats)), missing
+
+
+def run_model(model: str | None = None, templates: list | None = None, *, target=None,
+              seed: int = 0, repeat: int = 10, progress: Progress | None = None) -> RunResult:
+    """``templates``: names or Template objects (a variant from a template's factory)."""
+    from .registry import get_template
     from tvm import relax
 
     progress = progress or Progress(enabled=False)
     templates = list(templates) if templates else default_templates()
-    tmpls = [get_template(t) for t in templates]
+    tmpls = [get_template(t) if isinstance(t, str) else t for t in templates]
+    names = [t.name for t in tmpls]
     if target is None:
         target = tmpls[0].target
-    try:
-        make_target(target)
-    except Exception as err:  # TVM's own message is the last line of a C++ traceback
-        last = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
-        raise TirbyocError(f"target {target!r} is not a TVM target: {last}") from None
+    tgt = check_target(target)
     seconds = {}
     t0 = time.perf_counter()
     progress.phase(f"importing {model or 'the built-in model'}")
-    spec, mod = load_model(model, templates)
+    spec, mod = load_model(model, tmpls)
     mod = relax.transform.LegalizeOps()(mod)
     seconds["import"] = time.perf_counter() - t0
 
-    t0 = time.perf_counter()
-    progress.phase(f"offloading to {', '.join(templates)}")
-    offloaded, report = offload_module(mod, tmpls, progress=progress.step)
-    seconds["offload"] = time.perf_counter() - t0
-
-    missing = [f"template {t.name} cannot run here: {t.unavailable_reason()}" for t in tmpls
-               if not t.runs_here()]
-    verified, err, latency, simulation = None, float("nan"), {}, {}
     entry = entry_function(mod)
-    if not missing:
-        arrays = _inputs(mod[entry], seed)
+    runnable = all(t.runs_here() for t in tmpls)
+    arrays = _inputs(mod[entry], seed) if runnable else None
+    ref_out, latency = None, {}
+    if runnable:
         t0 = time.perf_counter()
-        progress.phase("building and running both modules")
-        tgt = make_target(target)
-        sims = {t.name: t.simulator for t in tmpls if t.simulator is not None}
-        new_out, latency["offloaded"], stats = _build_and_time(offloaded, tgt, entry, arrays, repeat,
-                                                               list(sims.values()))
-        simulation = dict(zip(sims, stats))
+        progress.phase("building and running TVM's default build")
         ref_out, latency["baseline"], _ = _build_and_time(mod, tgt, entry, arrays, repeat)
-        diff = np.abs(new_out.astype(np.float64) - ref_out.astype(np.float64))
-        err = float(diff.max()) if diff.size else 0.0
-        tol = tolerance(str(ref_out.dtype), 1, float(np.abs(ref_out).max()) if ref_out.size else 0.0)
-        verified = bool(err <= tol)
-        seconds["build_and_run"] = time.perf_counter() - t0
-    target_json = target if isinstance(target, dict) else {"kind": str(make_target(target).kind.name)}
-    return RunResult(spec, templates, target_json, report, verified, err, latency, seconds,
+        seconds["baseline"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    progress.phase(f"offloading to {', '.join(names)}, building and running")
+    report, verified, err, ms, simulation, missing = run_offloaded(
+        mod, tmpls, tgt, entry, arrays, ref_out, repeat=repeat, progress=progress.step)
+    if ms is not None:
+        latency["offloaded"] = ms
+    seconds["offload_build_run"] = time.perf_counter() - t0
+    target_json = target if isinstance(target, dict) else {"kind": str(tgt.kind.name)}
+    return RunResult(spec, names, target_json, report, verified, err, latency, seconds,
                      "; ".join(missing) or None, simulation)
 
 
-__all__ = ["Progress", "RunResult", "run_model"]
+__all__ = ["Progress", "RunResult", "check_target", "compare", "run_model", "run_offloaded"]

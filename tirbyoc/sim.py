@@ -119,6 +119,9 @@ class Simulator:
     def __init__(self, config: SimConfig | None = None):
         self.config = config or SimConfig()
 
+    def unavailable_reason(self) -> str | None:
+        return unavailable_reason()
+
     def configure(self) -> None:
         """Load the simulator, set this template's timing, clear all state."""
         import numpy as np

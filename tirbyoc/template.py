@@ -61,6 +61,9 @@ class Template:
     simulator : tirbyoc.sim.Simulator or None
         For ``Runtime.SIMULATOR`` templates: the simulator with this template's timing;
         `tirbyoc run` configures it before running and reports its cycles.
+    factory : callable or None
+        ``factory(**params)`` re-declares the template with other generator parameters (the
+        keys of ``params``); `variant` and ``tirbyoc sweep`` use it.
     """
 
     name: str
@@ -75,6 +78,7 @@ class Template:
     params: Mapping = field(default_factory=dict)
     allow_padding: bool = True
     simulator: object = None
+    factory: Callable | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -182,9 +186,28 @@ class Template:
             return None
         raise KeyError(f"template {self.name!r} has no scope {name!r}; known: {[s.name for s in self.scopes]}")
 
+    def variant(self, **changes) -> "Template":
+        """This template re-declared with some generator parameters changed."""
+        if self.factory is None:
+            raise TemplateError(f"template {self.name!r} has no factory; it cannot be re-declared "
+                                "with other parameters")
+        unknown = sorted(set(changes) - set(self.params))
+        if unknown:
+            raise TemplateError(f"template {self.name!r} has no parameter(s) {unknown}; its "
+                                f"parameters are {sorted(self.params)}")
+        try:
+            return self.factory(**{**self.params, **changes})
+        except (TypeError, ValueError) as err:
+            raise TemplateError(f"template {self.name!r} with {changes}: {err}") from err
+
     def unavailable_reason(self) -> str | None:
-        """Why implementations cannot execute on this machine, or None if they can."""
-        return self.requires() if self.requires is not None else None
+        """Why implementations cannot execute on this machine, or None if they can (a
+        simulated template without ``requires`` asks its simulator)."""
+        if self.requires is not None:
+            return self.requires()
+        if self.simulator is not None:
+            return self.simulator.unavailable_reason()
+        return None
 
     def runs_here(self) -> bool:
         return self.unavailable_reason() is None
