@@ -36,7 +36,8 @@ def npu8() -> Template:
                 Scope(ACC, 32 * 1024, 16, "accumulator scratchpad")),
         simulator=Simulator(SimConfig(core_macs=BATCH * BLOCK_IN * BLOCK_OUT, alu_lanes=BATCH * BLOCK_OUT,
                                       dma_bytes_per_cycle=16, dma_latency=100,
-                                      capacities=(16 * 1024, 64 * 1024, 32 * 1024), clock_mhz=400)),
+                                      capacities=(16 * 1024, 64 * 1024, 32 * 1024), clock_mhz=400,
+                                      scopes=(INP, WGT, ACC))),
         doc="2x8x32 int8 GEMM core with 16/64/32 KiB scratchpads",
     )
 

@@ -159,3 +159,23 @@ def test_sweep_reports_invalid_points_and_rejects_unknown_parameters():
         sweep("builtin:mlp_int8", "vta", parse_params(["BLOCK_SIZE=8"]))
     with pytest.raises(TirbyocError, match="NAME=V1,V2"):
         parse_params(["BLOCK_OUT"])
+
+
+def test_programs_report_scratchpad_high_water_and_fail_past_a_capacity():
+    from tirbyoc._tvm import host_target
+    from tirbyoc.verification import _compile
+    from tirbyoc.workloads import matmul
+
+    vta = tirbyoc.get_template("vta")
+    out = tirbyoc.offload(matmul(64, 64, 64, "int8", "int8", "int32", trans_b=True), vta, verify=False)
+    assert 'T.call_packed("tirbyoc.sim.scratchpad_begin"' in out.func.script()
+    run = _compile(out.func, host_target(), "offloaded")
+    args = [t(np.zeros((64, 64), "int8")), t(np.zeros((64, 64), "int8")), t(np.zeros((64, 64), "int32"))]
+    vta.simulator.configure()
+    run(*args)
+    run(*args)  # sequential programs release what they held
+    assert vta.simulator.stats().high_water == {"input": 64 * 64, "weight": 64 * 64, "accumulator": 64 * 64 * 4}
+    small = sim.Simulator(sim.SimConfig(capacities=(1024, 262144, 131072), scopes=vta.simulator.config.scopes))
+    small.configure()
+    with pytest.raises(Exception, match="input scratchpad would hold 4096 bytes .* over its capacity of 1024"):
+        run(*args)

@@ -166,6 +166,7 @@ def offload(func, template, policy="first", *, verify: bool = True, target=None,
     name = getattr(tmpl, "name", str(template))
     results = explain(func, tmpl)
     current, outcomes, rewrites = _apply(func, results, choose, target, schedule, tmpl, check_each=False)
+    current = _account_scratchpads(current, tmpl, rewrites)
     verification = None
     unavailable = tmpl.unavailable_reason() if isinstance(tmpl, Template) else None
     if verify and rewrites and unavailable and _host_code(target):
@@ -180,8 +181,15 @@ def offload(func, template, policy="first", *, verify: bool = True, target=None,
             # Find the culprit: redo block by block, keeping only rewrites that verify.
             current, outcomes, rewrites = _apply(func, results, choose, target, schedule, tmpl,
                                                  check_each=True)
+            current = _account_scratchpads(current, tmpl, rewrites)
             verification = run_verify(func, current, target) if rewrites else None
     return Offloaded(current, func, name, tuple(outcomes), verification, tuple(rewrites))
+
+
+def _account_scratchpads(func, template, rewrites):
+    """For a simulated template: the function tells the simulator what it allocates."""
+    sim = getattr(template, "simulator", None)
+    return sim.annotate(func) if sim is not None and rewrites else func
 
 
 def _host_code(target) -> bool:

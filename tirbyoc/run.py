@@ -75,7 +75,8 @@ class RunResult:
                      f"{st.config.clock_mhz} MHz), busy load {u['load']:.0%} / compute "
                      f"{u['compute']:.0%} / store {u['store']:.0%}, DMA in "
                      f"{sum(st.load_bytes.values()):,} B, out {st.store_bytes:,} B, "
-                     f"{st.tile_ops:,} tile operations")
+                     f"{st.tile_ops:,} tile operations, scratchpad high-water "
+                     + " / ".join(f"{k} {v:,} B" for k, v in st.high_water.items()))
         if self.not_run:
             text += f"\nnot run: {self.not_run}"
         return text

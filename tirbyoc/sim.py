@@ -17,7 +17,7 @@ from pathlib import Path
 from .extern import ExternLibrary
 
 OPS = ("gemm", "fill_zero", "dma_load", "dma_store", "alu_add", "alu_max", "alu_relu",
-       "alu_shift_clip")
+       "alu_shift_clip", "scratchpad_begin", "scratchpad_end")
 CONTROL = ("configure", "reset", "stats")
 SCOPES = ("input", "weight", "accumulator")  # the scope ids DMA calls pass: 0, 1, 2
 
@@ -30,7 +30,7 @@ LIBRARY = ExternLibrary(
 _STATS = ("cycles", "busy_load", "busy_compute", "busy_store", "load_bytes_input",
           "load_bytes_weight", "load_bytes_accumulator", "store_bytes", "tile_bytes_input",
           "tile_bytes_weight", "tile_bytes_accumulator", "gemm_ops", "alu_ops", "load_ops",
-          "store_ops", "macs")
+          "store_ops", "macs", "high_water_input", "high_water_weight", "high_water_accumulator")
 _registered = False
 
 
@@ -67,6 +67,9 @@ class SimConfig:
     dma_latency: int = 64  # cycles before a DMA's first byte
     capacities: tuple = (32768, 262144, 131072)  # input, weight, accumulator scratchpads (bytes)
     clock_mhz: int = 100
+    # the template's storage scopes of those three scratchpads: offloaded PrimFuncs then tell
+    # the simulator what they allocate in each (high-water marks, capacity errors)
+    scopes: tuple = ()
 
     def __post_init__(self):
         for name in ("core_macs", "alu_lanes", "dma_bytes_per_cycle", "clock_mhz"):
@@ -79,6 +82,10 @@ class SimConfig:
         if len(caps) != 3 or any(not isinstance(c, int) or c <= 0 for c in caps):
             raise ValueError(f"SimConfig.capacities must be three positive byte counts, got {caps!r}")
         object.__setattr__(self, "capacities", caps)
+        scopes = tuple(self.scopes)
+        if scopes and (len(scopes) != 3 or not all(isinstance(x, str) for x in scopes)):
+            raise ValueError(f"SimConfig.scopes must name the input, weight and accumulator scopes, got {scopes!r}")
+        object.__setattr__(self, "scopes", scopes)
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,7 @@ class SimStats:
     tile_bytes: dict  # scope -> bytes of distinct scratchpad tiles written
     ops: dict  # gemm / alu / load / store -> count
     macs: int
+    high_water: dict  # scope -> most bytes the running programs held at once
 
     @property
     def tile_ops(self) -> int:
@@ -110,7 +118,8 @@ class SimStats:
         return {"cycles": self.cycles, "seconds": self.seconds, "busy": self.busy,
                 "utilization": self.utilization, "load_bytes": self.load_bytes,
                 "store_bytes": self.store_bytes, "tile_bytes": self.tile_bytes, "ops": self.ops,
-                "tile_ops": self.tile_ops, "macs": self.macs, "config": asdict(self.config)}
+                "tile_ops": self.tile_ops, "macs": self.macs, "high_water": self.high_water,
+                "config": asdict(self.config)}
 
 
 class Simulator:
@@ -152,7 +161,31 @@ class Simulator:
             {u: v[f"busy_{u}"] for u in ("load", "compute", "store")},
             {s: v[f"load_bytes_{s}"] for s in SCOPES}, v["store_bytes"],
             {s: v[f"tile_bytes_{s}"] for s in SCOPES},
-            {k: v[f"{k}_ops"] for k in ("gemm", "alu", "load", "store")}, v["macs"])
+            {k: v[f"{k}_ops"] for k in ("gemm", "alu", "load", "store")}, v["macs"],
+            {s: v[f"high_water_{s}"] for s in SCOPES})
+
+    def annotate(self, func):
+        """``func`` (an offloaded PrimFunc) bracketed by ``scratchpad_begin/end`` calls with the
+        bytes it allocates in each scratchpad scope (read from its lowered allocations), so a
+        run reports high-water marks and fails clearly past a capacity. Unchanged when the
+        config names no scopes or the function allocates none."""
+        from ._tvm import s_tir, tirx
+        from .scratchpad import scratchpad_usage
+
+        if not self.config.scopes:
+            return func
+        used = scratchpad_usage(func, list(self.config.scopes))
+        if not any(used.values()):
+            return func
+        sizes = [tirx.const(used[s], "int64") for s in self.config.scopes]
+        realize = func.body
+        block = realize.block
+        body = tirx.SeqStmt([tirx.Evaluate(tirx.call_packed("tirbyoc.sim.scratchpad_begin", *sizes)),
+                             block.body,
+                             tirx.Evaluate(tirx.call_packed("tirbyoc.sim.scratchpad_end", *sizes))])
+        new = s_tir.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, body,
+                           block.init, block.alloc_buffers, block.match_buffers, block.annotations)
+        return func.with_body(s_tir.SBlockRealize(realize.iter_values, realize.predicate, new))
 
 
 __all__ = ["SCOPES", "SimConfig", "SimStats", "Simulator", "load", "unavailable_reason"]

@@ -9,6 +9,10 @@
  *   alu_relu(Z, X), alu_shift_clip(Z, X, shift, lo, hi)                (compute unit)
  *   dma_load(D, S, scope)         DRAM window S -> scratchpad tile D   (load unit)
  *   dma_store(D, S, scope)        scratchpad tile S -> DRAM window D   (store unit)
+ *   scratchpad_begin(b0, b1, b2) / scratchpad_end(b0, b1, b2)
+ *                                 a program holds b_s bytes of scratchpad s while it runs
+ *                                 (the rewrite brackets each offloaded PrimFunc with them):
+ *                                 high-water marks, and an error past a capacity
  * Tiles are 1-D or 2-D, possibly strided windows; values are computed exactly as the untouched
  * program computes them (integer arithmetic, wrap-around narrowing on store).
  *
@@ -29,7 +33,7 @@ enum { CFG_CORE_MACS, CFG_ALU_LANES, CFG_DMA_BPC, CFG_DMA_LATENCY, CFG_CAP0, CFG
 enum {
   ST_CYCLES, ST_BUSY_LOAD, ST_BUSY_COMPUTE, ST_BUSY_STORE, ST_LOAD_BYTES0, ST_LOAD_BYTES1,
   ST_LOAD_BYTES2, ST_STORE_BYTES, ST_TILES0, ST_TILES1, ST_TILES2, ST_OPS_GEMM, ST_OPS_ALU,
-  ST_OPS_LOAD, ST_OPS_STORE, ST_MACS, N_STATS
+  ST_OPS_LOAD, ST_OPS_STORE, ST_MACS, ST_HIGH0, ST_HIGH1, ST_HIGH2, N_STATS
 };
 
 #define TABLE 16384 /* scratchpad tiles tracked for dependences (open addressing) */
@@ -44,6 +48,7 @@ typedef struct {
 
 static int64_t cfg[N_CFG] = {256, 16, 8, 64, 32768, 262144, 131072};
 static int64_t stats[N_STATS];
+static int64_t held[N_SCOPES]; /* scratchpad bytes held by the programs running now */
 static int64_t unit_free[N_UNITS];
 static Tile tiles[TABLE];
 
@@ -82,6 +87,7 @@ static Tile* tile_of(uintptr_t addr) {
 
 static void reset_state(void) {
   memset(stats, 0, sizeof stats);
+  memset(held, 0, sizeof held);
   memset(unit_free, 0, sizeof unit_free);
   memset(tiles, 0, sizeof tiles);
   tiles_used = 0;
@@ -311,6 +317,38 @@ int __tvm_ffi_tirbyoc_sim_alu_add(void* s, const TVMFFIAny* a, int32_t n, TVMFFI
 int __tvm_ffi_tirbyoc_sim_alu_max(void* s, const TVMFFIAny* a, int32_t n, TVMFFIAny* rv) { (void)s; return alu("alu_max", 1, a, n, rv); }
 int __tvm_ffi_tirbyoc_sim_alu_relu(void* s, const TVMFFIAny* a, int32_t n, TVMFFIAny* rv) { (void)s; return alu("alu_relu", 2, a, n, rv); }
 int __tvm_ffi_tirbyoc_sim_alu_shift_clip(void* s, const TVMFFIAny* a, int32_t n, TVMFFIAny* rv) { (void)s; return alu("alu_shift_clip", 3, a, n, rv); }
+
+static int scratchpad(int begin, const TVMFFIAny* args, int32_t n, TVMFFIAny* rv) {
+  const char* fn = begin ? "scratchpad_begin" : "scratchpad_end";
+  static const char* names[N_SCOPES] = {"input", "weight", "accumulator"};
+  if (n != N_SCOPES) return tirbyoc_fail("TypeError", "tirbyoc.sim.%s: expects %d byte counts", fn, N_SCOPES);
+  for (int s = 0; s < N_SCOPES; ++s)
+    if (args[s].type_index != kTVMFFIInt || args[s].v_int64 < 0)
+      return tirbyoc_fail("TypeError", "tirbyoc.sim.%s: byte counts must be non-negative integers", fn);
+  for (int s = 0; s < N_SCOPES; ++s) {
+    int64_t bytes = args[s].v_int64;
+    if (!begin) {
+      held[s] = held[s] > bytes ? held[s] - bytes : 0;
+      continue;
+    }
+    if (held[s] + bytes > cfg[CFG_CAP0 + s])
+      return tirbyoc_fail("RuntimeError",
+                          "tirbyoc.sim: the %s scratchpad would hold %lld bytes (%lld for this program "
+                          "on top of %lld), over its capacity of %lld bytes; the program was planned "
+                          "for a larger scratchpad than the simulator is configured with",
+                          names[s], (long long)(held[s] + bytes), (long long)bytes,
+                          (long long)held[s], (long long)cfg[CFG_CAP0 + s]);
+  }
+  if (begin)
+    for (int s = 0; s < N_SCOPES; ++s) {
+      held[s] += args[s].v_int64;
+      if (held[s] > stats[ST_HIGH0 + s]) stats[ST_HIGH0 + s] = held[s];
+    }
+  return tirbyoc_return_none(rv);
+}
+
+int __tvm_ffi_tirbyoc_sim_scratchpad_begin(void* s, const TVMFFIAny* a, int32_t n, TVMFFIAny* rv) { (void)s; return scratchpad(1, a, n, rv); }
+int __tvm_ffi_tirbyoc_sim_scratchpad_end(void* s, const TVMFFIAny* a, int32_t n, TVMFFIAny* rv) { (void)s; return scratchpad(0, a, n, rv); }
 
 /* ---------------------------------------------------------------- control */
 static int int64_vector(const TVMFFIAny* arg, int64_t len, int64_t** out) {
