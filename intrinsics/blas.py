@@ -45,7 +45,7 @@ def _openblas(attr: str):
 LIBRARY = ExternLibrary(
     name="tirbyoc_blas_shim",
     sources=[Path(__file__).parent / "csrc" / "blas_shim.c"],
-    symbols=["tirbyoc_blas_sgemm", "tirbyoc_blas_sgemm_batched"],
+    symbols=["tirbyoc_blas_sgemm", "tirbyoc_blas_sgemm_batched", "tirbyoc_blas_sgemv"],
     include_dirs=_openblas("inc"),
     library_dirs=_openblas("lib"),
     libraries=_openblas("link"),
@@ -193,6 +193,59 @@ def batched_gemm(batch: int, m: int, n: int, k: int, trans_b: bool = False) -> I
     )
 
 
+@cache
+def gemv(n: int, k: int, trans_b: bool = False) -> Intrinsic:
+    """C[n] += A[k] @ B[k, n] (``trans_b``: B is [n, k]) in fp32 via cblas_sgemv: a matrix-vector
+    product (a batch-1 dense layer), which has no GEMM row axis."""
+    bshape = (n, k) if trans_b else (k, n)
+    tb = int(trans_b)
+
+    def build():
+        from tvm.script import tirx as T
+
+        @T.prim_func(s_tir=True)
+        def desc(
+            A: T.Buffer((k,), "float32", offset_factor=1),
+            B: T.Buffer(bshape, "float32", offset_factor=1),
+            C: T.Buffer((n,), "float32", offset_factor=1),
+        ) -> None:
+            with T.sblock("root"):
+                T.reads(C[0:n], A[0:k], B[0 : bshape[0], 0 : bshape[1]])
+                T.writes(C[0:n])
+                for j, kk in T.grid(n, k):
+                    with T.sblock("update"):
+                        vj, vk = T.axis.remap("SR", [j, kk])
+                        if trans_b:
+                            C[vj] = C[vj] + A[vk] * B[vj, vk]
+                        else:
+                            C[vj] = C[vj] + A[vk] * B[vk, vj]
+
+        @T.prim_func(s_tir=True)
+        def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+            sb = T.int32()
+            A = T.match_buffer(a, (k,), "float32", offset_factor=1)
+            B = T.match_buffer(b, bshape, "float32", strides=[sb, 1], offset_factor=1)
+            C = T.match_buffer(c, (n,), "float32", offset_factor=1)
+            with T.sblock("root"):
+                T.reads(C[0:n], A[0:k], B[0 : bshape[0], 0 : bshape[1]])
+                T.writes(C[0:n])
+                T.evaluate(T.call_extern("int32", "tirbyoc_blas_sgemv", tb, n, k, A.access_ptr("r"),
+                                         B.access_ptr("r"), sb, T.float32(1), C.access_ptr("rw")))
+
+        return desc, impl
+
+    return Intrinsic(
+        f"{NAME}.sgemv_{n}x{k}_{'nt' if trans_b else 'nn'}",
+        Role.COMPUTE,
+        [Operand("A", (k,), "float32"), Operand("B", bshape, "float32", layout=STRIDED),
+         Operand("C", (n,), "float32")],
+        [("j", n, "S"), ("k", k, "R")],
+        build,
+        cost=Cost(cycles=max(1.0, n * k / 8.0)),
+        doc=f"cblas_sgemv: C[{n}] += A[{k}] @ B{'^T' if trans_b else ''}",
+    )
+
+
 TILE = 64
 
 
@@ -206,6 +259,16 @@ def _gemm_group(trans_b: bool, m: int = TILE, n: int = TILE, k: int = TILE) -> I
         compute=gemm(m, n, k, trans_b),
         packed=MATMUL[trans_b],
         resize=lambda ext: _gemm_group(trans_b, ext["vi"], ext["vj"], ext["vk"]),
+    )
+
+
+def _gemv_group(trans_b: bool, n: int = TILE, k: int = TILE) -> IntrinsicGroup:
+    kind = "nt" if trans_b else "nn"
+    exact = (n, k) != (TILE, TILE)
+    return IntrinsicGroup(
+        f"sgemv_{kind}" + (f"_{n}x{k}" if exact else ""),
+        compute=gemv(n, k, trans_b),
+        resize=lambda ext: _gemv_group(trans_b, ext["vj"], ext["vk"]),
     )
 
 
@@ -225,8 +288,9 @@ TEMPLATE = Template(
     name=NAME,
     target=TARGET,
     runtime=Runtime.EXTERN_C,
-    groups=(_gemm_group(False), _gemm_group(True), _batched_group(False), _batched_group(True)),
+    groups=(_gemm_group(False), _gemm_group(True), _batched_group(False), _batched_group(True),
+            _gemv_group(False), _gemv_group(True)),
     libraries=(LIBRARY,),
-    doc="fp32 GEMM / batched GEMM through OpenBLAS (scipy-openblas32), destination-passing",
+    doc="fp32 GEMM / batched GEMM / GEMV through OpenBLAS (scipy-openblas32), destination-passing",
     params={"tile": TILE},
 )

@@ -147,9 +147,19 @@ def test_call_to_an_unloaded_extern_symbol_is_caught_before_it_crashes():
 
 
 # --------------------------------------------------------------- workloads
-def test_symbolic_shapes_fall_back_with_the_iterator_named():
+def test_symbolic_shapes_are_checked_at_a_concrete_size_or_fall_back_with_the_iterator_named():
     sym = symbolic_matmul()
-    out = tirbyoc.offload(sym, "blas")
+    out = tirbyoc.offload(sym, "blas")  # n stays a loop around a GEMV: checked with n = 17
+    assert out.offloaded and out.verification.passed and out.verification.reason == "checked with n=17"
+    vnni = tirbyoc.offload(symbolic_matmul(), "x86_vnni")  # float32 under an int8 intrinsic
+    assert not vnni.offloaded and vnni.blocks[0].reason
+
+
+def test_a_symbolic_intrinsic_axis_is_a_reason():
+    from tirbyoc_intrinsics.blas import _gemm_group
+
+    gemm_only = Template("blas", {"kind": "llvm"}, Runtime.EXTERN_C, groups=(_gemm_group(False),))
+    out = tirbyoc.offload(symbolic_matmul(), gemm_only)
     assert not out.offloaded and "iterator vi (axis vi) has a symbolic extent" in out.blocks[0].reason
 
 

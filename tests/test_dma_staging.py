@@ -99,8 +99,9 @@ def test_no_tiling_fits_says_so_with_the_numbers():
                                            r"for one intrinsic tile of A 4 \+ B 128 \+ C 128 "
                                            r"\(each rounded up to 128-byte alignment\), has 256"):
         tensorize(f, m, template=t)
+    # offload falls back from the VTCM match to the next one, which computes in DDR
     out = tirbyoc.offload(f, t, policy=lambda ms: next(m for m in ms if "vtcm" in m.intrinsic.name))
-    assert not out.blocks[0].offloaded and "no scratchpad tiling fits" in out.blocks[0].reason
+    assert out.blocks[0].offloaded and "_ddr" in out.blocks[0].intrinsic
 
 
 # --------------------------------------------------------------------- the tile planner

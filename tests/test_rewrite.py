@@ -105,18 +105,32 @@ def main(A: T.Buffer((2, 8), "uint8"), B: T.Buffer((16, 8), "int8"), C: T.Buffer
     assert tirbyoc._tvm.structural_equal(got, expected), got.script()
 
 
+def _gemm_only():
+    from tirbyoc_intrinsics.blas import _gemm_group
+
+    return tirbyoc.Template("blas", {"kind": "llvm"}, tirbyoc.Runtime.EXTERN_C, groups=(_gemm_group(False),))
+
+
 def test_rewrite_refusal_is_a_clean_fallback():
-    # GEMV under blas's GEMM intrinsic: no iterator for N; the block stays, with the reason.
+    # A GEMV (N = 1) under a GEMM-only template: no iterator for N; the block stays, with the reason.
     f = matmul(64, 1, 64)
-    out = offload(f, "blas")
+    out = offload(f, _gemm_only())
     block = only(out.blocks)
     assert not block.offloaded and "no workload iterator" in block.reason
     assert out.func.same_as(f) and out.verification is None
 
 
+def test_a_refused_rewrite_falls_back_to_the_next_match():
+    # blas's GEMM match comes first for a GEMV's block and TVM refuses it; its GEMV group takes it
+    f = matmul(64, 1, 64)
+    out = offload(f, "blas", policy=lambda ms: next(m for m in ms if ".sgemm_" in m.intrinsic.name))
+    block = only(out.blocks)
+    assert block.intrinsic.startswith("blas.sgemv_") and out.verification.passed
+
+
 def test_tensorize_raises_rewrite_error_naming_the_step():
     f = matmul(64, 1, 64)
-    (m,) = tirbyoc.match(f, "blas")[:1]
+    m = next(m for m in tirbyoc.match(f, "blas") if ".sgemm_" in m.intrinsic.name)
     with pytest.raises(RewriteError, match="main/C with blas"):
         tensorize(f, m)
 

@@ -164,10 +164,20 @@ class Match:
 
     def score(self) -> tuple:
         """Smaller is better: fewer operands to stage, fewer heavy staging steps (transpose,
-        pack, reindex) than mere padding, less padding waste, fewer loops around the call."""
-        waste = self.padded_macs / self.macs if self.macs else 1.0
+        pack, reindex) than mere padding, less padding waste, fewer loops around the call.
+        A group re-declared for any size (``resize``: a library call) needs no padding, so
+        its padding costs nothing here, and the number of loops around the call comes first:
+        one large GEMM (after an im2col copy) beats thousands of small calls - but an axis the
+        workload lacks counts first, as the exact-size call would have a unit extent there."""
+        resizable = self.group is not None and self.group.resize is not None
+        waste = 1.0 if resizable or not self.macs else self.padded_macs / self.macs
+        staged = sum(1 for o in self.operands
+                     if not o.direct and not (resizable and set(o.staging) <= {"pad"}))
         heavy = sum(1 for o in self.operands for s in o.staging if s in ("transpose", "pack", "reindex"))
-        return (sum(not o.direct for o in self.operands), heavy, round(waste, 6), len(self.outer))
+        if resizable:
+            absent = sum(1 for a in self.axes if not a.iters)
+            return (absent + len(self.outer), staged, heavy, round(waste, 6))
+        return (staged, heavy, round(waste, 6), len(self.outer))
 
     def block_index_map(self):
         """IndexMap from the block's iterators to ``(outer..., axis values...)``: the view

@@ -198,6 +198,9 @@ def _host_code(target) -> bool:
     return str(make_target(target).kind.name) in ("llvm", "c")
 
 
+MAX_FALLBACK_MATCHES = 3
+
+
 def _apply(func, results, choose, target, schedule, template, *, check_each: bool):
     from .verification import verify as run_verify
 
@@ -211,12 +214,20 @@ def _apply(func, results, choose, target, schedule, template, *, check_each: boo
                                          result.reason or "no compute intrinsic matches"))
             continue
         chosen = choose(compute)
-        try:
-            chosen = exact_size(current, chosen)
-            rw = tensorize(current, chosen, target=target, schedule=schedule,
-                           template=template if isinstance(template, Template) else None)
-        except RewriteError as err:
-            outcomes.append(BlockOutcome(result.block, result.macs, None, str(err)))
+        rw, failures = None, []
+        # the policy's choice first; if TVM refuses that rewrite, the next candidates in the
+        # matcher's order (a GEMV where a batched GEMM lacks an axis), a few at most
+        for candidate in [chosen] + [m for m in compute if m is not chosen][:MAX_FALLBACK_MATCHES]:
+            try:
+                candidate = exact_size(current, candidate)
+                rw = tensorize(current, candidate, target=target, schedule=schedule,
+                               template=template if isinstance(template, Template) else None)
+                chosen = candidate
+                break
+            except RewriteError as err:
+                failures.append(str(err))
+        if rw is None:
+            outcomes.append(BlockOutcome(result.block, result.macs, None, failures[0]))
             continue
         if check_each:
             check = run_verify(current, rw.func, target)

@@ -36,7 +36,8 @@ class Verification:
         if self.passed is None:
             return f"not run: {self.reason}"
         word = "verified" if self.passed else "MISMATCH"
-        return f"{word} (max |err| {self.max_abs_err:.3g})"
+        note = f", {self.reason}" if self.reason else ""
+        return f"{word} (max |err| {self.max_abs_err:.3g}{note})"
 
 
 def random_array(shape, dtype: str, rng: np.random.Generator) -> np.ndarray:
@@ -81,6 +82,36 @@ def _param_buffers(func):
             shape.append(int(s.value))
         out.append((buf.name, tuple(shape), str(buf.dtype)))
     return out
+
+
+SYMBOLIC_EXTENT = 17  # what a symbolic extent is bound to for a check: prime, off every tile
+
+
+def _specialize_symbolic(funcs):
+    """``funcs`` with every symbolic extent of their parameters (a bare size variable, as
+    ``T.int32()`` or a Relax ``n`` makes) bound to `SYMBOLIC_EXTENT` by name, and the bindings;
+    functions without symbolic parameters come back as they are."""
+    from ._tvm import tirx
+
+    names = sorted({str(d.name) for f in funcs for p in f.params
+                    for d in getattr(p, "shape", ()) if isinstance(d, tirx.Var)})
+    if not names:
+        return list(funcs), {}
+    values = dict.fromkeys(names, SYMBOLIC_EXTENT)
+    out = []
+    for f in funcs:
+        binds = {}
+        for p in f.params:
+            shape = list(getattr(p, "shape", ()))
+            if not any(isinstance(d, tirx.Var) for d in shape):
+                continue
+            if any(not isinstance(d, (tirx.Var, tirx.IntImm)) for d in shape):
+                raise VerificationError(f"buffer {p.name} has shape {shape}; only extents that are a "
+                                        "single size variable can be bound for a check")
+            concrete = [values[str(d.name)] if isinstance(d, tirx.Var) else int(d) for d in shape]
+            binds[p] = tirx.decl_buffer(concrete, str(p.dtype), str(p.name))
+        out.append(f.specialize(binds) if binds else f)
+    return out, values
 
 
 def _written(func) -> set[str]:
@@ -143,6 +174,10 @@ def verify(original, rewritten, target=None, inputs=None, *, seed: int = 0,
     """
     from ._tvm import cuda_available, host_target, make_target, tvm
 
+    if inputs is None:  # symbolic extents: check at a concrete size (named in the result)
+        (original, rewritten), bound = _specialize_symbolic([original, rewritten])
+    else:
+        bound = {}
     params = _param_buffers(original)
     other = _param_buffers(rewritten)
     if [(s, d) for _, s, d in params] != [(s, d) for _, s, d in other]:
@@ -200,7 +235,8 @@ def verify(original, rewritten, target=None, inputs=None, *, seed: int = 0,
         passed &= err <= tol
     if not errs:
         raise VerificationError("the original function writes none of its parameters; nothing to compare")
-    return Verification(bool(passed), max(errs.values()), errs, tols)
+    note = ("checked with " + ", ".join(f"{k}={v}" for k, v in bound.items())) if bound else None
+    return Verification(bool(passed), max(errs.values()), errs, tols, reason=note)
 
 
 def _missing_features(target) -> list[str]:

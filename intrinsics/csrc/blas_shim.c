@@ -28,3 +28,16 @@ int tirbyoc_blas_sgemm_batched(int trans_b, int batch, int m, int n, int k, cons
   }
   return 0;
 }
+
+/* c[n] += a[k] . B, B row-major [k, n] (trans_b = 0) or [n, k] (trans_b = 1), leading stride ldb;
+ * a and c contiguous. */
+int tirbyoc_blas_sgemv(int trans_b, int n, int k, const float* a, const float* b, int ldb,
+                       float beta, float* c) {
+  if (n < 0 || k < 0) return -1;
+  if (n == 0) return 0;
+  if (trans_b)
+    scipy_cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, b, ldb, a, 1, beta, c, 1);
+  else
+    scipy_cblas_sgemv(CblasRowMajor, CblasTrans, k, n, 1.0f, b, ldb, a, 1, beta, c, 1);
+  return 0;
+}
