@@ -187,3 +187,25 @@ def test_hexagon_rewrite_is_ir_level_here():
     assert out.verification.passed is None and "cannot run" in out.verification.reason
     text = out.func.script()
     assert "vrmpy" in text
+
+
+# ----------------------------------------------------------------- separate init blocks
+def test_separate_init_is_folded_into_the_reduction_exactly():
+    from tvm_ffi import structural_equal
+
+    from tirbyoc.init_merge import merge_separate_init
+
+    outside = matmul(5, 65, 63, "uint8", "int8", "int32", init="outside")
+    merged = merge_separate_init(outside, "C_init", "C")
+    assert structural_equal(merged, matmul(5, 65, 63, "uint8", "int8", "int32"))
+    assert merge_separate_init(outside, "C", "C_init") is None  # the "init" must store a constant
+
+
+@pytest.mark.parametrize("template,dtypes", [("x86_vnni", ("uint8", "int8", "int32")),
+                                             ("blas", ("float32",) * 3), ("vta", ("int8", "int8", "int32"))])
+def test_staged_output_with_a_separate_init_offloads(template, dtypes):
+    # transposed A and a padded, staged output: two writers of C used to stop cache_write
+    f = matmul(5, 65, 63, *dtypes, trans_a=True, init="outside", order="kji")
+    out = offload(f, template)
+    (update,) = [b for b in out.blocks if b.block == "C"]
+    assert update.offloaded and out.verification.passed

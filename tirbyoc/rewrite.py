@@ -681,6 +681,15 @@ def tensorize(func, match: Match, *, target=None, schedule: bool | Callable = Tr
     if target is None and template is not None:
         target = template.target
     target = make_target(target) if target is not None else None
+    if match.init not in (None, "in-block"):
+        # a separate init block makes the output two-writer, which staging cannot handle
+        from dataclasses import replace
+
+        from .init_merge import merge_separate_init
+
+        merged = merge_separate_init(func, match.init, match.block)
+        if merged is not None:
+            func, match = merged, replace(match, init="in-block")
     rw = _Tensorizer(func, match, target, schedule, template)
     rw.commute()
     rw.canonicalize()
