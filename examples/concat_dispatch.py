@@ -18,7 +18,7 @@ from tvm import relax, te
 from tvm.script import ir as I
 from tvm.script import relax as R
 
-from tirbyoc import ExternLibrary, PackedFunction
+from tirbyoc import ExternLibrary, PackedFunction, relax_vm
 from tirbyoc.dispatch import Dispatch, DispatchReport, LibraryKernel, Rule, TIRKernel
 
 LIBRARY = ExternLibrary(name="vendor_concat", sources=[Path(__file__).parent / "csrc" / "vendor_concat.c"],
@@ -86,8 +86,6 @@ def run(target_dict):
             for p in Model["forward"].params]
     outs = []
     for m in (mod, relax.transform.LegalizeOps()(Model)):
-        from tirbyoc._tvm import relax_vm
-
         vm = relax_vm(tvm.compile(m, target=target), tvm.cpu())
         outs.append(vm["forward"](*[tvm.runtime.tensor(a) for a in args]).numpy())
     err = float(np.abs(outs[0] - outs[1]).max())
@@ -99,9 +97,9 @@ def main():
     for label, tdict in (("x86 (llvm, mcpu)", {"kind": "llvm", "mcpu": "cascadelake"}),
                          ("generic CPU (llvm)", {"kind": "llvm"})):
         if "mcpu" in tdict:
-            from tirbyoc._tvm import host_target
+            from tvm.target import codegen
 
-            tdict = dict(tdict, mcpu=str(host_target().attrs["mcpu"]))  # this machine's CPU
+            tdict = dict(tdict, mcpu=str(codegen.llvm_get_system_cpu()))  # this machine's CPU
         mod, report, err = run(tdict)
         calls = [c for c in report.calls]
         print(f"== {label}")

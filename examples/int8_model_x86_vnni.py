@@ -14,8 +14,7 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend import nn
 
-from tirbyoc import get_template
-from tirbyoc._tvm import make_target, relax_vm
+from tirbyoc import get_template, relax_vm
 from tirbyoc.models import quantize
 from tirbyoc.transform import OffloadReport, OffloadTIR
 
@@ -46,7 +45,7 @@ def main():
             print(f"{f.name:10s} {f.macs:>12,} MACs  {', '.join(dict.fromkeys(f.intrinsics)) or f.reason}")
     print(f"MAC coverage: {report.coverage:.1%}")
 
-    target = make_target(dict(template.target))
+    target = tvm.target.Target(dict(template.target))
     rng = np.random.default_rng(0)
     args = [tvm.runtime.tensor(rng.uniform(-1, 1, [int(d) for d in p.ty.shape.values]).astype("float32"))
             for p in mod["forward"].params]

@@ -17,7 +17,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tirbyoc._tvm import relax_vm
+from tirbyoc import relax_vm
 from tirbyoc.loaders import import_onnx
 from tirbyoc.transform import Dispatch, DispatchReport, OffloadReport, OffloadTIR, Rule, TIRKernel
 

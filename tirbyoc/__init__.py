@@ -33,7 +33,7 @@ _LAZY = {
     "match": "matcher", "explain": "matcher", "Match": "matcher", "AxisMap": "matcher",
     "OperandMap": "matcher", "BlockResult": "matcher", "match_chains": "chain", "ChainMatch": "chain",
     "tensorize": "rewrite", "Rewritten": "rewrite", "offload": "offloading", "Offloaded": "offloading",
-    "verify": "verification", "Verification": "verification",
+    "verify": "verification", "Verification": "verification", "relax_vm": "_tvm",
 }
 
 
