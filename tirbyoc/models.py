@@ -148,10 +148,11 @@ def mlp(batch: int = 16, sizes=(256, 512, 512, 128), dtype: str = "float32"):
     return mod
 
 
-def mlp_int8(batch: int = 16, sizes=(256, 512, 512, 128)):
-    """A quantized MLP as a quantized model has it: uint8 activations x int8 weights ->
-    int32 accumulators, dequantized (per-channel scale, float bias), ReLU, requantized to
-    uint8 (x 1/4, rounded, clipped to [0, 255]) for the next layer; float output."""
+def mlp_int8(act_dtype: str = "uint8", batch: int = 16, sizes=(256, 512, 512, 128)):
+    """A quantized MLP as a quantized model has it: ``act_dtype`` activations (uint8, or int8
+    for cores with signed inputs) x int8 weights -> int32 accumulators, dequantized
+    (per-channel scale, float bias), ReLU, requantized (x 1/4, rounded, clipped to the
+    activation range) for the next layer; float output."""
     nn = _nn()
     from tvm import relax
 
@@ -166,8 +167,9 @@ def mlp_int8(batch: int = 16, sizes=(256, 512, 512, 128)):
             return nn.op.astype(acc, "float32") * self.scale + self.bias
 
     def requantize(y):
-        q = relax.op.clip(relax.op.round(relax.op.multiply(y._expr, relax.const(0.25, "float32"))), 0, 255)
-        return _wrap(relax.op.astype(q, "uint8"), "requantize")
+        lo, hi = (0, 255) if act_dtype == "uint8" else (-128, 127)
+        q = relax.op.clip(relax.op.round(relax.op.multiply(y._expr, relax.const(0.25, "float32"))), lo, hi)
+        return _wrap(relax.op.astype(q, act_dtype), "requantize")
 
     class QMLP(nn.Module):
         def __init__(self):
@@ -180,8 +182,11 @@ def mlp_int8(batch: int = 16, sizes=(256, 512, 512, 128)):
                     return y
                 x = requantize(nn.op.relu(y))
 
-    mod, _ = QMLP().export_tvm({"forward": {"x": nn.spec.Tensor((batch, sizes[0]), "uint8")}})
+    mod, _ = QMLP().export_tvm({"forward": {"x": nn.spec.Tensor((batch, sizes[0]), act_dtype)}})
     return mod
+
+
+mlp_int8.quantized = True
 
 
 def mobilenet_v2(batch: int = 1, image: int = 224, classes: int = 1000, dtype: str = "float32"):
