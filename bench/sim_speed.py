@@ -29,25 +29,21 @@ def main():
     args = parser.parse_args()
 
     import tvm
-    from tvm import relax
 
     from tirbyoc import get_template
     from tirbyoc._tvm import make_target, relax_vm
     from tirbyoc.relax_bridge import offload_module
-    from tirbyoc.run import _inputs, compare, entry_function, load_model
+    from tirbyoc.run import compare, legalized_model
 
     template = get_template(args.template)
     t0 = time.perf_counter()
-    spec, mod = load_model(args.model, [template])
-    mod = relax.transform.LegalizeOps()(mod)
+    spec, mod, entry, arrays = legalized_model(args.model, [template], 0)
     offloaded, report = offload_module(mod, [template], verify=False)
     t_offload = time.perf_counter() - t0
     print(f"[sim_speed] {spec}: offloaded {report.coverage:.1%} of {report.total_macs:,} MACs "
           f"in {t_offload:.1f} s", flush=True)
 
     target = make_target(dict(template.target))
-    entry = entry_function(mod)
-    arrays = _inputs(mod[entry], 0)
     t0 = time.perf_counter()
     vm = relax_vm(tvm.compile(offloaded, target=target), tvm.cpu())
     t_build = time.perf_counter() - t0

@@ -125,3 +125,18 @@ def relax_vm(executable, device):
     if "library" in kinds and "c" in kinds and "llvm" not in kinds:
         return relax.VirtualMachine(mod, device)
     return relax.VirtualMachine(executable, device)
+
+
+def is_host_target(target) -> bool:
+    """Whether ``target`` (a Target or a target dict) compiles to code for this CPU."""
+    return str(make_target(target).kind.name) in ("llvm", "c")
+
+
+def with_external_mods(mod, modules):
+    """``mod`` with ``modules`` (runtime modules) added to its ``external_mods`` attribute,
+    each once, for ``tvm.compile`` to link."""
+    libs = list((mod.attrs or {}).get("external_mods", []))
+    for module in modules:
+        if not any(m.same_as(module) for m in libs):
+            libs.append(module)
+    return mod.with_attr("external_mods", libs) if libs else mod

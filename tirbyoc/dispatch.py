@@ -248,19 +248,17 @@ def _rebuild(expr, inputs, params, var2val):
     return expr
 
 
-def _single_call_module(params, make_call, extra_funcs=(), libs=()):
-    from ._tvm import tvm
+def _single_call_module(params, make_call, libs=()):
+    """A module whose ``main(params)`` returns ``make_call(add_func)`` (``add_func`` adds a
+    PrimFunc to the module and returns its GlobalVar), with ``libs`` linked."""
+    from ._tvm import with_external_mods
     from tvm import relax
 
     bb = relax.BlockBuilder()
-    gvs = [bb.add_func(f, n) for n, f in extra_funcs]
     with bb.function("main", params):
-        out = bb.emit(make_call(gvs))
+        out = bb.emit(make_call(bb.add_func))
         bb.emit_func_output(out)
-    mod = bb.get()
-    if libs:
-        mod = mod.with_attr("external_mods", list(libs))
-    return mod
+    return with_external_mods(bb.get(), libs)
 
 
 def _run_main(mod, target, arrays):
@@ -289,7 +287,7 @@ def _verify(original, inputs, var2val, make_new, target, seed: int = 0):
 
     distinct = _unique(inputs)
     params = [relax.Var(f"x{i}", _tensor_type(e)) for i, e in enumerate(distinct)]
-    ref_mod = _single_call_module(params, lambda _: _rebuild(original, distinct, params, var2val))
+    ref_mod = _single_call_module(params, lambda _add: _rebuild(original, distinct, params, var2val))
     new_params = [relax.Var(f"x{i}", _tensor_type(e)) for i, e in enumerate(distinct)]
     position = [next(n for n, d in enumerate(distinct) if d.same_as(e)) for e in inputs]
     new_mod = make_new(new_params, [new_params[n] for n in position])
@@ -317,16 +315,16 @@ def _resolve_target(target):
 def dispatch_module(mod, rules: Sequence[Rule], *, target=None, verify: bool = True,
                     report: DispatchReport | None = None):
     """``mod`` with every call a rule takes replaced; returns (mod, report)."""
-    from ._tvm import tvm
+    from ._tvm import is_host_target, with_external_mods
     from tvm import relax
     from tvm.relax.dpl import rewrite_call
 
     report = report if report is not None else DispatchReport()
     target = _resolve_target(target)
     active = [r for r in rules if r.applies_to(target)]
-    runnable = target is not None and str(target.kind.name) in ("llvm", "c")
+    runnable = target is not None and is_host_target(target)
     bb = relax.BlockBuilder(mod)
-    libs = list((mod.attrs or {}).get("external_mods", []))
+    libs: list = []  # runtime modules of the library kernels used
     verified_cache: dict = {}
     seen: list = []
     for gv, func in list(mod.functions_items()):
@@ -341,10 +339,7 @@ def dispatch_module(mod, rules: Sequence[Rule], *, target=None, verify: bool = T
 
             func = rewrite_call(rule.dfpattern(), rewriter, func)
         bb.update_func(gv, func)
-    new = bb.get()
-    if libs:
-        new = new.with_attr("external_mods", libs)
-    return new, report
+    return with_external_mods(bb.get(), libs), report
 
 
 def _replace(orig, matchings, rule, var2val, fname, bb, libs, report, verify, target, cache, seen):
@@ -364,6 +359,7 @@ def _replace(orig, matchings, rule, var2val, fname, bb, libs, report, verify, ta
             record.reason = "an input is not a tensor of static shape"
             return orig
         action = rule.action
+        module = None
         if isinstance(action, TIRKernel):
             prim = action.primfunc(m)
             why = _check_signature(prim, inputs, out_ty)
@@ -372,36 +368,30 @@ def _replace(orig, matchings, rule, var2val, fname, bb, libs, report, verify, ta
                 return orig
             prim = prim.without_attr("global_symbol") if prim.attrs and "global_symbol" in prim.attrs else prim
 
-            def make_new(params, args):
-                return _single_call_module(
-                    params, lambda gvs: relax.call_tir(gvs[0], relax.Tuple(args), out_ty),
-                    [(action.name, prim)])
+            def kernel_call(args, add_func):
+                return relax.call_tir(add_func(prim, action.name), relax.Tuple(list(args)), out_ty)
         else:
             module = action.packed.library.runtime_module()
             extra = action.scalar_args(m)
 
-            def make_new(params, args):
-                return _single_call_module(
-                    params, lambda _: relax.call_dps_packed(relax.ExternFunc(action.packed.symbol),
-                                                            relax.Tuple(list(args) + extra), out_ty),
-                    libs=[module])
+            def kernel_call(args, add_func):
+                return relax.call_dps_packed(relax.ExternFunc(action.packed.symbol),
+                                             relax.Tuple(list(args) + extra), out_ty)
+        libraries = [module] if module is not None else []
         if verify:
             key = (rule.label, action.name, tuple((_static_shape(_tensor_type(i)), str(_tensor_type(i).dtype))
                                                   for i in inputs), str(orig.attrs))
             if key not in cache:
-                cache[key] = _verify(orig, inputs, var2val, make_new, target)
+                cache[key] = _verify(orig, inputs, var2val, lambda params, args: _single_call_module(
+                    params, lambda add_func: kernel_call(args, add_func), libraries), target)
             record.verified, record.max_abs_err = cache[key]
             record.verified = bool(record.verified)
             if not record.verified:
                 record.reason = f"the kernel disagrees with TVM's lowering (max abs error {record.max_abs_err:.3g})"
                 return orig
         record.replaced = True
-        if isinstance(action, TIRKernel):
-            return relax.call_tir(bb.add_func(prim, action.name), relax.Tuple(inputs), out_ty)
-        if not any(m.same_as(module) for m in libs):
-            libs.append(module)
-        return relax.call_dps_packed(relax.ExternFunc(action.packed.symbol),
-                                     relax.Tuple(list(inputs) + extra), out_ty)
+        libs.extend(libraries)
+        return kernel_call(inputs, bb.add_func)
     except DispatchError:
         raise
     except Exception as err:  # noqa: BLE001 - a kernel that fails to build is not used

@@ -250,9 +250,10 @@ def out_target(template: str):
 
 
 def runnable_templates() -> list[str]:
+    from ._tvm import is_host_target
     from .registry import templates
 
-    return [t.name for t in templates() if t.runs_here() and str(t.target["kind"]) in ("llvm", "c")]
+    return [t.name for t in templates() if t.runs_here() and is_host_target(dict(t.target))]
 
 
 @dataclass

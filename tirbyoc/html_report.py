@@ -21,17 +21,17 @@ tr.kept td { color: #777; }
 """
 
 
-def _bars(functions, width: int = 640, row: int = 18) -> str:
-    rows = [f for f in sorted(functions, key=lambda f: (-f.macs * f.calls, f.name)) if f.macs]
+def _bars(report, width: int = 640, row: int = 18) -> str:
+    rows = [f for f in report.shown() if f.macs]
     if not rows:
         return "<p>No multiply-accumulates in this model.</p>"
-    label_w, longest = 150, max(f.macs * f.calls for f in rows)
+    label_w, longest = 150, max(f.total_macs for f in rows)
     height = row * len(rows) + 24
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + width + 90}" '
              f'height="{height}" role="img" aria-label="MACs per PrimFunc, offloaded part filled">']
     for n, f in enumerate(rows):
         y = n * row
-        full = width * f.macs * f.calls / longest
+        full = width * f.total_macs / longest
         done = width * f.offloaded_macs * f.calls / longest
         parts.append(f'<text x="{label_w - 6}" y="{y + 13}" text-anchor="end" font-size="12">'
                      f'{escape(f.name)}</text>')
@@ -41,7 +41,7 @@ def _bars(functions, width: int = 640, row: int = 18) -> str:
             parts.append(f'<rect x="{label_w}" y="{y + 2}" width="{done:.1f}" height="{row - 5}" '
                          'fill="#2e7d32"/>')
         parts.append(f'<text x="{label_w + full + 4:.1f}" y="{y + 13}" font-size="11">'
-                     f'{f.macs * f.calls:,}</text>')
+                     f'{f.total_macs:,}</text>')
     parts.append(f'<text x="{label_w}" y="{height - 6}" font-size="11">filled: offloaded MACs; '
                  'outline: all MACs of the function</text></svg>')
     return "".join(parts)
@@ -63,28 +63,20 @@ def render(result) -> str:
     ]
     if result.not_run:
         summary.append(("not run", escape(result.not_run)))
-    rows = []
-    for f in sorted(r.functions, key=lambda f: (-f.macs * f.calls, f.name)):
-        if not f.macs and not f.offloaded:
-            continue
-        what = (f"{f.extern} (call_dps_packed)" if f.extern else
-                ", ".join(dict.fromkeys(f.intrinsics)) if f.offloaded else "-")
-        note = f.reason or ("verified" if f.verified else "not run here" if f.offloaded else "")
-        rows.append(f'<tr class="{"" if f.offloaded else "kept"}"><td>{escape(f.name)}</td>'
-                    f'<td class="num">{f.calls}</td><td class="num">{f.macs * f.calls:,}</td>'
-                    f'<td class="num">{f.offloaded_macs * f.calls:,}</td>'
-                    f'<td>{escape(what)}</td><td>{escape(note)}</td></tr>')
-    others = sum(1 for f in r.functions if not f.macs and not f.offloaded)
+    rows = [f'<tr class="{"" if f.offloaded else "kept"}"><td>{escape(f.name)}</td>'
+            f'<td class="num">{f.calls}</td><td class="num">{f.total_macs:,}</td>'
+            f'<td class="num">{f.offloaded_macs * f.calls:,}</td>'
+            f'<td>{escape(f.kernel())}</td><td>{escape(f.note())}</td></tr>' for f in r.shown()]
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<title>tirbyoc run: {escape(result.model)}</title><style>{_STYLE}</style></head><body>"
         f"<h1>tirbyoc run: {escape(result.model)}</h1><table>"
         + "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in summary)
-        + "</table><h2>Coverage</h2>" + _bars(r.functions)
+        + "</table><h2>Coverage</h2>" + _bars(r)
         + "<h2>PrimFuncs with multiply-accumulates</h2><table><tr><th>PrimFunc</th><th>calls</th><th>MACs</th>"
         "<th>offloaded MACs</th><th>intrinsic or library kernel</th><th>note</th></tr>"
         + "".join(rows) + "</table>"
-        f"<p>{others} other PrimFuncs (no multiply-accumulates) were left to TVM.</p></body></html>\n"
+        f"<p>{r.others} other PrimFuncs (no multiply-accumulates) were left to TVM.</p></body></html>\n"
     )
 
 

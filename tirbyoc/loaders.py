@@ -32,16 +32,22 @@ def _candidates(namespace: dict) -> dict[str, object]:
             if not k.startswith("_") and isinstance(v, (PrimFunc, IRModule))}
 
 
+def _run_python_file(path: Path, run_name: str) -> dict:
+    """The namespace a user's Python file defines; its errors (and a ``sys.exit``, which must
+    not end this process) become `LoadError` naming the file."""
+    try:
+        return runpy.run_path(str(path), run_name=run_name)
+    except SyntaxError as err:
+        raise LoadError(f"{path}:{err.lineno}: Python syntax error: {err.msg}") from None
+    except (Exception, SystemExit) as err:
+        raise LoadError(f"{path} raised {type(err).__name__} while being imported: {err}") from None
+
+
 def load_python(path: Path, obj: str | None = None):
     """The PrimFunc or IRModule a Python file defines (``obj`` picks one by name)."""
     from ._tvm import IRModule
 
-    try:
-        namespace = runpy.run_path(str(path), run_name="__tirbyoc_workload__")
-    except SyntaxError as err:
-        raise LoadError(f"{path}:{err.lineno}: Python syntax error: {err.msg}") from None
-    except (Exception, SystemExit) as err:  # the user's file failed while importing
-        raise LoadError(f"{path} raised {type(err).__name__} while being imported: {err}") from None
+    namespace = _run_python_file(path, "__tirbyoc_workload__")
     found = _candidates(namespace)
     if obj is not None:
         if obj not in namespace:
@@ -126,12 +132,7 @@ def load_model_file(path: str | Path):
     if path.suffix != ".py":
         raise LoadError(f"{path}: unsupported model file {path.suffix!r}; give an .onnx file or a "
                         ".py file defining a Relax IRModule, a torch.nn.Module or a relax nn.Module")
-    try:
-        namespace = runpy.run_path(str(path), run_name="__tirbyoc_model__")
-    except SyntaxError as err:
-        raise LoadError(f"{path}:{err.lineno}: Python syntax error: {err.msg}") from None
-    except (Exception, SystemExit) as err:  # a model file must not end the process
-        raise LoadError(f"{path} raised {type(err).__name__} while being imported: {err}") from None
+    namespace = _run_python_file(path, "__tirbyoc_model__")
     public = {k: v for k, v in namespace.items() if not k.startswith("_")}
     modules = {k: v for k, v in public.items() if isinstance(v, IRModule) and _relax_functions(v)}
     if len(modules) == 1:

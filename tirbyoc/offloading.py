@@ -156,6 +156,7 @@ def offload(func, template, policy="first", *, verify: bool = True, target=None,
     ``verify``: build and compare the result with ``func`` (blocks are rewritten one by one;
     if the whole does not verify, each block is re-checked and the culprit dropped).
     """
+    from ._tvm import is_host_target
     from .registry import get_template
     from .verification import Verification
     from .verification import verify as run_verify
@@ -169,7 +170,7 @@ def offload(func, template, policy="first", *, verify: bool = True, target=None,
     current = _account_scratchpads(current, tmpl, rewrites)
     verification = None
     unavailable = tmpl.unavailable_reason() if isinstance(tmpl, Template) else None
-    if verify and rewrites and unavailable and _host_code(target):
+    if verify and rewrites and unavailable and is_host_target(target):
         # verify would run this on the CPU, but the template's runtime is missing (e.g. a
         # simulator not there yet): the IR is the result. Device code (CUDA) is left to
         # verify, which still builds what it cannot run.
@@ -190,12 +191,6 @@ def _account_scratchpads(func, template, rewrites):
     """For a simulated template: the function tells the simulator what it allocates."""
     sim = getattr(template, "simulator", None)
     return sim.annotate(func) if sim is not None and rewrites else func
-
-
-def _host_code(target) -> bool:
-    from ._tvm import make_target
-
-    return str(make_target(target).kind.name) in ("llvm", "c")
 
 
 MAX_FALLBACK_MATCHES = 3

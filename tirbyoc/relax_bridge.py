@@ -48,6 +48,21 @@ class FunctionReport:
     def offloaded(self) -> bool:
         return bool(self.intrinsics)
 
+    @property
+    def total_macs(self) -> int:
+        """MACs over all call sites."""
+        return self.macs * self.calls
+
+    def kernel(self) -> str:
+        """The intrinsics or library kernel it now calls, for a report ("-" if none)."""
+        if self.extern:
+            return f"{self.extern} (call_dps_packed)"
+        return ", ".join(dict.fromkeys(self.intrinsics)) if self.offloaded else "-"
+
+    def note(self) -> str:
+        """Why (part of) it stayed, else whether the rewrite was verified."""
+        return self.reason or ("verified" if self.verified else "not run here" if self.offloaded else "")
+
 
 @dataclass
 class OffloadReport:
@@ -55,9 +70,19 @@ class OffloadReport:
 
     functions: list[FunctionReport] = field(default_factory=list)
 
+    def shown(self) -> list[FunctionReport]:
+        """The functions a report lists - with MACs or offloaded - most MACs first."""
+        return sorted((f for f in self.functions if f.macs or f.offloaded),
+                      key=lambda f: (-f.total_macs, f.name))
+
+    @property
+    def others(self) -> int:
+        """Functions without multiply-accumulates, left to TVM."""
+        return len(self.functions) - len(self.shown())
+
     @property
     def total_macs(self) -> int:
-        return sum(f.macs * f.calls for f in self.functions)
+        return sum(f.total_macs for f in self.functions)
 
     @property
     def offloaded_macs(self) -> int:
@@ -100,8 +125,8 @@ def mac_blocks(func) -> dict[str, int]:
 
 
 def call_counts(mod) -> dict[str, int]:
-    """How many ``call_tir`` / ``call_dps_packed`` sites name each PrimFunc (LegalizeOps
-    shares one PrimFunc between equal operators: ResNet-50's repeated blocks)."""
+    """How many ``call_tir`` sites name each PrimFunc (LegalizeOps shares one PrimFunc
+    between equal operators: ResNet-50's repeated blocks)."""
     from ._tvm import tvm
     from tvm import relax
 
@@ -157,7 +182,7 @@ def _call_packed_instead(mod, calls: dict):
     """Every ``R.call_tir(gv, args, out)`` with ``gv`` in ``calls`` rewritten to
     ``R.call_dps_packed(symbol, kernel inputs, out)``; the PrimFuncs dropped, the kernels'
     libraries appended to ``external_mods``."""
-    from ._tvm import tvm
+    from ._tvm import tvm, with_external_mods
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
 
@@ -185,12 +210,8 @@ def _call_packed_instead(mod, calls: dict):
         if not any(v.same_as(gv) for f in new.functions.values() if isinstance(f, relax.Function)
                    for v in relax.analysis.all_global_vars(f)):
             new = _without(new, gv)
-    libs = list((new.attrs or {}).get("external_mods", []))
-    for lib in dict.fromkeys(wc.packed.library for wc in calls.values()):
-        module = lib.runtime_module()
-        if not any(m.same_as(module) for m in libs):
-            libs.append(module)
-    return new.with_attr("external_mods", libs)
+    return with_external_mods(new, [lib.runtime_module() for lib in
+                                    dict.fromkeys(wc.packed.library for wc in calls.values())])
 
 
 def _without(mod, gv):

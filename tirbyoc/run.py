@@ -17,7 +17,6 @@ from .errors import TirbyocError
 from .relax_bridge import OffloadReport, offload_module
 
 DEFAULT_TEMPLATES = ("x86_vnni", "blas")  # the first that runs here is the default
-INT8_TEMPLATES = {"x86_vnni", "vta", "hexagon_hvx"}
 
 
 @dataclass
@@ -50,19 +49,11 @@ class RunResult:
     def table(self) -> str:
         from .table import render
 
-        rows = []
-        for f in sorted(self.report.functions, key=lambda f: (-f.macs * f.calls, f.name)):
-            if not f.macs and not f.offloaded:
-                continue
-            what = (f"{f.extern} (call_dps_packed)" if f.extern else
-                    ", ".join(dict.fromkeys(f.intrinsics)) if f.offloaded else "-")
-            rows.append((f.name, str(f.calls), f"{f.macs * f.calls:,}", what,
-                         f.reason or ("verified" if f.verified else "not run here" if f.offloaded else "")))
-        others = sum(1 for f in self.report.functions if not f.macs and not f.offloaded)
-        text = render(("PrimFunc", "calls", "MACs", "intrinsic or library kernel", "note"), rows)
         r = self.report
+        rows = [(f.name, str(f.calls), f"{f.total_macs:,}", f.kernel(), f.note()) for f in r.shown()]
+        text = render(("PrimFunc", "calls", "MACs", "intrinsic or library kernel", "note"), rows)
         lat = self.latency_ms
-        text += (f"\n\n{len(r.functions)} PrimFuncs ({others} without multiply-accumulates, "
+        text += (f"\n\n{len(r.functions)} PrimFuncs ({r.others} without multiply-accumulates, "
                  "left to TVM)"
                  f"\nMAC coverage: {r.coverage:.1%} ({r.offloaded_macs:,} of {r.total_macs:,})"
                  f"\nlatency: offloaded {lat.get('offloaded', float('nan')):.3f} ms, "
@@ -124,14 +115,14 @@ def default_templates() -> list[str]:
 
 
 def load_model(spec: str, templates: list[str]):
-    """A Relax IRModule from ``builtin:NAME`` (default: an MLP suited to the template), an
-    ``.onnx`` file or a ``.py`` file (`tirbyoc.loaders.load_model_file`)."""
+    """A Relax IRModule from ``builtin:NAME`` (default: an MLP, quantized to the activation
+    dtype of an int8 template), an ``.onnx`` file or a ``.py`` file
+    (`tirbyoc.loaders.load_model_file`)."""
     from .loaders import load_model_file
     from .models import MODELS, build_model
 
     if spec in (None, "", "builtin"):
-        names = {t if isinstance(t, str) else t.name for t in templates}
-        spec = "builtin:" + ("mlp_int8" if names & INT8_TEMPLATES else "mlp")
+        spec = "builtin:" + ("mlp_int8" if _activation_dtype(templates) else "mlp")
     if not spec.startswith("builtin:"):
         if spec.endswith((".onnx", ".py")):
             return spec, load_model_file(spec)
@@ -154,6 +145,16 @@ def _activation_dtype(templates) -> str | None:
             if dtype in ("uint8", "int8"):
                 return dtype
     return None
+
+
+def legalized_model(model: str | None, templates, seed: int):
+    """(spec, legalized module, entry function, seeded inputs) of a model for ``templates``."""
+    from tvm import relax
+
+    spec, mod = load_model(model, templates)
+    mod = relax.transform.LegalizeOps()(mod)
+    entry = entry_function(mod)
+    return spec, mod, entry, _inputs(mod[entry], seed)
 
 
 def _inputs(func, seed: int) -> list[np.ndarray]:
@@ -199,10 +200,10 @@ def _output(value) -> np.ndarray:
 
 def _build_and_time(mod, target, entry, arrays, repeat: int, simulators=()):
     """(output, latency in ms[, simulator stats of the first run])."""
-    from ._tvm import relax_vm, tirx, tvm
+    from ._tvm import is_host_target, relax_vm, tirx, tvm
     from .extern import check_loaded
 
-    if str(target.kind.name) in ("llvm", "c"):
+    if is_host_target(target):
         for gv, func in mod.functions.items():
             if isinstance(func, tirx.PrimFunc):
                 check_loaded(func, f"PrimFunc {gv.name_hint}")
@@ -258,7 +259,6 @@ def run_model(model: str | None = None, templates: list | None = None, *, target
               seed: int = 0, repeat: int = 10, progress: Progress | None = None) -> RunResult:
     """``templates``: names or Template objects (a variant from a template's factory)."""
     from .registry import get_template
-    from tvm import relax
 
     progress = progress or Progress(enabled=False)
     templates = list(templates) if templates else default_templates()
@@ -270,13 +270,10 @@ def run_model(model: str | None = None, templates: list | None = None, *, target
     seconds = {}
     t0 = time.perf_counter()
     progress.phase(f"importing {model or 'the built-in model'}")
-    spec, mod = load_model(model, tmpls)
-    mod = relax.transform.LegalizeOps()(mod)
+    spec, mod, entry, arrays = legalized_model(model, tmpls, seed)
     seconds["import"] = time.perf_counter() - t0
 
-    entry = entry_function(mod)
     runnable = all(t.runs_here() for t in tmpls)
-    arrays = _inputs(mod[entry], seed) if runnable else None
     ref_out, latency = None, {}
     if runnable:
         t0 = time.perf_counter()

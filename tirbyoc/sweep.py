@@ -67,11 +67,8 @@ def grid_points(grid: dict[str, list]) -> list[dict]:
 def sweep(model: str | None, template, grid: dict[str, list], *, target=None, seed: int = 0,
           progress=None) -> list[SweepPoint]:
     """One `SweepPoint` per grid point (in grid order)."""
-    from tvm import relax
-
     from .registry import get_template
-    from .run import _activation_dtype, _build_and_time, _inputs, check_target, entry_function
-    from .run import load_model, run_offloaded
+    from .run import _activation_dtype, _build_and_time, check_target, legalized_model, run_offloaded
 
     base = get_template(template) if isinstance(template, str) else template
     for name in grid:  # unknown names fail before anything is built
@@ -91,10 +88,7 @@ def sweep(model: str | None, template, grid: dict[str, list], *, target=None, se
             variant = base.variant(**params)
             act = _activation_dtype([variant])
             if act not in references:
-                spec, mod = load_model(model, [variant])
-                mod = relax.transform.LegalizeOps()(mod)
-                entry = entry_function(mod)
-                arrays = _inputs(mod[entry], seed)
+                _, mod, entry, arrays = legalized_model(model, [variant], seed)
                 ref, _, _ = _build_and_time(mod, tgt, entry, arrays, 1)
                 references[act] = (mod, entry, arrays, ref)
             mod, entry, arrays, ref = references[act]

@@ -138,10 +138,10 @@ def _reduction_length(func) -> int:
 
 
 def _compile(func, target, what: str):
-    from ._tvm import build, make_target
+    from ._tvm import build, is_host_target
     from .extern import check_loaded
 
-    if str(make_target(target).kind.name) in ("llvm", "c"):
+    if is_host_target(target):
         try:
             check_loaded(func, f"the {what} function")
         except TirbyocError as err:
