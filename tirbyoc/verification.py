@@ -65,6 +65,18 @@ def tolerance(dtype: str, reduction: int, scale: float) -> float:
     return float(rtol * max(1.0, np.sqrt(reduction)) * max(1.0, scale) * 4)
 
 
+def compare_arrays(ref: np.ndarray, new: np.ndarray, dtype: str | None = None,
+                   reduction: int = 1) -> tuple[bool, float, float]:
+    """(within tolerance, max abs error, tolerance) of ``new`` against ``ref``; a non-finite
+    value where the reference is finite is an infinite error."""
+    ref64, new64 = ref.astype(np.float64), new.astype(np.float64)
+    err = float(np.abs(ref64 - new64).max()) if ref.size else 0.0
+    if not np.isfinite(new64).all() and np.isfinite(ref64).all():
+        err = float("inf")
+    tol = tolerance(dtype or str(ref.dtype), reduction, float(np.abs(ref64).max()) if ref.size else 0.0)
+    return bool(err <= tol), err, tol
+
+
 def _param_buffers(func):
     from ._tvm import tirx
 
@@ -226,13 +238,8 @@ def verify(original, rewritten, target=None, inputs=None, *, seed: int = 0,
     for (name, _, dtype), ref, new in zip(params, ref_out, new_out):
         if name not in written:
             continue
-        diff = np.abs(ref.astype(np.float64) - new.astype(np.float64))
-        err = float(diff.max()) if diff.size else 0.0
-        if not np.isfinite(new.astype(np.float64)).all() and np.isfinite(ref.astype(np.float64)).all():
-            err = float("inf")
-        tol = tolerance(dtype, red, float(np.abs(ref.astype(np.float64)).max()) if ref.size else 0.0)
-        errs[name], tols[name] = err, tol
-        passed &= err <= tol
+        ok, errs[name], tols[name] = compare_arrays(ref, new, dtype, red)
+        passed &= ok
     if not errs:
         raise VerificationError("the original function writes none of its parameters; nothing to compare")
     note = ("checked with " + ", ".join(f"{k}={v}" for k, v in bound.items())) if bound else None
@@ -249,4 +256,4 @@ def _missing_features(target) -> list[str]:
     return sorted(wanted - host_cpu_features())
 
 
-__all__ = ["Verification", "random_array", "tolerance", "verify"]
+__all__ = ["Verification", "compare_arrays", "random_array", "tolerance", "verify"]

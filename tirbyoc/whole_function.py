@@ -108,7 +108,8 @@ def verify_whole_call(func, call: WholeCall, *, seed: int = 0):
     import numpy as np
 
     from ._tvm import host_target, to_tensor, tvm
-    from .verification import Verification, _compile, _param_buffers, _reduction_length, _run, random_array, tolerance
+    from .verification import (Verification, _compile, _param_buffers, _reduction_length, _run,
+                               compare_arrays, random_array)
 
     params = _param_buffers(func)
     rng = np.random.default_rng(seed)
@@ -116,12 +117,10 @@ def verify_whole_call(func, call: WholeCall, *, seed: int = 0):
     ref = _run(_compile(func, host_target(), "original"), [a.copy() for a in arrays], tvm.cpu())
     tensors = [to_tensor(a.copy(), tvm.cpu()) for a in arrays]
     call.packed.function()(*[tensors[i] for i in call.inputs], tensors[call.output])
-    new = tensors[call.output].numpy()
-    expect = ref[call.output]
-    err = float(np.abs(new.astype(np.float64) - expect.astype(np.float64)).max()) if new.size else 0.0
     name, _, dtype = params[call.output]
-    tol = tolerance(dtype, _reduction_length(func), float(np.abs(expect).max()) if expect.size else 0.0)
-    return Verification(bool(err <= tol), err, {name: err}, {name: tol})
+    passed, err, tol = compare_arrays(ref[call.output], tensors[call.output].numpy(), dtype,
+                                      _reduction_length(func))
+    return Verification(passed, err, {name: err}, {name: tol})
 
 
 __all__ = ["WholeCall", "find_whole_call", "verify_whole_call", "whole_function_call"]
