@@ -131,7 +131,7 @@ def cmd_run(args) -> int:
 
     target = _target_arg(args.target)
     result = run_model(args.model, args.template, target=target, seed=args.seed,
-                       progress=Progress(enabled=not args.quiet))
+                       progress=Progress(enabled=not args.quiet), database=args.database)
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:
@@ -143,6 +143,39 @@ def cmd_run(args) -> int:
         path = write(result, args.report)
         print(f"report written to {path}", file=sys.stderr)
     return 0 if result.verified is not False else 1
+
+
+def cmd_tune(args) -> int:
+    import os
+    import tempfile
+
+    from .run import Progress, default_templates, legalized_model
+    from .tuning.tuner import rpc_runner, tune
+
+    template = get_template(args.template or default_templates()[0])
+    if bool(args.rpc_tracker) != bool(args.rpc_key):
+        raise TirbyocError("give --rpc-tracker HOST:PORT and --rpc-key KEY together")
+    runner = rpc_runner(args.rpc_tracker, args.rpc_key) if args.rpc_tracker else None
+    work_dir = args.work_dir or tempfile.mkdtemp(prefix="tirbyoc-tune-")
+    os.makedirs(work_dir, exist_ok=True)
+    bar = Progress(enabled=not args.quiet, label="tune")
+    bar.phase(f"importing {args.model or 'the built-in model'}")
+    spec, mod, _, _ = legalized_model(args.model, [template], args.seed)
+    bar.phase(f"tuning the PrimFuncs {template.name} can offload, {args.trials} trials")
+    result = tune(mod, template, trials=args.trials, work_dir=work_dir, runner=runner,
+                  target=_target_arg(args.target), progress=bar.step, seed=args.seed)
+    if args.json:
+        print(json.dumps({"model": spec, **result.to_json()}, indent=2))
+        return 0 if result.tasks else 1
+    print(f"{spec} on {template.name}: {len(result.tasks)} tasks, {result.trials} candidates measured, "
+          f"{result.valid} valid ({result.valid_fraction:.0%}), {result.seconds:.0f} s\n")
+    print(result.table())
+    if not result.tasks:
+        print(f"\nnothing to tune: {template.name} offloads no PrimFunc of this model", file=sys.stderr)
+        return 1
+    print(f"\ndatabase in {work_dir}; apply it with: tirbyoc run -m {spec} -t {template.name} "
+          f"--database {work_dir}")
+    return 0
 
 
 def cmd_sweep(args) -> int:
@@ -193,8 +226,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="PATH.html",
                    help="also write a self-contained HTML page with the table and a coverage plot")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--database", metavar="DIR",
+                   help="apply the tuned schedules of a `tirbyoc tune` work directory")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_run)
+    p = sub.add_parser("tune", help="tune a model's offloadable PrimFuncs with MetaSchedule into a database")
+    p.add_argument("--model", "-m", help="as for run (default: an MLP suited to the template)")
+    p.add_argument("--template", "-t", help="template to offload to (default as for run)")
+    p.add_argument("--trials", type=int, default=64, help="candidates to measure in all (default 64)")
+    p.add_argument("--work-dir", metavar="DIR", help="where the database and logs go (default: a new "
+                   "temporary directory)")
+    p.add_argument("--target", help="as for run (default: the template's)")
+    p.add_argument("--rpc-tracker", metavar="HOST:PORT",
+                   help="measure on devices behind this TVM RPC tracker instead of this machine")
+    p.add_argument("--rpc-key", metavar="KEY", help="the device key registered with the tracker")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_tune)
     p = sub.add_parser("sweep", help="run a model on a grid of template variants (cycles, coverage, correctness)")
     p.add_argument("--template", "-t", required=True, help="a template with a factory (e.g. vta)")
     p.add_argument("--param", "-p", action="append", metavar="NAME=V1,V2,...",

@@ -62,21 +62,38 @@ def _output_tile_bytes(match) -> int:
     return prod(spec.shape) * dtype_bytes(spec.dtype)
 
 
-def default_schedule(sch, block, loops, match, target) -> str | None:
+def _heuristic_block(sch, mloop, nloop, tile_bytes):
+    """`register_block`'s (mr, nr) for the loops' extents."""
+    return register_block(_extent(sch, mloop) if mloop is not None else None,
+                          _extent(sch, nloop) if nloop is not None else None, tile_bytes)
+
+
+def sampled_block(sch, mloop, nloop, tile_bytes):
+    """(mr, nr) as MetaSchedule decisions (``sample_perfect_tile``), bounded so the block
+    can stay within the register budget: what `tirbyoc.tuning` searches over."""
+    rows = max(1, min(MAX_ACCUMULATORS, STACK_BYTES // max(tile_bytes, 1) - 1))
+    mr = sch.sample_perfect_tile(mloop, n=2, max_innermost_factor=rows)[1] if mloop is not None else 1
+    nr = sch.sample_perfect_tile(nloop, n=2, max_innermost_factor=max(1, min(8, rows)))[1] \
+        if nloop is not None else 1
+    return mr, nr
+
+
+def default_schedule(sch, block, loops, match, target, choose=None) -> str | None:
     """Arrange the loops around the intrinsic for ``target`` (CPU targets only; others are
-    left as tiled). Returns a one-line note of what it did."""
+    left as tiled). ``choose(sch, mloop, nloop, tile_bytes) -> (mr, nr)`` picks the
+    register block: `register_block`'s heuristic by default, `sampled_block` when tuning.
+    Returns a one-line note of what it did."""
     if target is None or str(target.kind.name) != "llvm":
         return None
     tile_bytes = _output_tile_bytes(match)
     mloop = loops.outer_spatial[-1] if loops.outer_spatial else None
     nloop = loops.axis_spatial[-1] if loops.axis_spatial else None
     reductions = loops.outer_reduce + loops.axis_reduce
-    mr, nr = register_block(_extent(sch, mloop) if mloop is not None else None,
-                            _extent(sch, nloop) if nloop is not None else None, tile_bytes)
     # A block that accumulates into values a separate init block wrote has no T.init: its
     # accumulator cannot start from zero in registers, and TVM will not parallelise it.
     has_init = sch.get(block).init is not None
     blocked = reductions and tile_bytes < STACK_BYTES and has_init
+    mr, nr = (choose or _heuristic_block)(sch, mloop, nloop, tile_bytes) if blocked else (1, 1)
     head = list(loops.outer_spatial[:-1] if mloop is not None else loops.outer_spatial)
     others = [l for l in loops.axis_spatial if l is not nloop]
     inner_block = []
@@ -98,15 +115,18 @@ def default_schedule(sch, block, loops, match, target) -> str | None:
         return "parallel outer tiles" if parallel is not None else None
     acc = sch.cache_write(block, 0, "global")  # the block's one output
     if parallel is not None:
-        sch.reverse_compute_at(acc, parallel)
+        # unit loops kept: a trace replayed with other sampled factors sees the same loops
+        sch.reverse_compute_at(acc, parallel, preserve_unit_loops=True)
     for loop in inner_block:
         sch.unroll(loop)
     acc_loops = sch.get_loops(acc)
     last = acc_loops[-1]
     if (_extent(sch, last) or 0) * 4 <= 256:
         sch.vectorize(last)
+    if choose is not None and choose is not _heuristic_block:
+        return "register-blocked accumulator tiles (sampled), parallel outer loops"
     return (f"register-blocked {mr}x{nr} accumulator tiles ({mr * nr * tile_bytes} B), "
             f"parallel outer loops")
 
 
-__all__ = ["default_schedule", "register_block"]
+__all__ = ["default_schedule", "register_block", "sampled_block"]

@@ -67,7 +67,7 @@ class Offloaded:
         return render(("block", "MACs", "intrinsic", "how / why not"), rows)
 
 
-_DECISIONS = ("pad_einsum", "pack", "transpose", "scratchpad tile of", "register-blocked", "call ",
+_DECISIONS = ("tuned", "pad_einsum", "pack", "transpose", "scratchpad tile of", "register-blocked", "call ",
               "extern", "links", "init left")
 
 
@@ -148,7 +148,7 @@ def exact_size(func, m: Match) -> Match:
 
 # --------------------------------------------------------------------------- offload
 def offload(func, template, policy="first", *, verify: bool = True, target=None,
-            schedule=True) -> Offloaded:
+            schedule=True, tuned=None) -> Offloaded:
     """Offload every block of ``func`` that ``template`` can compute.
 
     ``template``: a Template or its name. ``policy``: ``"first"`` (the matcher's best),
@@ -157,15 +157,19 @@ def offload(func, template, policy="first", *, verify: bool = True, target=None,
     if the whole does not verify, each block is re-checked and the culprit dropped).
     """
     from ._tvm import is_host_target
-    from .registry import get_template
+    from .registry import as_template
     from .verification import Verification
     from .verification import verify as run_verify
 
-    tmpl = get_template(template) if isinstance(template, str) else template
+    tmpl = as_template(template)
     choose = _policy(policy)
     target = target if target is not None else tmpl.target
     name = getattr(tmpl, "name", str(template))
     results = explain(func, tmpl)
+    if tuned is not None:
+        hit = _from_tuned(func, tmpl, name, results, tuned, target, verify)
+        if hit is not None:
+            return hit
     current, outcomes, rewrites = _apply(func, results, choose, target, schedule, tmpl, check_each=False)
     current = _account_scratchpads(current, tmpl, rewrites)
     verification = None
@@ -185,6 +189,28 @@ def offload(func, template, policy="first", *, verify: bool = True, target=None,
             current = _account_scratchpads(current, tmpl, rewrites)
             verification = run_verify(func, current, target) if rewrites else None
     return Offloaded(current, func, name, tuple(outcomes), verification, tuple(rewrites))
+
+
+def _from_tuned(func, tmpl, name, results, tuned, target, verify):
+    """`offload`'s result from a tuned schedule, or None (no record, or it did not verify)."""
+    from ._tvm import is_host_target
+    from .verification import verify as run_verify
+
+    found = tuned(func, tmpl)
+    if found is None or not found[1]:
+        return None
+    new, blocks = found
+    new = _account_scratchpads(new, tmpl, blocks)
+    verification = None
+    if verify and not (tmpl.unavailable_reason() and is_host_target(target)):
+        verification = run_verify(func, new, target)
+        if verification.passed is False:
+            return None
+    outcomes = tuple(BlockOutcome(r.block, r.macs, blocks.get(r.block),
+                                  None if r.block in blocks else (r.reason or "not in the tuned schedule"),
+                                  ("tuned schedule (MetaSchedule database)",) if r.block in blocks else ())
+                     for r in results)
+    return Offloaded(new, func, name, outcomes, verification)
 
 
 def _account_scratchpads(func, template, rewrites):

@@ -78,6 +78,12 @@ def get_template(name: str) -> Template:
     return obj
 
 
+def as_template(template: "str | Template") -> Template:
+    """A Template given itself or its registered name (what every API that takes a template
+    accepts)."""
+    return get_template(template) if isinstance(template, str) else template
+
+
 def templates() -> list[Template]:
     """Every known template, loaded."""
     return [get_template(n) for n in template_names()]

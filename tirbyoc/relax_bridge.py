@@ -43,6 +43,7 @@ class FunctionReport:
     verified: bool | None
     extern: str | None = None  # the packed function it became (R.call_dps_packed), if any
     calls: int = 1  # call sites in the model (coverage weighs each function by them)
+    tuned: bool = False  # its schedule came from a tuning database
 
     @property
     def offloaded(self) -> bool:
@@ -61,7 +62,8 @@ class FunctionReport:
 
     def note(self) -> str:
         """Why (part of) it stayed, else whether the rewrite was verified."""
-        return self.reason or ("verified" if self.verified else "not run here" if self.offloaded else "")
+        note = self.reason or ("verified" if self.verified else "not run here" if self.offloaded else "")
+        return f"tuned, {note}" if self.tuned and note else note
 
 
 @dataclass
@@ -222,18 +224,20 @@ def _without(mod, gv):
 
 
 def offload_module(mod, templates: Sequence, *, policy="first", verify: bool = True,
-                   report: OffloadReport | None = None, progress=None, whole_calls: bool = True):
+                   report: OffloadReport | None = None, progress=None, whole_calls: bool = True,
+                   tuned=None):
     """``mod`` with every PrimFunc offloaded where a template can; returns (mod, report).
 
     ``templates``: Template objects or names, tried in order for the blocks still left.
     ``progress``: optional callable ``(done, total, name)`` called per PrimFunc.
     ``whole_calls``: call a library kernel through ``R.call_dps_packed`` where a PrimFunc is
     nothing but that kernel (False: always tensorize inside the PrimFunc).
+    ``tuned``: tuned schedules to prefer (`tirbyoc.tuning.tuned_schedules`; see `offload`).
     """
     from ._tvm import tirx, tvm
-    from .registry import get_template
+    from .registry import as_template
 
-    templates = [get_template(t) if isinstance(t, str) else t for t in templates]
+    templates = [as_template(t) for t in templates]
     report = report if report is not None else OffloadReport()
     funcs = [(gv, f) for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)]
     counts = call_counts(mod)
@@ -251,12 +255,12 @@ def offload_module(mod, templates: Sequence, *, policy="first", verify: bool = T
                                                    None, verified, extern=wc.symbol,
                                                    calls=counts.get(name, 1)))
             continue
-        current, intrinsics, used, reasons, verified = func, [], None, [], None
+        current, intrinsics, used, reasons, verified, was_tuned = func, [], None, [], None, False
         reductions = mac_blocks(func)
         total, done = sum(reductions.values()), 0
         for tmpl in templates:
             try:
-                out = offload(current, tmpl, policy, verify=verify)
+                out = offload(current, tmpl, policy, verify=verify, tuned=tuned)
             except Exception as err:  # noqa: BLE001 - one function must not stop the model
                 reasons.append(f"{tmpl.name}: {type(err).__name__}: {err}")
                 continue
@@ -266,6 +270,8 @@ def offload_module(mod, templates: Sequence, *, policy="first", verify: bool = T
                 done += sum(reductions.get(b.block, 0) for b in out.offloaded)
                 v = out.verification
                 verified = None if v is None else v.passed
+                was_tuned = was_tuned or any(b.steps[:1] == ("tuned schedule (MetaSchedule database)",)
+                                             for b in out.offloaded)
             reasons += [f"{b.block}: {b.reason}" for b in out.blocks
                         if not b.offloaded and b.block in reductions]
         if intrinsics:
@@ -273,7 +279,7 @@ def offload_module(mod, templates: Sequence, *, policy="first", verify: bool = T
         report.functions.append(FunctionReport(
             name, total, done, used, tuple(intrinsics),
             None if not total or done == total else "; ".join(dict.fromkeys(reasons)) or None,
-            verified, calls=counts.get(name, 1)))
+            verified, calls=counts.get(name, 1), tuned=was_tuned))
     if progress is not None:
         progress(len(funcs), len(funcs), "")
     if updates:
@@ -286,7 +292,7 @@ def offload_module(mod, templates: Sequence, *, policy="first", verify: bool = T
 
 
 def OffloadTIR(templates: Sequence, *, policy="first", verify: bool = True,
-               report: OffloadReport | None = None, whole_calls: bool = True):
+               report: OffloadReport | None = None, whole_calls: bool = True, tuned=None):
     """The pass form of `offload_module`: ``OffloadTIR(["x86_vnni"])(mod)``. Pass a
     `OffloadReport` to collect what happened to each PrimFunc."""
     from ._tvm import tvm
@@ -296,7 +302,7 @@ def OffloadTIR(templates: Sequence, *, policy="first", verify: bool = True,
     @tvm.transform.module_pass(opt_level=0, name="tirbyoc.OffloadTIR")
     def _pass(mod, _ctx):
         new, _ = offload_module(mod, templates, policy=policy, verify=verify, report=report,
-                                whole_calls=whole_calls)
+                                whole_calls=whole_calls, tuned=tuned)
         return new
 
     _pass.report = report

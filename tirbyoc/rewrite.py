@@ -43,6 +43,7 @@ class Rewritten:
     trace: object  # s_tir.Trace
     steps: tuple[str, ...]  # what was done, in words
     intrinsics: tuple[str, ...]  # the tensor intrinsics the result calls
+    schedule: object = field(default=None, repr=False)  # the s_tir.Schedule that made it
 
     def describe(self) -> str:
         return "; ".join(self.steps)
@@ -157,7 +158,7 @@ def _commuted(w, d, w_role, d_role):
     return getattr(tirx, kind)(new_a, new_b)
 
 
-def _blockize_exact(sch, loop):
+def _blockize_exact(sch, loop, traced: bool = False):
     """``sch.blockize(loop)`` with the outer block's bindings taken from the original block.
 
     TVM 0.27's blockize mis-divides a binding that adds two overlapping loops — a
@@ -165,7 +166,9 @@ def _blockize_exact(sch, loop):
     (``ax2_0 + ax1`` becomes ``ax2_0 * 12 + ax1`` under a predicate), which would copy the
     wrong rows. A binding that uses no loop inside ``loop`` belongs wholly to the outer block,
     so it is put back as it was, with the original predicate; the bindings split across the
-    blockized loops are kept as TVM divided them.
+    blockized loops are kept as TVM divided them. That repair is not a schedule primitive, so
+    with ``traced`` (a MetaSchedule trace must replay the same IR) a blockize that needs it is
+    refused instead.
     """
     from ._tvm import s_tir, tirx
     from .pattern import expr_vars
@@ -190,6 +193,12 @@ def _blockize_exact(sch, loop):
         raise RewriteError("blockize: the outer block does not keep one iterator per original one")
     values = [orig if not expr_vars(orig) & inner else new
               for orig, new in zip(original.iter_values, realize.iter_values)]
+    if all(v.same_as(n) or str(v) == str(n) for v, n in zip(values, realize.iter_values)) and \
+            str(original.predicate) == str(realize.predicate):
+        return outer_block  # TVM's own blockize was exact
+    if traced:
+        raise RewriteError("blockize of a window copy needs tirbyoc's repair, which a "
+                           "MetaSchedule trace cannot replay")
     fixed = s_tir.SBlockRealize(values, original.predicate, realize.block)
     sch.state.replace(sch.get_sref(parents[-1]),
                       tirx.For(parent.loop_var, parent.min, parent.extent, parent.kind, fixed,
@@ -199,16 +208,18 @@ def _blockize_exact(sch, loop):
 
 
 class _Tensorizer:
-    def __init__(self, func, match: Match, target, schedule: bool | Callable, template=None):
-        from ._tvm import Schedule
-
+    def __init__(self, sch, match: Match, target, schedule: bool | Callable, template=None,
+                 *, traced: bool = False, plan: int = 0):
         self.m = match
+        # traced: every change must be a schedule primitive (the trace is the result)
+        self.traced = traced
+        self.plan = plan  # which of the scratchpad tilings that fit (0: the best ranked)
         self.target = target
         self.schedule_fn = schedule
         self.where = f"{match.function}/{match.block} with {match.intrinsic.name}"
         self.steps: list[str] = []
         try:
-            self.sch = Schedule(func)
+            self.sch = sch
             self.blk = self.sch.get_sblock(match.block)
         except Exception as err:
             raise RewriteError(f"{self.where}: block {match.block!r} not found in the function "
@@ -378,6 +389,10 @@ class _Tensorizer:
         reads = sorted(block.reads, key=lambda r: rank.get(by_buffer.get(str(r.source.name)), len(order)))
         if value.same_as(block.body.value) and all(a.same_as(b) for a, b in zip(reads, block.reads)):
             return
+        if self.traced:
+            raise RewriteError(f"{self.where}: the block's operands are in another order than the "
+                               "intrinsic's, which no schedule primitive changes; prepare the "
+                               "workload first (tirbyoc.tuning.prepare)")
         body = tirx.BufferStore(block.body.buffer, value, block.body.indices)
         new = s_tir.SBlock(block.iter_vars, reads, block.writes, block.name_hint, body,
                            block.init, block.alloc_buffers, block.match_buffers, block.annotations)
@@ -480,15 +495,21 @@ class _Tensorizer:
         plans = rank_tiles(axes, tile_ops, capacity, {s: sc.alignment for s, sc in scopes.items()},
                            self.where)
         base, steps = self.sch, list(self.steps)
-        tried = []
-        for plan in plans[:8]:
+        tried, fitting = [], 0
+        for plan in plans[:8 + self.plan]:
             self.sch, self.steps, self.copies = base.copy(), list(steps), []
             out = self._split_for(plan, outer, loops)
             used = scratchpad_usage(self.sch.mod["main"], list(scopes))
             if all(used[s] <= capacity[s] for s in scopes):
-                self.steps.insert(len(steps), plan.describe(used))
-                return out
+                fitting += 1
+                if fitting > self.plan:
+                    self.steps.insert(len(steps), plan.describe(used))
+                    return out
+                continue
             tried.append(", ".join(f"{s} {used[s]} > {capacity[s]} B" for s in scopes if used[s] > capacity[s]))
+        if fitting:
+            raise RewriteError(f"{self.where}: only {fitting} scratchpad tilings fit "
+                               f"(asked for tiling {self.plan})")
         raise RewriteError(f"{self.where}: the {len(tried)} best scratchpad tilings overflow once "
                            f"TVM allocates their windows ({'; '.join(tried)})")
 
@@ -595,11 +616,11 @@ class _Tensorizer:
             for loop in loops:
                 trial = self.sch.copy()
                 try:
-                    trial.tensorize(_blockize_exact(trial, loop), intrin.name)
+                    trial.tensorize(_blockize_exact(trial, loop, self.traced), intrin.name)
                 except Exception:  # noqa: BLE001 - the next candidate may fit
                     continue
                 with _Step(self, f"tensorize the {role} of {op.operand} with {intrin.name}"):
-                    self.sch.tensorize(_blockize_exact(self.sch, loop), intrin.name)
+                    self.sch.tensorize(_blockize_exact(self.sch, loop, self.traced), intrin.name)
                 self.dma_used.append(intrin.name)
                 return
         tile = "x".join(map(str, op.tile))
@@ -655,23 +676,13 @@ class _Tensorizer:
                 lib.load()
             func = func.with_attr("tirbyoc.libraries", [str(lib.path) for lib in libraries])
             self.steps.append("links " + ", ".join(lib.name for lib in libraries))
-        return Rewritten(func, m, sch.trace, tuple(self.steps), tuple(used))
+        return Rewritten(func, m, sch.trace, tuple(self.steps), tuple(used), sch)
 
     def _libraries(self) -> list:
         return list(self.template.libraries) if self.template is not None else []
 
 
-def tensorize(func, match: Match, *, target=None, schedule: bool | Callable = True,
-              template=None) -> Rewritten:
-    """Rewrite ``match.block`` of ``func`` to call ``match.intrinsic`` (and its group's init).
-
-    ``target``: what the default outer-loop schedule optimises for (default: the match's
-    template's target). ``schedule``: True for the target's default schedule, False for
-    none (loops as tiled, useful to read the IR), or a callable
-    ``(sch, block, loops, match, target) -> note`` of your own. ``template``: the Template
-    the match came from (its scopes' capacities and DMA intrinsics), default: the one
-    registered under ``match.template`` — pass it for an unregistered variant.
-    """
+def _resolve(match: Match, target, template):
     from ._tvm import make_target
 
     if template is None and match.template is not None:
@@ -680,17 +691,10 @@ def tensorize(func, match: Match, *, target=None, schedule: bool | Callable = Tr
         template = get_template(match.template)
     if target is None and template is not None:
         target = template.target
-    target = make_target(target) if target is not None else None
-    if match.init not in (None, "in-block"):
-        # a separate init block makes the output two-writer, which staging cannot handle
-        from dataclasses import replace
+    return (make_target(target) if target is not None else None), template
 
-        from .init_merge import merge_separate_init
 
-        merged = merge_separate_init(func, match.init, match.block)
-        if merged is not None:
-            func, match = merged, replace(match, init="in-block")
-    rw = _Tensorizer(func, match, target, schedule, template)
+def _carry_out(rw: _Tensorizer) -> Rewritten:
     rw.commute()
     rw.canonicalize()
     rw.stage()
@@ -705,4 +709,52 @@ def tensorize(func, match: Match, *, target=None, schedule: bool | Callable = Tr
     return rw.finish(loops)
 
 
-__all__ = ["Loops", "Rewritten", "tensorize"]
+def tensorize(func, match: Match, *, target=None, schedule: bool | Callable = True,
+              template=None) -> Rewritten:
+    """Rewrite ``match.block`` of ``func`` to call ``match.intrinsic`` (and its group's init).
+
+    ``target``: what the default outer-loop schedule optimises for (default: the match's
+    template's target). ``schedule``: True for the target's default schedule, False for
+    none (loops as tiled, useful to read the IR), or a callable
+    ``(sch, block, loops, match, target) -> note`` of your own. ``template``: the Template
+    the match came from (its scopes' capacities and DMA intrinsics), default: the one
+    registered under ``match.template`` — pass it for an unregistered variant.
+    """
+    from ._tvm import Schedule
+
+    target, template = _resolve(match, target, template)
+    if match.init not in (None, "in-block"):
+        # a separate init block makes the output two-writer, which staging cannot handle
+        from dataclasses import replace
+
+        from .init_merge import merge_separate_init
+
+        merged = merge_separate_init(func, match.init, match.block)
+        if merged is not None:
+            func, match = merged, replace(match, init="in-block")
+    try:
+        sch = Schedule(func)
+    except Exception as err:
+        raise RewriteError(f"{match.function}/{match.block}: TVM cannot schedule the function "
+                           f"({str(err).strip().splitlines()[-1]})") from err
+    return _carry_out(_Tensorizer(sch, match, target, schedule, template))
+
+
+def tensorize_in(sch, match: Match, *, target=None, schedule: bool | Callable = True,
+                 template=None, plan: int = 0) -> Rewritten:
+    """`tensorize` on a schedule you hold (MetaSchedule's), with schedule primitives only,
+    so that ``sch``'s trace replays the rewrite. ``sch`` is left as it was; the result's
+    ``schedule`` carries on from it. Steps that are not primitives (folding a separate init
+    block, reordering a commuted product, repairing a window blockize) are refused with a
+    `RewriteError`: `tirbyoc.tuning.prepare` does the first two on the workload beforehand.
+    ``plan``: on a scratchpad template, which of the tilings that fit to use (0: the best)."""
+    target, template = _resolve(match, target, template)
+    if match.init not in (None, "in-block"):
+        raise RewriteError(f"{match.function}/{match.block}: the reduction's init is the separate "
+                           f"block {match.init!r}; prepare the workload first "
+                           "(tirbyoc.tuning.prepare folds it into the block)")
+    return _carry_out(_Tensorizer(sch.copy(), match, target, schedule, template, traced=True,
+                                  plan=plan))
+
+
+__all__ = ["Loops", "Rewritten", "tensorize", "tensorize_in"]

@@ -76,9 +76,10 @@ class RunResult:
 class Progress:
     """A one-line progress bar on a terminal (plain lines otherwise), on stderr."""
 
-    def __init__(self, enabled: bool = True, stream=None):
+    def __init__(self, enabled: bool = True, stream=None, label: str = "offload"):
         self.stream = stream or sys.stderr
         self.enabled = enabled
+        self.label = label
         self.tty = self.stream.isatty()
 
     def phase(self, text: str) -> None:
@@ -90,7 +91,7 @@ class Progress:
             return
         width = 24
         fill = width * done // total
-        line = f"tirbyoc: offload [{'#' * fill}{'.' * (width - fill)}] {done}/{total} {name}"
+        line = f"tirbyoc: {self.label} [{'#' * fill}{'.' * (width - fill)}] {done}/{total} {name}"
         if self.tty:
             self.stream.write("\r" + line[:100].ljust(100))
             if done == total:
@@ -137,10 +138,10 @@ def load_model(spec: str, templates: list[str]):
 def _activation_dtype(templates) -> str | None:
     """The activation dtype the first template's GEMM takes (uint8 or int8), if any: the
     quantized built-ins are quantized to it."""
-    from .registry import get_template
+    from .registry import as_template
 
     for t in templates[:1]:
-        for g in (get_template(t) if isinstance(t, str) else t).groups:
+        for g in as_template(t).groups:
             dtype = str(g.compute.operands[0].dtype)
             if dtype in ("uint8", "int8"):
                 return dtype
@@ -238,10 +239,12 @@ def check_target(target):
         raise TirbyocError(f"target {target!r} is not a TVM target: {last}") from None
 
 
-def run_offloaded(mod, tmpls, target, entry, arrays, ref_out, *, repeat: int = 10, progress=None):
-    """Offload ``mod`` (legalized) to ``tmpls``, build, run once (simulators measuring that
-    run), time, compare with ``ref_out``: (report, verified, max err, ms, simulation, missing)."""
-    offloaded, report = offload_module(mod, tmpls, progress=progress)
+def run_offloaded(mod, tmpls, target, entry, arrays, ref_out, *, repeat: int = 10, progress=None,
+                  tuned=None):
+    """Offload ``mod`` (legalized) to ``tmpls`` (``tuned``: schedules to prefer, see
+    `offload`), build, run once (simulators measuring that run), time, compare with
+    ``ref_out``: (report, verified, max err, ms, simulation, missing)."""
+    offloaded, report = offload_module(mod, tmpls, progress=progress, tuned=tuned)
     missing = [f"template {t.name} cannot run here: {t.unavailable_reason()}" for t in tmpls
                if not t.runs_here()]
     if missing or ref_out is None:
@@ -254,13 +257,21 @@ def run_offloaded(mod, tmpls, target, entry, arrays, ref_out, *, repeat: int = 1
 
 
 def run_model(model: str | None = None, templates: list | None = None, *, target=None,
-              seed: int = 0, repeat: int = 10, progress: Progress | None = None) -> RunResult:
-    """``templates``: names or Template objects (a variant from a template's factory)."""
-    from .registry import get_template
+              seed: int = 0, repeat: int = 10, progress: Progress | None = None,
+              database: str | None = None) -> RunResult:
+    """``templates``: names or Template objects (a variant from a template's factory).
+    ``database``: a `tirbyoc tune` work directory whose tuned schedules are applied."""
+    from .registry import as_template
+
+    tuned = None
+    if database is not None:
+        from .tuning.apply import tuned_schedules
+
+        tuned = tuned_schedules(database)
 
     progress = progress or Progress(enabled=False)
     templates = list(templates) if templates else default_templates()
-    tmpls = [get_template(t) if isinstance(t, str) else t for t in templates]
+    tmpls = [as_template(t) for t in templates]
     names = [t.name for t in tmpls]
     if target is None:
         target = tmpls[0].target
@@ -281,7 +292,7 @@ def run_model(model: str | None = None, templates: list | None = None, *, target
     t0 = time.perf_counter()
     progress.phase(f"offloading to {', '.join(names)}, building and running")
     report, verified, err, ms, simulation, missing = run_offloaded(
-        mod, tmpls, tgt, entry, arrays, ref_out, repeat=repeat, progress=progress.step)
+        mod, tmpls, tgt, entry, arrays, ref_out, repeat=repeat, progress=progress.step, tuned=tuned)
     if ms is not None:
         latency["offloaded"] = ms
     seconds["offload_build_run"] = time.perf_counter() - t0

@@ -67,10 +67,10 @@ def grid_points(grid: dict[str, list]) -> list[dict]:
 def sweep(model: str | None, template, grid: dict[str, list], *, target=None, seed: int = 0,
           progress=None) -> list[SweepPoint]:
     """One `SweepPoint` per grid point (in grid order)."""
-    from .registry import get_template
+    from .registry import as_template
     from .run import _activation_dtype, _build_and_time, check_target, legalized_model, run_offloaded
 
-    base = get_template(template) if isinstance(template, str) else template
+    base = as_template(template)
     for name in grid:  # unknown names fail before anything is built
         if name not in base.params:
             raise TirbyocError(f"template {base.name!r} has no parameter {name!r}; its parameters "

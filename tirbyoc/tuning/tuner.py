@@ -1,0 +1,241 @@
+"""Tune a model's offloadable PrimFuncs with MetaSchedule, in tirbyoc's search space.
+
+`tune` extracts the tasks (`offloadable_tasks`), gives each a `space` built on `TirbyocRule`,
+and runs MetaSchedule's own ``tune_tasks`` (evolutionary search, task scheduler, JSON
+database in ``work_dir``) with a builder that does not load TVM's intrinsic library, the
+runner the template needs (the host's ``LocalRunner``, an ``RPCRunner`` for a board behind a
+tracker, or `SimulatorRunner` for simulated accelerators), and a measure callback that
+counts valid candidates and reports progress. The database it leaves is what
+``tirbyoc run --database`` applies (`tuned_schedules`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import types
+from dataclasses import dataclass, field
+
+from tvm.ir.utils import derived_object
+from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
+
+from ..errors import TirbyocError
+from .tasks import TuneTask, offloadable_tasks, workload
+
+FAILED = 1e9  # MetaSchedule records a candidate that did not build or run as 1e10 s
+
+
+def space(template, *, tunable: bool = True):
+    """MetaSchedule's ``PostOrderApply`` with `TirbyocRule` as its rule: the design space
+    of ``template``'s rewrites, the register block as the tunable decision on CPUs."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from .rule import TirbyocRule
+
+    return ms.space_generator.PostOrderApply(
+        sch_rules=[TirbyocRule(template, tunable=tunable)],
+        postprocs=[ms.postproc.DisallowDynamicLoop()],
+        mutator_probs={ms.mutator.MutateTileSize(): 1.0} if tunable else {})
+
+
+def tuning_target(template, target=None):
+    """The target records are tuned and looked up for (the template's by default)."""
+    from .._tvm import make_target
+    from ..registry import as_template
+
+    return make_target(target if target is not None else as_template(template).target)
+
+
+@contextlib.contextmanager
+def without_tvm_intrinsic_library():
+    """MetaSchedule's ``TuneContext`` imports ``tvm.s_tir.tensor_intrin`` (about 40 s: it
+    parses every built-in TVMScript intrinsic) although tirbyoc's candidates use only the
+    template's own. While tuning, that import finds an empty module; afterwards a real import
+    works as before. Not used when the library is already loaded."""
+    name = "tvm.s_tir.tensor_intrin"
+    if name in sys.modules:
+        yield
+        return
+    placeholder = types.ModuleType(name)
+    placeholder.__doc__ = "tirbyoc: TVM's built-in tensor intrinsics are not loaded while tuning"
+    sys.modules[name] = placeholder
+    try:
+        yield
+    finally:
+        if sys.modules.get(name) is placeholder:
+            del sys.modules[name]
+
+
+@dataclass
+class TaskOutcome:
+    """One task's tuning: trials measured, how many were valid, the best time."""
+
+    task: TuneTask
+    trials: int = 0
+    valid: int = 0
+    best_secs: float | None = None
+
+    @property
+    def valid_fraction(self) -> float:
+        return self.valid / self.trials if self.trials else 0.0
+
+
+@dataclass
+class TuneResult:
+    """What `tune` did: per task outcomes, functions it could not offload, the database."""
+
+    template: str
+    work_dir: str
+    tasks: list[TaskOutcome]
+    skipped: list[tuple[str, str]]
+    database: object = field(repr=False, default=None)
+    seconds: float = 0.0
+    unit: str = "s"  # what best_secs measures ("s" host seconds, "cycles" for a simulator)
+
+    @property
+    def trials(self) -> int:
+        return sum(t.trials for t in self.tasks)
+
+    @property
+    def valid(self) -> int:
+        return sum(t.valid for t in self.tasks)
+
+    @property
+    def valid_fraction(self) -> float:
+        return self.valid / self.trials if self.trials else 0.0
+
+    def table(self) -> str:
+        from ..table import render
+
+        rows = []
+        for t in self.tasks:
+            best = "-" if t.best_secs is None else (
+                f"{t.best_secs:,.0f} cycles" if self.unit == "cycles" else f"{t.best_secs * 1e6:,.1f} us")
+            rows.append((t.task.name, str(t.task.weight), f"{t.task.macs:,}",
+                         ", ".join(dict.fromkeys(t.task.intrinsics)), str(t.trials),
+                         f"{t.valid}/{t.trials}", best))
+        rows += [(n, "-", "-", "not offloadable: " + why[:70], "-", "-", "-") for n, why in self.skipped]
+        return render(("task", "calls", "MACs", "intrinsic", "trials", "valid", "best"), rows)
+
+    def to_json(self) -> dict:
+        return {"template": self.template, "work_dir": self.work_dir, "seconds": round(self.seconds, 1),
+                "trials": self.trials, "valid": self.valid, "valid_fraction": self.valid_fraction,
+                "unit": self.unit,
+                "tasks": [{"name": t.task.name, "functions": t.task.functions, "calls": t.task.weight,
+                           "macs": t.task.macs, "intrinsics": list(t.task.intrinsics),
+                           "trials": t.trials, "valid": t.valid, "best": t.best_secs} for t in self.tasks],
+                "skipped": [{"name": n, "reason": r} for n, r in self.skipped]}
+
+
+@derived_object
+class _Count(PyMeasureCallback):
+    """Counts measured and valid candidates per task, reports progress."""
+
+    def __init__(self, outcomes: list[TaskOutcome], budget: int, progress, scale: float) -> None:
+        super().__init__()
+        self.outcomes, self.budget, self.progress, self.scale = outcomes, budget, progress, scale
+
+    def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
+        out = self.outcomes[task_id]
+        for built, ran in zip(builder_results, runner_results):
+            out.trials += 1
+            secs = [float(s) for s in (ran.run_secs or [])]
+            if built.error_msg is None and ran.error_msg is None and secs and min(secs) < FAILED:
+                out.valid += 1
+                best = sum(secs) / len(secs) * self.scale
+                if self.scale != 1.0:
+                    best = float(round(best))  # cycles (recorded as float32 seconds)
+                out.best_secs = best if out.best_secs is None else min(out.best_secs, best)
+        if self.progress is not None:
+            done = sum(o.trials for o in self.outcomes)
+            self.progress(min(done, self.budget), self.budget, out.task.name)
+
+
+def rpc_runner(tracker: str, key: str, *, timeout_sec: float = 60.0):
+    """MetaSchedule's ``RPCRunner`` for devices registered under ``key`` at ``tracker``
+    ("HOST:PORT")."""
+    from tvm.s_tir.meta_schedule.runner import RPCConfig, RPCRunner
+
+    host, sep, port = tracker.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise TirbyocError(f"--rpc-tracker {tracker!r}: expected HOST:PORT (e.g. 127.0.0.1:9190)")
+    if not key:
+        raise TirbyocError("--rpc-key is empty: give the key the devices registered with the tracker")
+    return RPCRunner(RPCConfig(tracker_host=host, tracker_port=int(port), tracker_key=key,
+                               session_timeout_sec=timeout_sec))
+
+
+def _runner(template, runner):
+    from tvm.s_tir.meta_schedule.runner import LocalRunner
+
+    if runner is not None:  # a SimulatorRunner measures cycles (reported at its clock)
+        return runner, "cycles" if getattr(runner, "clock_hz", None) else "s"
+    if getattr(template, "simulator", None) is not None:
+        from .sim_runner import SimulatorRunner
+
+        return SimulatorRunner(template), "cycles"
+    return LocalRunner(), "s"
+
+
+def tune(mod, template, *, trials: int, work_dir: str, runner=None, builder=None, target=None,
+         trials_per_iter: int | None = None, progress=None, seed: int = 0,
+         quiet: bool = True) -> TuneResult:
+    """Tune the PrimFuncs of ``mod`` (an IRModule or PrimFunc) that ``template`` can
+    offload, ``trials`` candidates in all, into a JSON database in ``work_dir``.
+
+    ``runner``: a MetaSchedule runner (default: `SimulatorRunner` for a simulated template,
+    else ``LocalRunner``; `rpc_runner` for a remote board). ``progress(done, total, task)``
+    is called after each measured batch. ``quiet`` keeps MetaSchedule's own log tables in
+    ``work_dir/logs`` only."""
+    import time
+
+    from tvm.s_tir import meta_schedule as ms
+
+    from ..registry import as_template
+    from .build import local_builder
+
+    template = as_template(template)
+    if trials < 1:
+        raise TirbyocError(f"--trials {trials}: give at least 1")
+    tasks, skipped = offloadable_tasks(mod, template)
+    result = TuneResult(template.name, work_dir, [TaskOutcome(t) for t in tasks], skipped)
+    if not tasks:
+        return result
+    from .apply import write_manifest
+
+    write_manifest(work_dir, template)
+    tgt = tuning_target(template, target)
+    runner, result.unit = _runner(template, runner)
+    scale = 1.0
+    if result.unit == "cycles":
+        scale = runner.clock_hz
+    per_iter = trials_per_iter or max(1, min(64, trials // max(1, len(tasks))))
+    start = time.time()
+    if quiet:
+        logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+    with without_tvm_intrinsic_library():
+        contexts = [ms.TuneContext(workload(t.func), target=tgt, space_generator=space(template),
+                                   search_strategy="evolutionary", task_name=t.name,
+                                   rand_state=seed + i, num_threads="physical")
+                    for i, t in enumerate(tasks)]
+        callbacks = list(ms.measure_callback.MeasureCallback.create("default"))
+        callbacks.append(_Count(result.tasks, trials, progress, scale))
+        result.database = ms.tune_tasks(
+            tasks=contexts, task_weights=[float(t.weight) for t in tasks], work_dir=work_dir,
+            max_trials_global=trials, num_trials_per_iter=per_iter,
+            builder=builder or local_builder(), runner=runner, database="json",
+            cost_model="random" if trials <= 2 * per_iter else "xgb" if _has_xgboost() else "random",
+            measure_callbacks=callbacks)
+    result.seconds = time.time() - start
+    return result
+
+
+def _has_xgboost() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("xgboost") is not None
+
+
+__all__ = ["TaskOutcome", "TuneResult", "rpc_runner", "space", "tune", "tuning_target",
+           "without_tvm_intrinsic_library"]
