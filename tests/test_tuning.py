@@ -14,8 +14,10 @@ from tvm.s_tir import meta_schedule as ms
 import tirbyoc
 from tirbyoc import workloads
 from tirbyoc.errors import RewriteError, TirbyocError
+from tirbyoc._tvm import structural_equal
 from tirbyoc.tuning import (SimulatorRunner, TirbyocRule, load_database, offloadable_tasks, prepare,
                             rpc_runner, tune, tuned_schedules, tuning_target)
+from tirbyoc.tuning.tasks import workload
 
 
 def _design_spaces(func, template):
@@ -105,11 +107,24 @@ def test_tune_then_run_with_database(tmp_path):
 
     _, mod, _, _ = legalized_model("builtin:mlp_int8", [tirbyoc.get_template("x86_vnni")], 0)
     seen = []
-    result = tune(mod, "x86_vnni", trials=3, work_dir=str(tmp_path),
+    result = tune(mod, "x86_vnni", trials=5, work_dir=str(tmp_path),
                   progress=lambda done, total, name: seen.append((done, total)))
-    assert len(result.tasks) == 3 and result.trials >= 3
+    assert len(result.tasks) == 3 and result.trials == 5
     assert result.valid == result.trials, result.table()
-    assert seen and seen[-1][1] == 3
+    assert seen and seen[-1] == (5, 5)
+    # each task's first record is its untuned default rewrite, so tuning never ends worse
+    records = result.database.get_all_tuning_records()
+    assert len(records) == 5
+    for task in result.tasks:
+        wl = result.database.commit_workload(workload(task.task.func))
+        defaults = [r for r in records if structural_equal(r.workload.mod, wl.mod)
+                    and not any(str(i.kind.name).startswith("Sample") for i in r.trace.insts)]
+        assert defaults, task.task.name
+        sch = Schedule(wl.mod)
+        defaults[0].trace.apply_to_schedule(sch, remove_postproc=False)
+        untuned = tirbyoc.offload(prepare(task.task.func, "x86_vnni"), "x86_vnni").func
+        assert structural_equal(sch.mod["main"].without_attr("global_symbol"),
+                                 untuned.without_attr("global_symbol"))
     assert all(t.best_secs and t.best_secs < 1e-2 for t in result.tasks if t.trials)
     assert (tmp_path / "database_tuning_record.json").exists()
     data = result.to_json()

@@ -1,5 +1,8 @@
 """The default outer-loop schedule on CPUs: register-blocked accumulators and parallel tiles.
 
+(The whole-buffer staging copies that feed the block - packed weights, transposes, padding -
+are first turned to iterate in the order they write and run in parallel: `schedule_copies`.)
+
 A tensorized loop nest is only fast if the accumulator stays in registers across the
 reduction. Around the intrinsic this schedule keeps an ``mr x nr`` block of output tiles
 (rows of the innermost loop around the intrinsic x tiles of its innermost spatial axis) in a
@@ -78,6 +81,54 @@ def sampled_block(sch, mloop, nloop, tile_bytes):
     return mr, nr
 
 
+PARALLEL_COPY_ELEMENTS = 4096  # a smaller staging copy is not worth a parallel launch
+
+
+def _loop_extent_product(sch, loops) -> int:
+    total = 1
+    for loop in loops:
+        total *= _extent(sch, loop) or 1
+    return total
+
+
+def schedule_copies(sch, block) -> int:
+    """Schedule the whole-buffer staging copies that feed ``block`` (packing, transposes,
+    padding): each is made to iterate in the order of the buffer it writes
+    (``transform_block_layout``: a packed weight is then written contiguously, instead of
+    scattered bytes that LLVM may even turn into per-lane extracts), and its outer loops run
+    in parallel. A copy computed inside ``block``'s loops (a scratchpad tile) is left alone.
+    Returns how many copies it scheduled."""
+    from ._tvm import tirx
+
+    try:
+        from tvm.s_tir.schedule import ScheduleError
+    except ImportError:  # pragma: no cover - older layouts
+        ScheduleError = Exception  # noqa: N806
+    main_loops = [sch.get(l) for l in sch.get_loops(block)]
+    done = 0
+    for producer in sch.get_producers(block):
+        stmt = sch.get(producer)
+        loops = sch.get_loops(producer)
+        if (len(stmt.writes) != 1 or stmt.init is not None or not loops
+                or any(int(iv.iter_type) != 0 for iv in stmt.iter_vars)
+                or any(sch.get(l).same_as(m) for l in loops for m in main_loops)):
+            continue
+        ivars = [iv.var for iv in stmt.iter_vars]
+        indices = [r.min for r in stmt.writes[0].region]
+        if len(indices) != len(ivars) or not all(i.same_as(v) for i, v in zip(indices, ivars)):
+            try:
+                sch.transform_block_layout(producer, tirx.IndexMap(ivars, indices, None))
+                loops = sch.get_loops(producer)
+            except ScheduleError:
+                pass  # not a bijection TVM can prove: keep the source order
+        if _loop_extent_product(sch, loops) < PARALLEL_COPY_ELEMENTS:
+            continue
+        outer = loops[:-1] if len(loops) > 1 else loops
+        sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+        done += 1
+    return done
+
+
 def default_schedule(sch, block, loops, match, target, choose=None) -> str | None:
     """Arrange the loops around the intrinsic for ``target`` (CPU targets only; others are
     left as tiled). ``choose(sch, mloop, nloop, tile_bytes) -> (mr, nr)`` picks the
@@ -85,6 +136,7 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
     Returns a one-line note of what it did."""
     if target is None or str(target.kind.name) != "llvm":
         return None
+    copies = schedule_copies(sch, block)
     tile_bytes = _output_tile_bytes(match)
     mloop = loops.outer_spatial[-1] if loops.outer_spatial else None
     nloop = loops.axis_spatial[-1] if loops.axis_spatial else None
@@ -111,8 +163,9 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
     if outer and has_init:
         parallel = sch.fuse(*outer) if len(outer) > 1 else outer[0]
         sch.parallel(parallel)
+    staged = f", {copies} staging cop{'y' if copies == 1 else 'ies'} in parallel" if copies else ""
     if not blocked:
-        return "parallel outer tiles" if parallel is not None else None
+        return ("parallel outer tiles" + staged) if parallel is not None else (staged[2:] or None)
     acc = sch.cache_write(block, 0, "global")  # the block's one output
     if parallel is not None:
         # unit loops kept: a trace replayed with other sampled factors sees the same loops
@@ -124,9 +177,9 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
     if (_extent(sch, last) or 0) * 4 <= 256:
         sch.vectorize(last)
     if choose is not None and choose is not _heuristic_block:
-        return "register-blocked accumulator tiles (sampled), parallel outer loops"
+        return "register-blocked accumulator tiles (sampled), parallel outer loops" + staged
     return (f"register-blocked {mr}x{nr} accumulator tiles ({mr * nr * tile_bytes} B), "
-            f"parallel outer loops")
+            f"parallel outer loops" + staged)
 
 
-__all__ = ["default_schedule", "register_block", "sampled_block"]
+__all__ = ["default_schedule", "register_block", "sampled_block", "schedule_copies"]

@@ -82,8 +82,9 @@ class TirbyocRule(PyScheduleRule):
                 return default_schedule(s, blk, loops, match, tgt, choose)
             return schedule
 
-        # the default schedule's own choice is one design space, so tuning starts from (and
-        # never ends worse than) the untuned rewrite; the sampled register block is another
+        # the default schedule's own choice is one design space (`tune` also measures it
+        # first, so tuning never ends worse than the untuned rewrite); the sampled register
+        # block is another
         choices = [None, sampled_block] if self.tunable else [None]
         spaces = []
         for plan in range(self.tilings):

@@ -1,7 +1,8 @@
 """Tune a model's offloadable PrimFuncs with MetaSchedule, in tirbyoc's search space.
 
 `tune` extracts the tasks (`offloadable_tasks`), gives each a `space` built on `TirbyocRule`,
-and runs MetaSchedule's own ``tune_tasks`` (evolutionary search, task scheduler, JSON
+measures each task's untuned default rewrite first (so tuning never ends worse than no
+tuning), and runs MetaSchedule's own ``tune_tasks`` (evolutionary search, task scheduler, JSON
 database in ``work_dir``) with a builder that does not load TVM's intrinsic library, the
 runner the template needs (the host's ``LocalRunner``, an ``RPCRunner`` for a board behind a
 tracker, or `SimulatorRunner` for simulated accelerators), and a measure callback that
@@ -23,18 +24,21 @@ from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 from ..errors import TirbyocError
 from .tasks import TuneTask, offloadable_tasks, workload
 
+log = logging.getLogger("tirbyoc.tuning")
+
 FAILED = 1e9  # MetaSchedule records a candidate that did not build or run as 1e10 s
 
 
-def space(template, *, tunable: bool = True):
+def space(template, *, tunable: bool = True, tilings: int | None = None):
     """MetaSchedule's ``PostOrderApply`` with `TirbyocRule` as its rule: the design space
-    of ``template``'s rewrites, the register block as the tunable decision on CPUs."""
+    of ``template``'s rewrites, the register block as the tunable decision on CPUs.
+    ``tunable=False, tilings=1``: the untuned default rewrite alone."""
     from tvm.s_tir import meta_schedule as ms
 
     from .rule import TirbyocRule
 
     return ms.space_generator.PostOrderApply(
-        sch_rules=[TirbyocRule(template, tunable=tunable)],
+        sch_rules=[TirbyocRule(template, tunable=tunable, tilings=tilings)],
         postprocs=[ms.postproc.DisallowDynamicLoop()],
         mutator_probs={ms.mutator.MutateTileSize(): 1.0} if tunable else {})
 
@@ -142,11 +146,7 @@ class _Count(PyMeasureCallback):
             out.trials += 1
             secs = [float(s) for s in (ran.run_secs or [])]
             if built.error_msg is None and ran.error_msg is None and secs and min(secs) < FAILED:
-                out.valid += 1
-                best = sum(secs) / len(secs) * self.scale
-                if self.scale != 1.0:
-                    best = float(round(best))  # cycles (recorded as float32 seconds)
-                out.best_secs = best if out.best_secs is None else min(out.best_secs, best)
+                _record(out, secs, self.scale)
         if self.progress is not None:
             done = sum(o.trials for o in self.outcomes)
             self.progress(min(done, self.budget), self.budget, out.task.name)
@@ -178,11 +178,78 @@ def _runner(template, runner):
     return LocalRunner(), "s"
 
 
+def _seed_defaults(template, contexts, outcomes, database, builder, runner, target,
+                   scale: float) -> int:
+    """Measure each task's default rewrite (the untuned schedule ``tirbyoc.offload``
+    gives) with the tuning's own builder and runner, and commit it to
+    ``database`` before the search starts. MetaSchedule samples its first candidates at
+    random from the design spaces, so on a small budget it may never measure the default;
+    seeded, the database's best is never worse than the untuned rewrite, and the
+    evolutionary search starts its population from it. Returns the candidates measured."""
+    import shutil
+    from pathlib import Path
+
+    from tvm.s_tir import meta_schedule as ms
+
+    schedules = []
+    for ctx in contexts:
+        default = ms.TuneContext(ctx.mod, target=target, task_name=ctx.task_name,
+                                 space_generator=space(template, tunable=False, tilings=1))
+        spaces = default.generate_design_space()
+        schedules.append(spaces[0] if spaces else None)
+    todo = [(i, sch) for i, sch in enumerate(schedules) if sch is not None]
+    if not todo:
+        return 0
+    built = builder.build([ms.builder.BuilderInput(sch.mod, target) for _, sch in todo])
+    inputs, ready = [], []
+    for (i, sch), b in zip(todo, built):
+        outcome = outcomes[i]
+        outcome.trials += 1
+        if b.error_msg is not None:
+            log.warning("tirbyoc tune: %s: the default rewrite did not build: %s",
+                        outcome.task.name, b.error_msg.strip().splitlines()[-1][:200])
+            continue
+        args = ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"])
+        inputs.append(ms.runner.RunnerInput(str(b.artifact_path), _device_name(target), args))
+        ready.append((i, sch, args, str(b.artifact_path)))
+    for (i, sch, args, artifact), future in zip(ready, runner.run(inputs) if inputs else []):
+        ran = future.result()
+        shutil.rmtree(Path(artifact).parent, ignore_errors=True)
+        secs = [float(x) for x in (ran.run_secs or [])]
+        if ran.error_msg is not None or not secs or min(secs) >= FAILED:
+            log.warning("tirbyoc tune: %s: the default rewrite did not run: %s",
+                        outcomes[i].task.name, (ran.error_msg or "no time").strip().splitlines()[-1][:300])
+            continue
+        workload_ = database.commit_workload(contexts[i].mod)
+        database.commit_tuning_record(ms.database.TuningRecord(
+            sch.trace, workload_, run_secs=ran.run_secs, target=target, args_info=args))
+        _record(outcomes[i], secs, scale)
+    return len(todo)
+
+
+def _device_name(target) -> str:
+    """The device name a runner opens for ``target`` ("cpu" for llvm), as MetaSchedule's
+    task scheduler gives it."""
+    import tvm
+
+    return str(tvm.runtime.Device(target.get_target_device_type(), 0)).partition(":")[0]
+
+
+def _record(outcome: TaskOutcome, secs: list[float], scale: float) -> None:
+    """Count one valid measurement (mean of its runs) in ``outcome``."""
+    outcome.valid += 1
+    best = sum(secs) / len(secs) * scale
+    if scale != 1.0:
+        best = float(round(best))  # cycles (recorded as float32 seconds)
+    outcome.best_secs = best if outcome.best_secs is None else min(outcome.best_secs, best)
+
+
 def tune(mod, template, *, trials: int, work_dir: str, runner=None, builder=None, target=None,
          trials_per_iter: int | None = None, progress=None, seed: int = 0,
          quiet: bool = True) -> TuneResult:
     """Tune the PrimFuncs of ``mod`` (an IRModule or PrimFunc) that ``template`` can
-    offload, ``trials`` candidates in all, into a JSON database in ``work_dir``.
+    offload, ``trials`` candidates in all, into a JSON database in ``work_dir``. The first
+    candidate of each task is its default rewrite (so at least one per task is measured).
 
     ``runner``: a MetaSchedule runner (default: `SimulatorRunner` for a simulated template,
     else ``LocalRunner``; `rpc_runner` for a remote board). ``progress(done, total, task)``
@@ -219,14 +286,23 @@ def tune(mod, template, *, trials: int, work_dir: str, runner=None, builder=None
                                    search_strategy="evolutionary", task_name=t.name,
                                    rand_state=seed + i, num_threads="physical")
                     for i, t in enumerate(tasks)]
-        callbacks = list(ms.measure_callback.MeasureCallback.create("default"))
-        callbacks.append(_Count(result.tasks, trials, progress, scale))
-        result.database = ms.tune_tasks(
-            tasks=contexts, task_weights=[float(t.weight) for t in tasks], work_dir=work_dir,
-            max_trials_global=trials, num_trials_per_iter=per_iter,
-            builder=builder or local_builder(), runner=runner, database="json",
-            cost_model="random" if trials <= 2 * per_iter else "xgb" if _has_xgboost() else "random",
-            measure_callbacks=callbacks)
+        builder = builder or local_builder()
+        database = ms.database.JSONDatabase(work_dir=work_dir)
+        seeded = _seed_defaults(template, contexts, result.tasks, database, builder, runner, tgt, scale)
+        if progress is not None:
+            progress(min(seeded, trials), trials, "default rewrites")
+        left = trials - seeded
+        if left > 0:
+            per_iter = min(per_iter, left)
+            callbacks = list(ms.measure_callback.MeasureCallback.create("default"))
+            callbacks.append(_Count(result.tasks, trials, progress, scale))
+            ms.tune_tasks(
+                tasks=contexts, task_weights=[float(t.weight) for t in tasks], work_dir=work_dir,
+                max_trials_global=left, num_trials_per_iter=per_iter,
+                builder=builder, runner=runner, database=database,
+                cost_model="random" if left <= 2 * per_iter else "xgb" if _has_xgboost() else "random",
+                measure_callbacks=callbacks)
+        result.database = database
     result.seconds = time.time() - start
     return result
 
