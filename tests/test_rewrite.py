@@ -1,6 +1,7 @@
 """The rewrite engine: every rewrite is built, run and compared with the untouched function."""
 
 import pytest
+from tvm.sym.analyzer import Analyzer
 from workloads import conv2d, matmul, parse
 
 import tirbyoc
@@ -39,6 +40,49 @@ def test_vnni_weights_either_layout_are_packed_once(trans_b):
     steps = " ".join(out.offloaded[0].steps)
     assert "pack 16x4 tiles B" in steps or "pack B into 16x4 tiles" in steps
     assert "register-blocked" in steps
+
+
+def _copy_blocks(func):
+    """(block, its loops) of every block writing a staging buffer (``*_global``)."""
+    from tirbyoc._tvm import tirx
+
+    found = []
+
+    def walk(stmt, loops):
+        kind = type(stmt).__name__
+        if kind == "For":
+            walk(stmt.body, loops + [stmt])
+        elif kind == "SBlockRealize":
+            block = stmt.block
+            if block.writes and str(block.writes[0].source.name).endswith("_global"):
+                found.append((block, loops))
+            walk(block.body, [] if block.name_hint == "root" else loops)
+        elif kind == "SeqStmt":
+            for sub in stmt.seq:
+                walk(sub, loops)
+        elif isinstance(getattr(stmt, "body", None), tirx.Stmt):
+            walk(stmt.body, loops)
+
+    walk(func.body, [])
+    return found
+
+
+@needs_vnni
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_vnni_weight_pack_writes_in_order_in_parallel(trans_b):
+    """The packed weight copy iterates over the packed layout (its write indices are its own
+    iterators: contiguous stores, not scattered bytes) and its outer loop runs in parallel."""
+    out = assert_offloaded(matmul(64, 64, 128, "uint8", "int8", "int32", trans_b=trans_b), VNNI, "x86_vnni")
+    packs = [(b, loops) for b, loops in _copy_blocks(out.func) if len(b.writes[0].region) == 4]
+    assert packs, out.func.script()
+    block, loops = packs[0]
+    ana = Analyzer()
+    for iv in block.iter_vars:
+        ana.bind(iv.var, iv.dom)
+    written = [ana.simplify(r.min) for r in block.writes[0].region]
+    assert all(w.same_as(iv.var) for w, iv in zip(written, block.iter_vars)), written
+    assert loops and str(loops[0].kind) in ("ForKind.PARALLEL", "parallel", "1"), [str(l.kind) for l in loops]
+    assert "staging cop" in " ".join(out.offloaded[0].steps)
 
 
 @needs_vnni
