@@ -106,8 +106,9 @@ def tune_with_tvm(func, trials: int, work: str):
                        builder=local_builder(), runner=ms.runner.LocalRunner(), cost_model="random", seed=1)
 
 
-def tune_one(func, tuner, trials: int):
-    """Tune ``func`` with ``tuner``: trials, valid candidates, how many call the intrinsic,
+def tune_one(func, tuner, trials: int, reference):
+    """Tune ``func`` with ``tuner`` (``reference``: TVM's default build's output, which the
+    best records are checked against): trials, valid candidates, how many call the intrinsic,
     whether the best does, time spent; and the best record and the best correct record
     built (``libs``), to be timed side by side with the baselines."""
     target = tuning_target("x86_vnni")
@@ -131,7 +132,7 @@ def tune_one(func, tuner, trials: int):
               "best_s": mean(ranked[0]) if ranked else None}
     libs, wrong = {}, 0
     for rank, rec in enumerate(ranked):
-        lib, ok = build_record(rec, func, target)
+        lib, ok = build_record(rec, func, target, reference)
         if rank == 0:
             libs["best"], result["verified"] = lib, ok
         if ok:
@@ -161,8 +162,8 @@ def _run(lib, func):
     return args
 
 
-def build_record(record, func, target):
-    """The record rebuilt here, and whether its output equals TVM's default build's."""
+def build_record(record, func, target, reference):
+    """The record rebuilt here, and whether its output equals ``reference``."""
     from tvm.s_tir import Schedule
 
     from tirbyoc.verification import compare_arrays
@@ -170,9 +171,8 @@ def build_record(record, func, target):
     sch = Schedule(record.workload.mod)
     record.trace.apply_to_schedule(sch, remove_postproc=False)
     lib = _compile(sch.mod["main"], target)
-    ref = _run(_compile(func, target), func)[-1].numpy()
     new = _run(lib, func)[-1].numpy()
-    return lib, bool(compare_arrays(ref, new, str(func.params[-1].dtype))[0])
+    return lib, bool(compare_arrays(reference, new, str(func.params[-1].dtype))[0])
 
 
 def time_side_by_side(libs: dict, func, rounds: int = 5) -> dict:
@@ -204,13 +204,14 @@ def main():
     target = tuning_target("x86_vnni")
     rows, out = [], []
     for name, func, macs in workloads():
-        entry, libs = {"workload": name, "macs": macs}, {}
+        entry = {"workload": name, "macs": macs}
+        libs = {"tvm default": _compile(func, target)}
+        reference = _run(libs["tvm default"], func)[-1].numpy()
         for label, tuner in (("tirbyoc", tune_with_tirbyoc), ("tvm", tune_with_tvm)):
             print(f"[tune] {name}: {label} space, {args.trials} trials", flush=True)
-            entry[label], built = tune_one(func, tuner, args.trials)
+            entry[label], built = tune_one(func, tuner, args.trials, reference)
             libs.update({f"{label} {k}": lib for k, lib in built.items()})
         libs["untuned"] = _compile(tirbyoc.offload(func, tmpl).func, target)  # no search
-        libs["tvm default"] = _compile(func, target)
         print(f"[time] {name}: {len(libs)} builds side by side", flush=True)
         times = time_side_by_side(libs, func)
         entry["tvm_default_s"], entry["tirbyoc_untuned_s"] = times["tvm default"], times["untuned"]

@@ -84,13 +84,6 @@ def sampled_block(sch, mloop, nloop, tile_bytes):
 PARALLEL_COPY_ELEMENTS = 4096  # a smaller staging copy is not worth a parallel launch
 
 
-def _loop_extent_product(sch, loops) -> int:
-    total = 1
-    for loop in loops:
-        total *= _extent(sch, loop) or 1
-    return total
-
-
 def schedule_copies(sch, block) -> int:
     """Schedule the whole-buffer staging copies that feed ``block`` (packing, transposes,
     padding): each is made to iterate in the order of the buffer it writes
@@ -98,12 +91,10 @@ def schedule_copies(sch, block) -> int:
     scattered bytes that LLVM may even turn into per-lane extracts), and its outer loops run
     in parallel. A copy computed inside ``block``'s loops (a scratchpad tile) is left alone.
     Returns how many copies it scheduled."""
+    from tvm.s_tir.schedule import ScheduleError
+
     from ._tvm import tirx
 
-    try:
-        from tvm.s_tir.schedule import ScheduleError
-    except ImportError:  # pragma: no cover - older layouts
-        ScheduleError = Exception  # noqa: N806
     main_loops = [sch.get(l) for l in sch.get_loops(block)]
     done = 0
     for producer in sch.get_producers(block):
@@ -121,7 +112,7 @@ def schedule_copies(sch, block) -> int:
                 loops = sch.get_loops(producer)
             except ScheduleError:
                 pass  # not a bijection TVM can prove: keep the source order
-        if _loop_extent_product(sch, loops) < PARALLEL_COPY_ELEMENTS:
+        if prod(_extent(sch, loop) or 1 for loop in loops) < PARALLEL_COPY_ELEMENTS:
             continue
         outer = loops[:-1] if len(loops) > 1 else loops
         sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])

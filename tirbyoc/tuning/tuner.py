@@ -144,8 +144,8 @@ class _Count(PyMeasureCallback):
         out = self.outcomes[task_id]
         for built, ran in zip(builder_results, runner_results):
             out.trials += 1
-            secs = [float(s) for s in (ran.run_secs or [])]
-            if built.error_msg is None and ran.error_msg is None and secs and min(secs) < FAILED:
+            secs = _valid_secs(ran) if built.error_msg is None else None
+            if secs:
                 _record(out, secs, self.scale)
         if self.progress is not None:
             done = sum(o.trials for o in self.outcomes)
@@ -215,8 +215,8 @@ def _seed_defaults(template, contexts, outcomes, database, builder, runner, targ
     for (i, sch, args, artifact), future in zip(ready, runner.run(inputs) if inputs else []):
         ran = future.result()
         shutil.rmtree(Path(artifact).parent, ignore_errors=True)
-        secs = [float(x) for x in (ran.run_secs or [])]
-        if ran.error_msg is not None or not secs or min(secs) >= FAILED:
+        secs = _valid_secs(ran)
+        if not secs:
             log.warning("tirbyoc tune: %s: the default rewrite did not run: %s",
                         outcomes[i].task.name, (ran.error_msg or "no time").strip().splitlines()[-1][:300])
             continue
@@ -233,6 +233,15 @@ def _device_name(target) -> str:
     import tvm
 
     return str(tvm.runtime.Device(target.get_target_device_type(), 0)).partition(":")[0]
+
+
+def _valid_secs(ran) -> list[float] | None:
+    """The run times of a runner result that ran, or None (an error, or MetaSchedule's
+    failure time)."""
+    secs = [float(x) for x in (ran.run_secs or [])]
+    if ran.error_msg is not None or not secs or min(secs) >= FAILED:
+        return None
+    return secs
 
 
 def _record(outcome: TaskOutcome, secs: list[float], scale: float) -> None:
