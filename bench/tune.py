@@ -172,7 +172,7 @@ def build_record(record, func, target, reference):
     record.trace.apply_to_schedule(sch, remove_postproc=False)
     lib = _compile(sch.mod["main"], target)
     new = _run(lib, func)[-1].numpy()
-    return lib, bool(compare_arrays(reference, new, str(func.params[-1].dtype))[0])
+    return lib, compare_arrays(reference, new, str(func.params[-1].dtype)).passed is True
 
 
 def time_side_by_side(libs: dict, func, rounds: int = 5) -> dict:

@@ -154,27 +154,36 @@ def _gemm_only():
 
 
 def test_rewrite_refusal_is_a_clean_fallback():
-    # A GEMV (N = 1) under a GEMM-only template: no iterator for N; the block stays, with the reason.
+    # A GEMV (N = 1) under a GEMM-only template: no iterator for N; the block stays, with the
+    # reason (the matcher's: such a match would be refused by every rewrite, so it is none).
     f = matmul(64, 1, 64)
     out = offload(f, _gemm_only())
     block = only(out.blocks)
-    assert not block.offloaded and "no workload iterator" in block.reason
+    assert not block.offloaded and "no iterator plays the role of intrinsic axis" in block.reason
     assert out.func.same_as(f) and out.verification is None
 
 
+def _refuse_batched(sch, block, loops, m, target):
+    """A user schedule TVM refuses for the batched-GEMM group only (it names no such block)."""
+    if "batched" in m.intrinsic.name:
+        sch.get_sblock("no_such_block")
+
+
 def test_a_refused_rewrite_falls_back_to_the_next_match():
-    # blas's GEMM match comes first for a GEMV's block and TVM refuses it; its GEMV group takes it
-    f = matmul(64, 1, 64)
-    out = offload(f, "blas", policy=lambda ms: next(m for m in ms if ".sgemm_" in m.intrinsic.name))
+    # the batched GEMM comes first for a batched matmul; TVM refuses its schedule, so the next
+    # match (one GEMM per batch) takes the block
+    f = matmul(16, 32, 64, batch=3)
+    out = offload(f, "blas", schedule=_refuse_batched)
     block = only(out.blocks)
-    assert block.intrinsic.startswith("blas.sgemv_") and out.verification.passed
+    assert block.intrinsic.startswith("blas.sgemm_") and "batched" not in block.intrinsic
+    assert out.verification.passed
 
 
 def test_tensorize_raises_rewrite_error_naming_the_step():
-    f = matmul(64, 1, 64)
-    m = next(m for m in tirbyoc.match(f, "blas") if ".sgemm_" in m.intrinsic.name)
-    with pytest.raises(RewriteError, match="main/C with blas"):
-        tensorize(f, m)
+    f = matmul(16, 32, 64, batch=3)
+    m = next(m for m in tirbyoc.match(f, "blas") if "batched" in m.intrinsic.name)
+    with pytest.raises(RewriteError, match="main/C with blas.*default schedule for the target"):
+        tensorize(f, m, schedule=_refuse_batched)
 
 
 # ------------------------------------------------------------------------------- blas
@@ -243,8 +252,9 @@ def test_separate_init_is_folded_into_the_reduction_exactly():
     assert merge_separate_init(outside, "C", "C_init") is None  # the "init" must store a constant
 
 
-@pytest.mark.parametrize("template,dtypes", [("x86_vnni", ("uint8", "int8", "int32")),
-                                             ("blas", ("float32",) * 3), ("vta", ("int8", "int8", "int32"))])
+@pytest.mark.parametrize("template,dtypes", [
+    pytest.param("x86_vnni", ("uint8", "int8", "int32"), marks=needs_vnni),
+    ("blas", ("float32",) * 3), ("vta", ("int8", "int8", "int32"))])
 def test_staged_output_with_a_separate_init_offloads(template, dtypes):
     # transposed A and a padded, staged output: two writers of C used to stop cache_write
     f = matmul(5, 65, 63, *dtypes, trans_a=True, init="outside", order="kji")

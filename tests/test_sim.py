@@ -148,6 +148,22 @@ def test_sweep_table_json_and_plot(tmp_path, capsys):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_sweep_rows_do_not_depend_on_the_rest_of_the_grid():
+    """A grid point's row is the same alone, after another point and before it: variants
+    share the simulator library, so each must configure it with its own capacities."""
+    from tirbyoc.sweep import parse_params, sweep
+
+    def rows(spec):
+        pts = sweep("builtin:cnn_int8", "vta", parse_params([spec]))
+        return {p.params["acc_kib"]: (p.coverage, p.cycles, p.verified, p.error) for p in pts}
+
+    alone = rows("ACC_KIB=128")
+    up, down = rows("ACC_KIB=64,128"), rows("ACC_KIB=128,64")
+    assert alone[128][0] == 1.0 and alone[128][2] is True
+    assert up[128] == down[128] == alone[128]
+    assert up[64] == down[64]
+
+
 def test_sweep_reports_invalid_points_and_rejects_unknown_parameters():
     from tirbyoc.errors import TirbyocError
     from tirbyoc.sweep import parse_params, sweep, table

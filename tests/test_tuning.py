@@ -37,6 +37,12 @@ def _replay(space, func, seed):
     return sch.mod["main"]
 
 
+_VNNI = tirbyoc.get_template("x86_vnni")
+# the candidates are AVX-512 VNNI code: checked only where this CPU can run them
+needs_vnni = pytest.mark.skipif(not _VNNI.runs_here(), reason=str(_VNNI.unavailable_reason()))
+
+
+@needs_vnni
 @pytest.mark.parametrize("shape, trans_b", [((64, 96, 128), True), ((50, 40, 70), False)])
 def test_rule_space_replays_and_verifies(shape, trans_b):
     """Every sampled candidate of the space (packed weights; padding for odd extents) builds
@@ -64,6 +70,7 @@ def test_rule_leaves_unmatched_blocks_and_says_why():
     assert tirbyoc._tvm.structural_equal(spaces[0].mod["main"].body, func.body)
 
 
+@needs_vnni
 def test_commuted_product_needs_prepare():
     """A product written B * A is reordered by an IR edit, which a trace cannot replay: the
     traced rewrite refuses it, and `prepare` makes the workload traceable."""
@@ -99,6 +106,7 @@ def test_tasks_are_distinct_and_weighted():
     assert len(names) == len(set(names))
 
 
+@needs_vnni
 def test_tune_then_run_with_database(tmp_path):
     """`tune` fills a database; `run_model(database=...)` applies it, verified."""
     from tirbyoc.run import run_model
@@ -179,6 +187,8 @@ def _free_port() -> int:
 def test_rpc_runner_on_loopback(tmp_path):
     """Candidates measured on a server registered with a tracker, as on a remote board."""
     pytest.importorskip("tornado")
+    if not _VNNI.runs_here():  # the server would die on the first AVX-512 instruction
+        pytest.skip(f"x86_vnni cannot run on this machine: {_VNNI.unavailable_reason()}")
     from tvm import rpc
     from tvm.rpc.tracker import Tracker
 

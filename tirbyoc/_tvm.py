@@ -21,6 +21,21 @@ from tvm import s_tir, tirx  # noqa: E402
 from tvm.script import tirx as T  # noqa: E402
 
 PrimFunc = tirx.PrimFunc
+# TVM 0.27 moved TIR's expression classes under tvm.ir: a buffer load is a ``TensorLoad``
+# (its buffer is ``.source``), a call is ``tvm.ir.expr.Call``, and the arithmetic nodes
+# (Add, RShift, FloorDiv, ...) live in ``tvm.ir.prim.expr``; ``tirx.BufferLoad`` is a
+# constructor function, not a class.
+PrimExpr = tvm.ir.expr.Expr
+TensorLoad = tvm.ir.expr.TensorLoad
+PrimCall = tvm.ir.expr.Call
+from tvm.ir.prim import expr as prim_expr  # noqa: E402
+
+
+def expr_dtype(node) -> str:
+    """The dtype of a TIR expression (0.27 keeps it in ``.ty``; a load has no ``.dtype``)."""
+    ty = getattr(node, "ty", None)
+    dtype = getattr(ty, "dtype", None)
+    return str(dtype) if dtype is not None else str(ty)
 Buffer = tirx.Buffer
 Schedule = s_tir.Schedule
 TensorIntrin = s_tir.TensorIntrin

@@ -7,6 +7,7 @@ import json
 import sys
 
 from .errors import TirbyocError
+from .jsonout import dumps
 from .registry import get_template, template_names
 from .table import render
 
@@ -40,7 +41,7 @@ def cmd_intrinsics(args) -> int:
         get_template(n)  # unknown names fail before any output
     rows = _intrinsic_rows(names)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(dumps(rows))
         return 0
     print(render(
         ["template", "intrinsic", "role", "shape", "dtypes", "scopes"],
@@ -98,7 +99,7 @@ def cmd_match(args) -> int:
         raise TirbyocError(f"{args.file}: {err}") from None
     rows = _match_rows(results, match_chains(mod, templates))
     if args.json:
-        print(json.dumps({"file": str(args.file), "templates": names, "blocks": rows}, indent=2))
+        print(dumps({"file": str(args.file), "templates": names, "blocks": rows}))
         return 0
     table = []
     for r in rows:
@@ -109,7 +110,7 @@ def cmd_match(args) -> int:
             what = f"{r['intrinsic']}  {m.describe()}"
         else:
             what = f"- {r['reason']}"
-        table.append([r["function"], r["block"], "" if r["macs"] is None else f"{r['macs']:,}", what])
+        table.append([r["function"], r["block"], f"{r['macs']:,}" if r["macs"] else "-", what])
     print(render(["function", "block", "MACs", "intrinsic and mapping, or why not"], table))
     matched = sum(1 for r in rows if r["intrinsic"])
     print(f"\n{matched} of {len(rows)} blocks match ({', '.join(names)})")
@@ -129,11 +130,15 @@ def _target_arg(text: str | None):
 def cmd_run(args) -> int:
     from .run import Progress, run_model
 
+    from .model_inputs import load_inputs
+
     target = _target_arg(args.target)
+    inputs = load_inputs(args.inputs) if args.inputs else None
     result = run_model(args.model, args.template, target=target, seed=args.seed,
-                       progress=Progress(enabled=not args.quiet), database=args.database)
+                       progress=Progress(enabled=not args.quiet), database=args.database,
+                       inputs=inputs, baseline=args.baseline)
     if args.json:
-        print(json.dumps(result.to_json(), indent=2))
+        print(dumps(result.to_json()))
     else:
         print(f"{result.model} on {', '.join(result.templates)}\n")
         print(result.table())
@@ -165,7 +170,7 @@ def cmd_tune(args) -> int:
     result = tune(mod, template, trials=args.trials, work_dir=work_dir, runner=runner,
                   target=_target_arg(args.target), progress=bar.step, seed=args.seed)
     if args.json:
-        print(json.dumps({"model": spec, **result.to_json()}, indent=2))
+        print(dumps({"model": spec, **result.to_json()}))
         return 0 if result.tasks else 1
     print(f"{spec} on {template.name}: {len(result.tasks)} tasks, {result.trials} candidates measured, "
           f"{result.valid} valid ({result.valid_fraction:.0%}), {result.seconds:.0f} s\n")
@@ -189,8 +194,8 @@ def cmd_sweep(args) -> int:
     bar = Progress(enabled=not args.quiet)
     points = sweep(args.model, args.template, grid, target=target, seed=args.seed, progress=bar.step)
     if args.json:
-        print(json.dumps({"model": args.model, "template": args.template,
-                          "points": [p.to_json() for p in points]}, indent=2))
+        print(dumps({"model": args.model, "template": args.template,
+                      "points": [p.to_json() for p in points]}))
     else:
         print(f"{args.model or 'the built-in model'} on {args.template} variants\n")
         print(table(points))
@@ -223,11 +228,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", help='TVM target as JSON (e.g. \'{"kind": "llvm", "mcpu": "native"}\') '
                                     "or a kind; default: the first template's")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs and weights")
+    p.add_argument("--inputs", metavar="FILE.npz",
+                   help="the model's inputs by name (a .npy for a one-input model); inputs not in "
+                        "the file are drawn in their domain (weights as torch.nn initialises them)")
     p.add_argument("--report", metavar="PATH.html",
                    help="also write a self-contained HTML page with the table and a coverage plot")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--database", metavar="DIR",
                    help="apply the tuned schedules of a `tirbyoc tune` work directory")
+    p.add_argument("--baseline", choices=("default", "dlight"), default="default",
+                   help="how TVM builds the untouched model, for the same target: its default CPU "
+                        "pipeline (default) or with dlight's CPU schedules")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("tune", help="tune a model's offloadable PrimFuncs with MetaSchedule into a database")

@@ -29,6 +29,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .jsonout import dumps, finite
+
 # extents near the widths intrinsics use (4, 16, 32, 64), primes, and 1
 EXTENTS = (1, 2, 3, 4, 5, 7, 8, 13, 15, 16, 17, 31, 32, 33, 63, 64, 65)
 MATMUL_DTYPES = (("uint8", "int8", "int32"), ("int8", "int8", "int32"), ("uint8", "uint8", "int32"),
@@ -194,7 +196,7 @@ _CATEGORIES = (
     ("dtype", re.compile(r"is u?int\d+|is float\d+|intrinsic wants|dtype")),
     ("not multiply-add", re.compile(r"body is|where the intrinsic has|not a reduction|intrinsic reduces|"
                                     r"neither spatial|reads operand")),
-    ("no GEMM axis (GEMV, depthwise)", re.compile(r"has no workload iterator|is absent")),
+    ("no GEMM axis (GEMV, depthwise)", re.compile(r"has no workload iterator|is absent|no iterator plays the role of intrinsic axis")),
     ("padding forbidden", re.compile(r"forbids padding")),
     ("cannot run here", re.compile(r"cannot run here")),
     ("rewrite refused", re.compile(r"step '")),
@@ -328,14 +330,14 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     templates = args.templates.split(",") if args.templates else None
     summary = run(args.cases, args.seed, templates, progress=_progress, start=args.start)
-    print(json.dumps(summary.to_json(), indent=2) if args.json else summary.table())
+    print(dumps(summary.to_json()) if args.json else summary.table())
     if args.save_failures:
         from pathlib import Path
 
         path = Path(args.save_failures)
         saved = json.loads(path.read_text()) if path.exists() else []
         saved += [asdict(o.case) for o in summary.outcomes if o.outcome == "failure"]
-        path.write_text(json.dumps(saved, indent=1))
+        path.write_text(json.dumps(finite(saved), indent=1, allow_nan=False))
     return 1 if summary.counts().get("failure") else 0
 
 

@@ -51,15 +51,15 @@ def render(result) -> str:
     """The HTML page for a `tirbyoc.run.RunResult`."""
     r = result.report
     lat = result.latency_ms
-    outcome = ('<span class="ok">match</span>' if result.verified else
-               '<span class="bad">DIFFER</span>' if result.verified is False else "not compared")
+    css = {True: "ok", False: "bad"}.get(result.verified, "")
+    outcome = f'<span class="{css}">{escape(result.outcome())}</span>'
     summary = [
         ("model", escape(result.model)), ("templates", escape(", ".join(result.templates))),
         ("target", escape(str(result.target))),
         ("MAC coverage", f"{r.coverage:.1%} ({r.offloaded_macs:,} of {r.total_macs:,})"),
         ("latency, offloaded", f"{lat['offloaded']:.3f} ms" if "offloaded" in lat else "-"),
         ("latency, TVM default", f"{lat['baseline']:.3f} ms" if "baseline" in lat else "-"),
-        ("outputs", f"{outcome} (max abs error {result.max_abs_err:.3g})"),
+        ("outputs", outcome),
     ]
     if result.not_run:
         summary.append(("not run", escape(result.not_run)))

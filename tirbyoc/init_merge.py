@@ -16,7 +16,8 @@ from .tir_walk import root_block
 
 
 def _nest(stmt):
-    """(loops outer to inner, leaf SBlockRealize) of a perfect loop nest, or None."""
+    """(loops outer to inner, leaf SBlockRealize) of a perfect loop nest (no loops: a bare
+    realize), or None."""
     from ._tvm import s_tir, tirx
 
     loops = []
@@ -47,26 +48,68 @@ def _covers_buffer(block, indices, buffer, kinds) -> bool:
 
 def merge_separate_init(func, init_name: str, update_name: str):
     """``func`` with block ``init_name`` folded into ``update_name`` as its ``T.init()``, or
-    None when the two cannot be merged exactly (see the module docstring)."""
-    from ._tvm import s_tir, tirx
+    None when the two cannot be merged exactly (see the module docstring).
+
+    The two nests may sit at the top of the function or inside loops they share, as
+    ``decompose_reduction`` leaves a scheduled reduction (``for i0, j0, i1, j1: C_init;
+    for k: C_update``): there the init must write, for each instance of the shared loops, the
+    element the update then reduces into (the same bindings)."""
+    from ._tvm import s_tir
 
     root = root_block(func)
-    if root is None or not isinstance(root.body, tirx.SeqStmt):
+    if root is None:
         return None
-    stmts = list(root.body.seq)
-    found = {}
-    for n, stmt in enumerate(stmts):
-        nest = _nest(stmt)
-        if nest is not None and str(nest[1].block.name_hint) in (init_name, update_name):
-            found[str(nest[1].block.name_hint)] = (n, nest)
-    if set(found) != {init_name, update_name}:
+    body = _merge_in(root.body, init_name, update_name, top=True)
+    if body is None:
         return None
-    (ni, (_, init_realize)), (nu, (uloops, update_realize)) = found[init_name], found[update_name]
-    if nu != ni + 1:
+    new_root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, body,
+                            root.init, root.alloc_buffers, root.match_buffers, root.annotations)
+    realize = func.body
+    return func.with_body(s_tir.SBlockRealize(realize.iter_values, realize.predicate, new_root))
+
+
+def _merge_in(stmt, init_name: str, update_name: str, top: bool):
+    """``stmt`` with the merge done somewhere inside it, or None if no place fits. ``top``:
+    ``stmt`` is the function's body, inside no loop."""
+    from ._tvm import tirx
+
+    if isinstance(stmt, tirx.SeqStmt):
+        stmts = list(stmt.seq)
+        for n in range(len(stmts) - 1):
+            merged = _merge_pair(stmts[n], stmts[n + 1], init_name, update_name, top)
+            if merged is not None:
+                new = stmts[:n] + [merged] + stmts[n + 2:]
+                return new[0] if len(new) == 1 else tirx.SeqStmt(new)
+        for n, child in enumerate(stmts):
+            inner = _merge_in(child, init_name, update_name, top)
+            if inner is not None:
+                return tirx.SeqStmt(stmts[:n] + [inner] + stmts[n + 1:])
         return None
+    if isinstance(stmt, tirx.For):
+        inner = _merge_in(stmt.body, init_name, update_name, top=False)
+        if inner is None:
+            return None
+        return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, inner,
+                        stmt.thread_binding, stmt.annotations)
+    return None
+
+
+def _merge_pair(first, second, init_name: str, update_name: str, top: bool):
+    """The update nest ``second`` with the init block of nest ``first`` as its ``T.init()``,
+    or None unless that is exactly equivalent."""
+    from ._tvm import s_tir, structural_equal, tirx
+
+    a, b = _nest(first), _nest(second)
+    if a is None or b is None:
+        return None
+    (iloops, init_realize), (uloops, update_realize) = a, b
+    if iloops and not top:
+        return None  # an init nest of its own inside shared loops: which slice it covers is not read
     init, update = init_realize.block, update_realize.block
-    if update.init is not None or type(init.body).__name__ != "BufferStore" \
-            or type(update.body).__name__ != "BufferStore":
+    if str(init.name_hint) != init_name or str(update.name_hint) != update_name:
+        return None
+    if update.init is not None or not isinstance(init.body, tirx.BufferStore) \
+            or not isinstance(update.body, tirx.BufferStore):
         return None
     store = init.body
     buffer = store.buffer
@@ -80,6 +123,9 @@ def merge_separate_init(func, init_name: str, update_name: str):
         return None
     if not any(int(iv.iter_type) == reduce_ for iv in update.iter_vars):
         return None
+    if not _same_elements(init_realize, store.indices, iloops, update_realize, update.body.indices,
+                          structural_equal):
+        return None
     # a reduction block with an init does not list its output among its reads (TVM's form)
     reads = [r for r in update.reads if not r.source.same_as(buffer)]
     new_block = s_tir.SBlock(update.iter_vars, reads, update.writes, update.name_hint,
@@ -89,12 +135,30 @@ def merge_separate_init(func, init_name: str, update_name: str):
     for loop in reversed(uloops):
         body = tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body,
                         loop.thread_binding, loop.annotations)
-    new_stmts = stmts[:ni] + [body] + stmts[nu + 1:]
-    new_root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint,
-                            new_stmts[0] if len(new_stmts) == 1 else tirx.SeqStmt(new_stmts),
-                            root.init, root.alloc_buffers, root.match_buffers, root.annotations)
-    realize = func.body
-    return func.with_body(s_tir.SBlockRealize(realize.iter_values, realize.predicate, new_root))
+    return body
+
+
+def _binding(realize, var):
+    block = realize.block
+    for iv, value in zip(block.iter_vars, realize.iter_values):
+        if iv.var.same_as(var):
+            return value
+    return None
+
+
+def _same_elements(init_realize, init_idx, iloops, update_realize, update_idx, equal) -> bool:
+    """Whether the init writes, dimension by dimension, the element the update reduces into.
+
+    Two separate top-level nests each cover the whole buffer (their own loops); a nest inside
+    shared loops must bind each dimension to the same expression of those loops."""
+    if iloops:  # its own loops: it covers the whole buffer before the update starts
+        return not init_realize.predicate or str(init_realize.predicate) == "T.bool(True)" \
+            or bool(getattr(init_realize.predicate, "value", 0))
+    for iv, uv in zip(init_idx, update_idx):
+        a, b = _binding(init_realize, iv), _binding(update_realize, uv)
+        if a is None or b is None or not equal(a, b, map_free_vars=False):
+            return False
+    return True
 
 
 __all__ = ["merge_separate_init"]

@@ -32,7 +32,7 @@ from typing import Iterable, Sequence
 
 from .dtypes import dtype_bytes
 from .intrinsic import Intrinsic, IntrinsicGroup, Role
-from .pattern import Access, BlockPattern, function_blocks, read_block
+from .pattern import Access, BlockPattern, block_macs, function_blocks, read_block
 from .unify import (
     STAGE_DTYPE,
     STAGE_EXTENT,
@@ -215,7 +215,7 @@ class BlockResult:
 
     function: str
     block: str
-    macs: int | None
+    macs: int  # multiply-accumulates (`tirbyoc.pattern.block_macs`; 0 for other blocks)
     matches: tuple[Match, ...]
     reasons: tuple[tuple[str, str, int, bool], ...]  # (intrinsic, reason, stage, is compute)
 
@@ -430,6 +430,15 @@ class _PairMatcher:
                                              f"({'*'.join(names) or 'absent'}) has extent {extent} {rel} "
                                              "and the template forbids padding")
             axes_out.append(amap)
+        absent = [a for a in axes_out if not a.iters and a.size > 1]
+        if absent:
+            # The rewrite would need a broadcast dimension in the operands that TVM's reindex
+            # cannot add; reporting this as a match would promise an offload that never comes.
+            a = absent[0]
+            raise Mismatch(STAGE_ITERATORS, f"block {wpat.name!r}: no iterator plays the role of "
+                                            f"intrinsic axis {a.axis} (size {a.size}; e.g. a GEMV "
+                                            "under a GEMM intrinsic); it cannot be padded from "
+                                            "nothing - declare an intrinsic without that axis")
         outer = tuple(it.name for it in live if it.name not in used)
 
         operands = tuple(self._operand(op, iaccess[op.name], idims[op.name], binding[op.name],
@@ -641,6 +650,7 @@ def explain(func_or_mod, targets) -> list[BlockResult]:
     results = []
     for fname, func in _functions(func_or_mod):
         blocks = function_blocks(func)
+        macs = block_macs(func)
         for i, wpat in enumerate(blocks):
             matches, reasons = [], []
             for cand in cands:
@@ -659,7 +669,8 @@ def explain(func_or_mod, targets) -> list[BlockResult]:
                 else:
                     reasons.append((cand.intrinsic.name, f"block {wpat.name!r} does not match", 0, False))
             matches.sort(key=lambda m: (_role_rank(m.intrinsic), m.score(), not runs_here.get(m.template, True)))
-            results.append(BlockResult(fname, wpat.name, _block_size(wpat), tuple(matches), tuple(reasons)))
+            results.append(BlockResult(fname, wpat.name, macs.get(wpat.name, 0), tuple(matches),
+                                       tuple(reasons)))
     return results
 
 

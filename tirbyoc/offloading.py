@@ -17,6 +17,7 @@ from .dtypes import dtype_bytes
 from .errors import RewriteError, TirbyocError
 from .intrinsic import Role
 from .matcher import Match, _PairMatcher, Candidate, explain
+from .normalize import simplify_indices
 from .pattern import function_blocks
 from .rewrite import Rewritten, tensorize
 from .template import Template
@@ -54,7 +55,7 @@ class Offloaded:
 
     @property
     def coverage(self) -> float:
-        """Fraction of the function's multiply-accumulates (or elements) now offloaded."""
+        """Fraction of the function's multiply-accumulates now offloaded (0 without any)."""
         total = sum(b.macs or 0 for b in self.blocks)
         done = sum(b.macs or 0 for b in self.blocks if b.offloaded)
         return done / total if total else 0.0
@@ -159,18 +160,20 @@ def offload(func, template, policy="first", *, verify: bool = True, target=None,
     from ._tvm import is_host_target
     from .registry import as_template
     from .verification import Verification
-    from .verification import verify as run_verify
 
     tmpl = as_template(template)
     choose = _policy(policy)
     target = target if target is not None else tmpl.target
     name = getattr(tmpl, "name", str(template))
-    results = explain(func, tmpl)
+    simplified = simplify_indices(func)  # matched and rewritten with indices simplified
+    results = explain(simplified, tmpl)
     if tuned is not None:
         hit = _from_tuned(func, tmpl, name, results, tuned, target, verify)
         if hit is not None:
             return hit
-    current, outcomes, rewrites = _apply(func, results, choose, target, schedule, tmpl, check_each=False)
+    current, outcomes, rewrites = _apply(simplified, results, choose, target, schedule, tmpl,
+                                         check_each=False)
+    current = current if rewrites else func  # verified against the function as given
     current = _account_scratchpads(current, tmpl, rewrites)
     verification = None
     unavailable = tmpl.unavailable_reason() if isinstance(tmpl, Template) else None
@@ -181,20 +184,30 @@ def offload(func, template, policy="first", *, verify: bool = True, target=None,
         verification = Verification(None, float("nan"), reason=f"template {name} cannot run here: "
                                                                f"{unavailable}")
     elif verify and rewrites:
-        verification = run_verify(func, current, target)
+        verification = _verify_on(tmpl, func, current, target)
         if verification.passed is False:
             # Find the culprit: redo block by block, keeping only rewrites that verify.
-            current, outcomes, rewrites = _apply(func, results, choose, target, schedule, tmpl,
+            current, outcomes, rewrites = _apply(simplified, results, choose, target, schedule, tmpl,
                                                  check_each=True)
+            current = current if rewrites else func
             current = _account_scratchpads(current, tmpl, rewrites)
-            verification = run_verify(func, current, target) if rewrites else None
+            verification = _verify_on(tmpl, func, current, target) if rewrites else None
     return Offloaded(current, func, name, tuple(outcomes), verification, tuple(rewrites))
+
+
+def _verify_on(template, original, new, target):
+    """`tirbyoc.verify` with ``template``'s runtime active (its simulator configured with its
+    own capacities), so the outcome does not depend on what ran before in the process."""
+    from .verification import verify as run_verify
+
+    if isinstance(template, Template):
+        template.activate()
+    return run_verify(original, new, target)
 
 
 def _from_tuned(func, tmpl, name, results, tuned, target, verify):
     """`offload`'s result from a tuned schedule, or None (no record, or it did not verify)."""
     from ._tvm import is_host_target
-    from .verification import verify as run_verify
 
     found = tuned(func, tmpl)
     if found is None or not found[1]:
@@ -203,7 +216,7 @@ def _from_tuned(func, tmpl, name, results, tuned, target, verify):
     new = _account_scratchpads(new, tmpl, blocks)
     verification = None
     if verify and not (tmpl.unavailable_reason() and is_host_target(target)):
-        verification = run_verify(func, new, target)
+        verification = _verify_on(tmpl, func, new, target)
         if verification.passed is False:
             return None
     outcomes = tuple(BlockOutcome(r.block, r.macs, blocks.get(r.block),
@@ -223,8 +236,6 @@ MAX_FALLBACK_MATCHES = 3
 
 
 def _apply(func, results, choose, target, schedule, template, *, check_each: bool):
-    from .verification import verify as run_verify
-
     current = func
     outcomes: list[BlockOutcome] = []
     rewrites: list[Rewritten] = []
@@ -251,7 +262,7 @@ def _apply(func, results, choose, target, schedule, template, *, check_each: boo
             outcomes.append(BlockOutcome(result.block, result.macs, None, failures[0]))
             continue
         if check_each:
-            check = run_verify(current, rw.func, target)
+            check = _verify_on(template, current, rw.func, target)
             if check.passed is False:
                 outcomes.append(BlockOutcome(
                     result.block, result.macs, None,

@@ -15,10 +15,12 @@ arithmetic (``add mul sub div floordiv floormod max min shr shl and or ...``),
 
 from __future__ import annotations
 
+from math import prod
+
 from dataclasses import dataclass, field
 
 from ._tvm import s_tir, tirx
-from .tir_walk import child_blocks, iter_blocks, root_block
+from .tir_walk import child_blocks, child_stmts, iter_blocks, root_block
 
 _BINARY = {
     "Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Mod": "mod", "FloorDiv": "floordiv",
@@ -308,3 +310,66 @@ def describe(tree, loads=()) -> str:
     if op == "call":
         return f"a call to {tree[2]}"
     return {"shr": "shift-right", "shl": "shift-left", "select": "a select"}.get(op, op)
+
+
+def _is_operand(tree) -> bool:
+    """A tensor element, possibly cast: what a multiply-accumulate multiplies."""
+    while tree[0] == "cast":
+        tree = tree[2]
+    return tree[0] == "load"
+
+
+def _has_product(tree) -> bool:
+    if not isinstance(tree, tuple) or not tree:
+        return False
+    if tree[0] == "mul" and _is_operand(tree[2]) and _is_operand(tree[3]):
+        return True
+    return any(_has_product(t) for t in tree[1:] if isinstance(t, tuple))
+
+
+def _instances_outside(func) -> dict[str, int | None]:
+    """Per block: how many times the blocks around it (below the root) run it - the product
+    of their iterator extents (1 for a block directly under the root; None if symbolic)."""
+    out: dict[str, int | None] = {}
+    root = root_block(func)
+
+    def walk(stmt, times):
+        for child in child_stmts(stmt):
+            if isinstance(child, s_tir.SBlock):
+                out[str(child.name_hint)] = times
+                inner = times
+                for iv in child.iter_vars:
+                    ext = getattr(iv.dom.extent, "value", None)
+                    inner = None if inner is None or ext is None else inner * int(ext)
+                walk(child, inner)
+            else:
+                walk(child, times)
+
+    if root is not None:
+        walk(root, 1)
+    return out
+
+
+def block_macs(func) -> dict[str, int]:
+    """The multiply-accumulates of each block that does them - the one definition tirbyoc
+    uses everywhere (match, offload, run, reports).
+
+    A block multiply-accumulates when it reduces over a product of two tensor elements
+    (convolutions, matmuls); sums, means, maxima, copies, padding and element-wise blocks do
+    none and are absent. Its MACs are its instances: the product of its iterator extents,
+    times the instances of the blocks around it (an already blockized GEMM counts its inner
+    tile once per outer iteration, where it computes; the outer block counts nothing). 0
+    where an extent is symbolic.
+    """
+    try:
+        blocks = function_blocks(func)
+    except ValueError:  # not schedulable TIR: nothing the matcher could take either
+        return {}
+    around = _instances_outside(func)
+    out = {}
+    for p in blocks:
+        if p.is_reduction and p.value is not None and _has_product(p.value):
+            own = prod(it.extent or 0 for it in p.iters)
+            times = around.get(p.name, 1)
+            out[p.name] = own * times if times is not None else 0
+    return out

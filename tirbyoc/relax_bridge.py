@@ -44,6 +44,7 @@ class FunctionReport:
     extern: str | None = None  # the packed function it became (R.call_dps_packed), if any
     calls: int = 1  # call sites in the model (coverage weighs each function by them)
     tuned: bool = False  # its schedule came from a tuning database
+    check_note: str | None = None  # why verified is None (not run here, not meaningfully checked)
 
     @property
     def offloaded(self) -> bool:
@@ -62,7 +63,8 @@ class FunctionReport:
 
     def note(self) -> str:
         """Why (part of) it stayed, else whether the rewrite was verified."""
-        note = self.reason or ("verified" if self.verified else "not run here" if self.offloaded else "")
+        unchecked = self.check_note or "not run here"
+        note = self.reason or ("verified" if self.verified else unchecked if self.offloaded else "")
         return f"tuned, {note}" if self.tuned and note else note
 
 
@@ -95,35 +97,11 @@ class OffloadReport:
         return self.offloaded_macs / self.total_macs if self.total_macs else 0.0
 
 
-def _is_operand(tree) -> bool:
-    """A tensor element, possibly cast: what a multiply-accumulate multiplies."""
-    while tree[0] == "cast":
-        tree = tree[2]
-    return tree[0] == "load"
-
-
-def _has_product(tree) -> bool:
-    if not isinstance(tree, tuple) or not tree:
-        return False
-    if tree[0] == "mul" and _is_operand(tree[2]) and _is_operand(tree[3]):
-        return True
-    return any(_has_product(t) for t in tree[1:] if isinstance(t, tuple))
-
-
 def mac_blocks(func) -> dict[str, int]:
-    """Blocks that multiply-accumulate (convolutions, matmuls: a reduction over a product of
-    two tensor elements) and their MACs (the product of their iterator extents; 0 where one
-    is symbolic). Sums, means, maxima and variances are not counted as MACs."""
-    from math import prod
+    """`tirbyoc.pattern.block_macs`: the one definition of MACs, shared with the matcher."""
+    from .pattern import block_macs
 
-    from .pattern import function_blocks
-
-    try:
-        blocks = function_blocks(func)
-    except ValueError:  # not schedulable TIR: nothing the matcher could take either
-        return {}
-    return {p.name: prod(it.extent or 0 for it in p.iters) for p in blocks
-            if p.is_reduction and p.value is not None and _has_product(p.value)}
+    return block_macs(func)
 
 
 def call_counts(mod) -> dict[str, int]:
@@ -173,6 +151,7 @@ def _whole_call(func, templates, verify: bool):
             continue
         verified = None
         if verify and tmpl.runs_here():
+            tmpl.activate()
             verified = verify_whole_call(func, call).passed
             if not verified:
                 continue  # a kernel that disagrees is not used; tensorizing may still work
@@ -256,6 +235,7 @@ def offload_module(mod, templates: Sequence, *, policy="first", verify: bool = T
                                                    calls=counts.get(name, 1)))
             continue
         current, intrinsics, used, reasons, verified, was_tuned = func, [], None, [], None, False
+        check_note = None
         reductions = mac_blocks(func)
         total, done = sum(reductions.values()), 0
         for tmpl in templates:
@@ -270,6 +250,7 @@ def offload_module(mod, templates: Sequence, *, policy="first", verify: bool = T
                 done += sum(reductions.get(b.block, 0) for b in out.offloaded)
                 v = out.verification
                 verified = None if v is None else v.passed
+                check_note = v.describe() if v is not None and v.passed is None else None
                 was_tuned = was_tuned or any(b.steps[:1] == ("tuned schedule (MetaSchedule database)",)
                                              for b in out.offloaded)
             reasons += [f"{b.block}: {b.reason}" for b in out.blocks
@@ -279,7 +260,7 @@ def offload_module(mod, templates: Sequence, *, policy="first", verify: bool = T
         report.functions.append(FunctionReport(
             name, total, done, used, tuple(intrinsics),
             None if not total or done == total else "; ".join(dict.fromkeys(reasons)) or None,
-            verified, calls=counts.get(name, 1), tuned=was_tuned))
+            verified, calls=counts.get(name, 1), tuned=was_tuned, check_note=check_note))
     if progress is not None:
         progress(len(funcs), len(funcs), "")
     if updates:

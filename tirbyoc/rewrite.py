@@ -721,6 +721,7 @@ def tensorize(func, match: Match, *, target=None, schedule: bool | Callable = Tr
     registered under ``match.template`` — pass it for an unregistered variant.
     """
     from ._tvm import Schedule
+    from .normalize import trivial_loops
 
     target, template = _resolve(match, target, template)
     if match.init not in (None, "in-block"):
@@ -732,6 +733,9 @@ def tensorize(func, match: Match, *, target=None, schedule: bool | Callable = Tr
         merged = merge_separate_init(func, match.init, match.block)
         if merged is not None:
             func, match = merged, replace(match, init="in-block")
+    # a block whose loops a schedule split or fused: one loop per iterator again, so that
+    # transform_block_layout can re-tile it for the intrinsic
+    func = trivial_loops(func, match.block) or func
     try:
         sch = Schedule(func)
     except Exception as err:

@@ -25,19 +25,27 @@ class RunResult:
     templates: list[str]
     target: dict
     report: OffloadReport
-    verified: bool | None
+    verified: bool | None  # None: not compared, or not meaningfully (see ``check_note``)
     max_abs_err: float
     latency_ms: dict = field(default_factory=dict)  # offloaded / baseline
     seconds: dict = field(default_factory=dict)  # wall time per phase
     not_run: str | None = None  # why the builds were not run and compared
     simulation: dict = field(default_factory=dict)  # template -> tirbyoc.sim.SimStats of one run
+    comparison: object = None  # tirbyoc.verification.Comparison of the outputs, when compared
+    baseline: str = "default"  # how TVM built the untouched model (BASELINES)
 
     def to_json(self) -> dict:
         r = self.report
         return {
             "model": self.model, "template": ",".join(self.templates), "templates": self.templates,
-            "target": self.target, "coverage": r.coverage, "offloaded_macs": r.offloaded_macs,
+            "target": self.target, "baseline": {"name": self.baseline,
+                                                "what": BASELINES.get(self.baseline)},
+            "coverage": r.coverage, "offloaded_macs": r.offloaded_macs,
             "total_macs": r.total_macs, "verified": self.verified, "max_abs_err": self.max_abs_err,
+            "comparison": None if self.comparison is None else {
+                "max_abs_err": self.comparison.abs_err, "max_rel_err": self.comparison.rel_err,
+                "tolerance": self.comparison.tolerance, "output_scale": self.comparison.scale,
+                "note": self.comparison.note},
             "latency_ms": self.latency_ms, "seconds": self.seconds, "not_run": self.not_run,
             "simulation": {t: st.to_json() for t, st in self.simulation.items()},
             "functions": [{"name": f.name, "calls": f.calls, "macs": f.macs, "offloaded_macs": f.offloaded_macs,
@@ -45,6 +53,16 @@ class RunResult:
                            "extern": f.extern, "reason": f.reason, "verified": f.verified}
                           for f in r.functions],
         }
+
+    def outcome(self) -> str:
+        """The output comparison in words, with the errors and the tolerance used."""
+        c = self.comparison
+        if c is None:
+            return "not compared"
+        word = {True: "match", False: "DIFFER", None: "not meaningfully checked"}[self.verified]
+        text = (f"{word} (max abs error {c.abs_err:.3g}, relative {c.rel_err:.3g} of the output "
+                f"scale {c.scale:.3g}; tolerance {c.tolerance:.3g})")
+        return f"{text}: {c.note}" if c.note else text
 
     def table(self) -> str:
         from .table import render
@@ -57,9 +75,10 @@ class RunResult:
                  "left to TVM)"
                  f"\nMAC coverage: {r.coverage:.1%} ({r.offloaded_macs:,} of {r.total_macs:,})"
                  f"\nlatency: offloaded {lat.get('offloaded', float('nan')):.3f} ms, "
-                 f"TVM default {lat.get('baseline', float('nan')):.3f} ms"
-                 f"\noutputs: {'match' if self.verified else 'DIFFER' if self.verified is False else 'not compared'}"
-                 f" (max abs error {self.max_abs_err:.3g})")
+                 f"TVM baseline {lat.get('baseline', float('nan')):.3f} ms"
+                 f"\n  both built for {_target_words(self.target)}; baseline: "
+                 f"{BASELINES.get(self.baseline, self.baseline)}"
+                 f"\noutputs: {self.outcome()}")
         for name, st in self.simulation.items():
             u = st.utilization
             text += (f"\nsimulated on {name}: {st.cycles:,} cycles ({st.seconds * 1e3:.3f} ms at "
@@ -71,6 +90,11 @@ class RunResult:
         if self.not_run:
             text += f"\nnot run: {self.not_run}"
         return text
+
+
+def _target_words(target: dict) -> str:
+    keys = ("kind", "mtriple", "mcpu", "mattr", "num-cores")
+    return " ".join(f"{k}={target[k]}" for k in keys if target.get(k) not in (None, "", []))
 
 
 class Progress:
@@ -148,30 +172,18 @@ def _activation_dtype(templates) -> str | None:
     return None
 
 
-def legalized_model(model: str | None, templates, seed: int):
-    """(spec, legalized module, entry function, seeded inputs) of a model for ``templates``."""
+def legalized_model(model: str | None, templates, seed: int, inputs: dict | None = None):
+    """(spec, legalized module, entry function, inputs) of a model for ``templates``: the
+    user's ``inputs`` (name -> array) where given, else seeded data in each input's domain
+    (`tirbyoc.model_inputs`)."""
     from tvm import relax
+
+    from .model_inputs import model_inputs
 
     spec, mod = load_model(model, templates)
     mod = relax.transform.LegalizeOps()(mod)
     entry = entry_function(mod)
-    return spec, mod, entry, _inputs(mod[entry], seed)
-
-
-def _inputs(func, seed: int) -> list[np.ndarray]:
-    from .verification import random_array
-
-    rng = np.random.default_rng(seed)
-    arrays = []
-    for param in func.params:
-        ty = param.ty  # TVM 0.27: a Relax parameter's type (struct info) is ``.ty``
-        try:
-            shape = tuple(int(d) for d in ty.shape.values)
-        except (AttributeError, TypeError) as err:
-            raise TirbyocError(f"model input {param.name!r} has no static shape ({ty}); "
-                               "tirbyoc run needs static shapes") from err
-        arrays.append(random_array(shape, str(ty.dtype), rng))
-    return arrays
+    return spec, mod, entry, model_inputs(mod, entry, seed, inputs)
 
 
 def entry_function(mod) -> str:
@@ -199,8 +211,10 @@ def _output(value) -> np.ndarray:
     return np.concatenate([l.ravel() for l in leaves]).astype(np.result_type(*leaves))
 
 
-def _build_and_time(mod, target, entry, arrays, repeat: int, simulators=()):
-    """(output, latency in ms[, simulator stats of the first run])."""
+def _build_and_time(mod, target, entry, arrays, repeat: int, simulators=(), *, twice: bool = False):
+    """(output, latency in ms, simulator stats of the first run). ``twice``: run once more
+    and return None for the output if the two runs disagree (a build that reads outside its
+    inputs' domain gives what memory held)."""
     from ._tvm import is_host_target, relax_vm, tirx, tvm
     from .extern import check_loaded
 
@@ -214,19 +228,60 @@ def _build_and_time(mod, target, entry, arrays, repeat: int, simulators=()):
     args = [tvm.runtime.tensor(a, dev) for a in arrays]
     for sim in simulators:
         sim.configure()  # this template's timing, state cleared: the first run is measured
-    out = vm[entry](*args)
+    out = _output(vm[entry](*args))
     stats = [sim.stats() for sim in simulators]
+    if twice and not np.array_equal(out, _output(vm[entry](*args)), equal_nan=True):
+        out = None
     timer = vm.time_evaluator(entry, dev, number=max(1, repeat), repeat=3)
     ms = float(np.min(timer(*args).results)) * 1e3
-    return _output(out), ms, stats
+    return out, ms, stats
 
 
-def compare(new_out: np.ndarray, ref_out: np.ndarray) -> tuple[bool, float]:
-    """(outputs agree within the dtype's tolerance, max abs error)."""
+UNSTABLE = ("TVM's build of the untouched model gives different outputs on the same inputs "
+            "(does it read outside its inputs' valid domain?); give inputs with --inputs")
+
+
+def compare(new_out: np.ndarray, ref_out: np.ndarray):
+    """The outputs compared (`tirbyoc.verification.Comparison`): relative to the reference's
+    scale; ``passed`` None where the reference is degenerate."""
     from .verification import compare_arrays
 
-    passed, err, _ = compare_arrays(ref_out, new_out)
-    return passed, err
+    return compare_arrays(ref_out, new_out)
+
+
+def complete_target(target):
+    """The target both builds use, as a dict: an ``llvm`` target for this machine that names
+    no CPU gets this machine's (``mcpu``) and core count, so that TVM's baseline is not built
+    for generic x86-64 while the offloaded build calls a tuned library."""
+    from ._tvm import host_target
+
+    if not isinstance(target, dict):
+        return target
+    if target.get("kind") == "llvm" and not target.get("mtriple") and not target.get("mcpu"):
+        target = {**target, "mcpu": str(host_target().attrs["mcpu"])}
+    if target.get("kind") == "llvm" and not target.get("mtriple") and "num-cores" not in target:
+        import os
+
+        target = {**target, "num-cores": os.cpu_count() or 1}
+    return target
+
+
+BASELINES = {
+    "default": "TVM's default CPU pipeline (FuseOps/FuseTIR, PrimFuncs left unscheduled, LLVM)",
+    "dlight": "TVM's default CPU pipeline with dlight's CPU schedules (GEMV, Reduction)",
+}
+
+
+def baseline_module(mod, target, baseline: str):
+    """The untouched module as the ``baseline`` build compiles it (see `BASELINES`)."""
+    if baseline not in BASELINES:
+        raise TirbyocError(f"unknown baseline {baseline!r}; use one of {sorted(BASELINES)}")
+    if baseline == "dlight":
+        from tvm.s_tir import dlight as dl
+
+        with target:
+            mod = dl.ApplyDefaultSchedule(dl.cpu.GEMV(), dl.cpu.Reduction())(mod)
+    return mod
 
 
 def check_target(target):
@@ -243,24 +298,27 @@ def run_offloaded(mod, tmpls, target, entry, arrays, ref_out, *, repeat: int = 1
                   tuned=None):
     """Offload ``mod`` (legalized) to ``tmpls`` (``tuned``: schedules to prefer, see
     `offload`), build, run once (simulators measuring that run), time, compare with
-    ``ref_out``: (report, verified, max err, ms, simulation, missing)."""
+    ``ref_out``: (report, comparison or None, ms, simulation, missing)."""
     offloaded, report = offload_module(mod, tmpls, progress=progress, tuned=tuned)
     missing = [f"template {t.name} cannot run here: {t.unavailable_reason()}" for t in tmpls
                if not t.runs_here()]
     if missing or ref_out is None:
-        return report, None, float("nan"), None, {}, missing
+        return report, None, None, {}, missing
     sims = {t.name: t.simulator for t in tmpls if t.simulator is not None}
     new_out, ms, stats = _build_and_time(offloaded, check_target(target), entry, arrays, repeat,
                                          list(sims.values()))
-    verified, err = compare(new_out, ref_out)
-    return report, verified, err, ms, dict(zip(sims, stats)), missing
+    comparison = compare(new_out, ref_out)
+    return report, comparison, ms, dict(zip(sims, stats)), missing
 
 
 def run_model(model: str | None = None, templates: list | None = None, *, target=None,
               seed: int = 0, repeat: int = 10, progress: Progress | None = None,
-              database: str | None = None) -> RunResult:
+              database: str | None = None, inputs: dict | None = None,
+              baseline: str = "default") -> RunResult:
     """``templates``: names or Template objects (a variant from a template's factory).
-    ``database``: a `tirbyoc tune` work directory whose tuned schedules are applied."""
+    ``database``: a `tirbyoc tune` work directory whose tuned schedules are applied.
+    ``inputs``: the model's inputs by name (the rest are drawn, see `legalized_model`).
+    ``baseline``: how TVM builds the untouched model (`BASELINES`), for the same target."""
     from .registry import as_template
 
     tuned = None
@@ -274,31 +332,41 @@ def run_model(model: str | None = None, templates: list | None = None, *, target
     tmpls = [as_template(t) for t in templates]
     names = [t.name for t in tmpls]
     if target is None:
-        target = tmpls[0].target
+        target = dict(tmpls[0].target)
+    target = complete_target(target)
     tgt = check_target(target)
     seconds = {}
     t0 = time.perf_counter()
     progress.phase(f"importing {model or 'the built-in model'}")
-    spec, mod, entry, arrays = legalized_model(model, tmpls, seed)
+    spec, mod, entry, arrays = legalized_model(model, tmpls, seed, inputs)
     seconds["import"] = time.perf_counter() - t0
 
     runnable = all(t.runs_here() for t in tmpls)
-    ref_out, latency = None, {}
+    ref_out, latency, unstable = None, {}, False
     if runnable:
         t0 = time.perf_counter()
         progress.phase("building and running TVM's default build")
-        ref_out, latency["baseline"], _ = _build_and_time(mod, tgt, entry, arrays, repeat)
+        ref_out, latency["baseline"], _ = _build_and_time(baseline_module(mod, tgt, baseline), tgt,
+                                                          entry, arrays, repeat, twice=True)
+        unstable = ref_out is None
         seconds["baseline"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     progress.phase(f"offloading to {', '.join(names)}, building and running")
-    report, verified, err, ms, simulation, missing = run_offloaded(
+    report, comparison, ms, simulation, missing = run_offloaded(
         mod, tmpls, tgt, entry, arrays, ref_out, repeat=repeat, progress=progress.step, tuned=tuned)
+    if unstable:
+        missing.append(UNSTABLE)
+    verified = None if comparison is None else comparison.passed
+    err = float("nan") if comparison is None else comparison.abs_err
     if ms is not None:
         latency["offloaded"] = ms
     seconds["offload_build_run"] = time.perf_counter() - t0
-    target_json = target if isinstance(target, dict) else {"kind": str(tgt.kind.name)}
+    import json
+
+    target_json = json.loads(str(tgt))  # the target both builds really used
     return RunResult(spec, names, target_json, report, verified, err, latency, seconds,
-                     "; ".join(missing) or None, simulation)
+                     "; ".join(missing) or None, simulation, comparison, baseline)
 
 
-__all__ = ["Progress", "RunResult", "check_target", "compare", "run_model", "run_offloaded"]
+__all__ = ["BASELINES", "Progress", "RunResult", "baseline_module", "check_target", "compare",
+           "complete_target", "run_model", "run_offloaded"]

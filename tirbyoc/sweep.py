@@ -68,14 +68,15 @@ def sweep(model: str | None, template, grid: dict[str, list], *, target=None, se
           progress=None) -> list[SweepPoint]:
     """One `SweepPoint` per grid point (in grid order)."""
     from .registry import as_template
-    from .run import _activation_dtype, _build_and_time, check_target, legalized_model, run_offloaded
+    from .run import (UNSTABLE, _activation_dtype, _build_and_time, check_target, complete_target,
+                      legalized_model, run_offloaded)
 
     base = as_template(template)
     for name in grid:  # unknown names fail before anything is built
         if name not in base.params:
             raise TirbyocError(f"template {base.name!r} has no parameter {name!r}; its parameters "
                                f"are {sorted(k for k in base.params if k != 'name')}")
-    tgt = check_target(target if target is not None else base.target)
+    tgt = check_target(complete_target(dict(base.target) if target is None else target))
     references: dict = {}
     points = []
     todo = grid_points(grid)
@@ -89,12 +90,18 @@ def sweep(model: str | None, template, grid: dict[str, list], *, target=None, se
             act = _activation_dtype([variant])
             if act not in references:
                 _, mod, entry, arrays = legalized_model(model, [variant], seed)
-                ref, _, _ = _build_and_time(mod, tgt, entry, arrays, 1)
+                ref, _, _ = _build_and_time(mod, tgt, entry, arrays, 1, twice=True)
                 references[act] = (mod, entry, arrays, ref)
             mod, entry, arrays, ref = references[act]
-            report, verified, err, _, simulation, missing = run_offloaded(
+            report, comparison, _, simulation, missing = run_offloaded(
                 mod, [variant], tgt, entry, arrays, ref, repeat=1)
-            point.coverage, point.verified, point.max_abs_err = report.coverage, verified, err
+            point.coverage = report.coverage
+            if ref is None:
+                missing.append(UNSTABLE)
+            if comparison is not None:
+                point.verified, point.max_abs_err = comparison.passed, comparison.abs_err
+                if comparison.note:
+                    missing.append(f"not meaningfully checked: {comparison.note}")
             if missing:
                 point.error = "; ".join(missing)
             st = simulation.get(variant.name)

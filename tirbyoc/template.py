@@ -222,6 +222,20 @@ class Template:
         for lib in self.libraries:
             lib.load()
 
+    def activate(self) -> None:
+        """Make this template's runtime the one the process runs: its libraries loaded and,
+        for a simulated template, the simulator configured with *its* timing and
+        scratchpad capacities (state cleared).
+
+        Variants of one template (a sweep's grid points) share one simulator library, whose
+        configuration is process state: whichever variant configured it last would otherwise
+        decide whether another variant's code fits its scratchpads. Everything that runs a
+        template's code (verification, timing, tuning measurements) calls this first.
+        """
+        self.prepare()
+        if self.simulator is not None and self.runs_here():
+            self.simulator.configure()
+
     def register(self) -> None:
         """Register every intrinsic with TVM's TensorIntrin registry (idempotent)."""
         for i in self.intrinsics():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from ._tvm import s_tir, tirx
+from ._tvm import PrimExpr, s_tir, tirx
 
 _CHILD_FIELDS = ("body", "then_case", "else_case", "init")
 
@@ -61,3 +61,45 @@ def child_blocks(block) -> list:
         stack.extend(reversed(child_stmts(node)))
     return out
 
+
+
+_EXPR_FIELDS = ("a", "b", "value", "condition", "true_value", "false_value", "args", "indices",
+                "base", "stride", "min", "extent")
+
+
+def _nodes(value) -> list:
+    """The IR nodes in a field's value (one node, or an array of them)."""
+    if isinstance(value, (PrimExpr, tirx.Stmt)):
+        return [value]
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        return []
+    try:
+        return [v for v in value if isinstance(v, (PrimExpr, tirx.Stmt))]
+    except TypeError:
+        return []
+
+
+def iter_exprs(node) -> Iterator:
+    """Every expression node under ``node`` (a statement or an expression), parents before
+    children: loop bounds, stored values and their indices, conditions, call arguments, the
+    body of a ``Let``."""
+    stack = [node]
+    while stack:
+        cur = stack.pop()
+        children = child_stmts(cur) if isinstance(cur, tirx.Stmt) else []
+        if isinstance(cur, PrimExpr):
+            yield cur
+            children += _nodes(getattr(cur, "body", None))  # tirx.Let
+        for name in _EXPR_FIELDS:
+            children += _nodes(getattr(cur, name, None))
+        stack.extend(reversed(children))
+
+
+def iter_stores(stmt) -> Iterator:
+    """Every ``BufferStore`` under ``stmt`` (block inits included)."""
+    stack = [stmt]
+    while stack:
+        cur = stack.pop()
+        if isinstance(cur, tirx.BufferStore):
+            yield cur
+        stack.extend(reversed(child_stmts(cur)))

@@ -20,24 +20,32 @@ _FLOAT_RTOL = {"float16": 2e-3, "bfloat16": 1e-2, "float32": 2e-6, "float64": 1e
 
 @dataclass(frozen=True)
 class Verification:
-    """The outcome of `verify`: ``passed`` is None when the rewritten code could not run here
-    (no device for its target); ``reason`` then says why."""
+    """The outcome of `verify`.
+
+    ``passed`` is True when every output agreed within its tolerance, False when one did not,
+    and None when nothing meaningful was compared: the rewritten code could not run here (no
+    device for its target), or the reference output is degenerate (non-finite, all zero or
+    constant) so that agreeing with it proves nothing. ``reason`` then says which.
+    """
 
     passed: bool | None
     max_abs_err: float
     outputs: dict[str, float] = field(default_factory=dict)  # per written buffer: max |diff|
-    tolerance: dict[str, float] = field(default_factory=dict)
+    tolerance: dict[str, float] = field(default_factory=dict)  # per written buffer: abs tolerance
     reason: str | None = None
+    max_rel_err: float = float("nan")  # max |diff| / max |reference| over the outputs
 
     def __bool__(self) -> bool:
         return bool(self.passed)
 
     def describe(self) -> str:
         if self.passed is None:
-            return f"not run: {self.reason}"
+            return f"not meaningfully checked: {self.reason}" if self.outputs else f"not run: {self.reason}"
         word = "verified" if self.passed else "MISMATCH"
         note = f", {self.reason}" if self.reason else ""
-        return f"{word} (max |err| {self.max_abs_err:.3g}{note})"
+        tol = max(self.tolerance.values(), default=0.0)
+        return (f"{word} (max |err| {self.max_abs_err:.3g}, relative {self.max_rel_err:.3g}, "
+                f"tolerance {tol:.3g}{note})")
 
 
 def random_array(shape, dtype: str, rng: np.random.Generator) -> np.ndarray:
@@ -56,25 +64,76 @@ def random_array(shape, dtype: str, rng: np.random.Generator) -> np.ndarray:
     raise VerificationError(f"cannot make test data of dtype {dtype!r}")
 
 
+def is_float_dtype(dtype: str) -> bool:
+    return dtype.startswith(("float", "bfloat"))
+
+
 def tolerance(dtype: str, reduction: int, scale: float) -> float:
-    """Absolute tolerance for one output: 0 for integers, else rtol(dtype) * sqrt(reduction)
-    * max(1, |reference|)."""
-    if not dtype.startswith(("float", "bfloat")):
+    """Absolute tolerance for one output: 0 for integers, else rtol(dtype) *
+    sqrt(reduction) * 4 * ``scale``, where ``scale`` is the reference's largest magnitude.
+
+    Relative to the output's own scale, never to 1: outputs of 1e-14 are compared at their
+    scale, not waved through by an absolute floor.
+    """
+    if not is_float_dtype(dtype):
         return 0.0
     rtol = _FLOAT_RTOL.get(dtype, 1e-5)
-    return float(rtol * max(1.0, np.sqrt(reduction)) * max(1.0, scale) * 4)
+    return float(rtol * max(1.0, np.sqrt(reduction)) * 4 * scale)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One output compared with its reference.
+
+    ``passed`` is None when the reference is degenerate (``note`` says how): non-finite
+    values, all zero, or one constant value - agreeing with it would prove nothing.
+    """
+
+    passed: bool | None
+    abs_err: float
+    rel_err: float  # abs_err / scale
+    tolerance: float  # absolute
+    scale: float  # largest |reference| value
+    note: str | None = None
+
+
+def degenerate(ref: np.ndarray) -> str | None:
+    """Why ``ref`` cannot meaningfully check anything (None if it can)."""
+    if ref.size == 0:
+        return "the output is empty"
+    if ref.dtype.kind == "f" or ref.dtype.kind == "c":
+        bad = int(np.size(ref) - np.count_nonzero(np.isfinite(ref)))
+        if bad:
+            return f"the reference has {bad:,} non-finite values of {ref.size:,} (NaN/Inf)"
+    if not np.any(ref):
+        return "the reference is all zero"
+    if ref.size > 1 and np.all(ref == ref.flat[0]):
+        return f"the reference is one constant value ({ref.flat[0]!r}) everywhere"
+    return None
 
 
 def compare_arrays(ref: np.ndarray, new: np.ndarray, dtype: str | None = None,
-                   reduction: int = 1) -> tuple[bool, float, float]:
-    """(within tolerance, max abs error, tolerance) of ``new`` against ``ref``; a non-finite
-    value where the reference is finite is an infinite error."""
+                   reduction: int = 1) -> Comparison:
+    """``new`` against ``ref``: integers exactly, floats within `tolerance` of the
+    reference's scale. A non-finite value where the reference is finite is an infinite
+    error; a degenerate reference (see `degenerate`) gives ``passed=None``."""
+    dtype = dtype or str(ref.dtype)
+    if ref.shape != new.shape:
+        return Comparison(False, float("inf"), float("inf"), 0.0, 0.0,
+                          f"shape {new.shape} where the reference has {ref.shape}")
     ref64, new64 = ref.astype(np.float64), new.astype(np.float64)
-    err = float(np.abs(ref64 - new64).max()) if ref.size else 0.0
-    if not np.isfinite(new64).all() and np.isfinite(ref64).all():
+    finite = np.isfinite(ref64)
+    scale = float(np.abs(ref64[finite]).max()) if finite.any() else 0.0
+    diff = np.abs(ref64 - new64)
+    err = float(diff[finite].max()) if finite.any() else 0.0
+    if not np.isfinite(new64[finite]).all():
         err = float("inf")
-    tol = tolerance(dtype or str(ref.dtype), reduction, float(np.abs(ref64).max()) if ref.size else 0.0)
-    return bool(err <= tol), err, tol
+    tol = tolerance(dtype, reduction, scale)
+    rel = err / scale if scale else (0.0 if err == 0 else float("inf"))
+    why = degenerate(ref)
+    if why is not None:
+        return Comparison(None if err <= tol or not finite.all() else False, err, rel, tol, scale, why)
+    return Comparison(bool(err <= tol), err, rel, tol, scale)
 
 
 def _param_buffers(func):
@@ -215,17 +274,7 @@ def verify(original, rewritten, target=None, inputs=None, *, seed: int = 0,
                 return Verification(None, float("nan"),
                                     reason=f"built for {mcpu}; this CPU lacks {', '.join(missing)}")
 
-    rng = np.random.default_rng(seed)
-    arrays = []
-    for name, shape, dtype in params:
-        if inputs and name in inputs:
-            arr = np.ascontiguousarray(np.asarray(inputs[name], dtype=dtype))
-            if arr.shape != shape:
-                raise VerificationError(f"input {name!r} has shape {arr.shape}, the function wants {shape}")
-        else:
-            arr = random_array(shape, dtype, rng)
-        arrays.append(arr)
-
+    arrays = make_inputs(original, params, inputs, seed)
     ref_exe = _compile(original, reference_target, "original")
     new_exe = _compile(rewritten, target, "rewritten")
     device = tvm.cuda(0) if kind == "cuda" else tvm.cpu()
@@ -234,16 +283,53 @@ def verify(original, rewritten, target=None, inputs=None, *, seed: int = 0,
 
     written = _written(original)
     red = _reduction_length(original)
-    errs, tols, passed = {}, {}, True
-    for (name, _, dtype), ref, new in zip(params, ref_out, new_out):
-        if name not in written:
-            continue
-        ok, errs[name], tols[name] = compare_arrays(ref, new, dtype, red)
-        passed &= ok
-    if not errs:
+    results = {name: compare_arrays(ref, new, dtype, red)
+               for (name, _, dtype), ref, new in zip(params, ref_out, new_out) if name in written}
+    if not results:
         raise VerificationError("the original function writes none of its parameters; nothing to compare")
-    note = ("checked with " + ", ".join(f"{k}={v}" for k, v in bound.items())) if bound else None
-    return Verification(bool(passed), max(errs.values()), errs, tols, reason=note)
+    notes = ["checked with " + ", ".join(f"{k}={v}" for k, v in bound.items())] if bound else []
+    if any(c.passed is False for c in results.values()):
+        again = _run(ref_exe, [a.copy() for a in arrays], tvm.cpu())
+        unstable = [name for (name, _, _), a, b in zip(params, ref_out, again)
+                    if name in results and not np.array_equal(a, b, equal_nan=True)]
+        passed = None if unstable else False
+        if unstable:
+            notes.append(f"TVM's build of the untouched function disagrees with itself on "
+                         f"{', '.join(unstable)} (does it read outside its inputs' valid "
+                         "domain?); give inputs in their domain")
+    elif any(c.passed is None for c in results.values()):
+        passed = None
+        notes += [f"{name}: {c.note}" for name, c in results.items() if c.passed is None]
+    else:
+        passed = True
+    return Verification(passed, max(c.abs_err for c in results.values()),
+                        {k: c.abs_err for k, c in results.items()},
+                        {k: c.tolerance for k, c in results.items()},
+                        reason="; ".join(notes) or None,
+                        max_rel_err=max(c.rel_err for c in results.values()))
+
+
+def make_inputs(func, params, inputs, seed: int) -> list[np.ndarray]:
+    """One array per parameter: the caller's where given (a 0-d buffer takes a scalar),
+    else seeded data drawn from the domain the function's own use of the buffer implies
+    (`tirbyoc.domains`: gather indices within the table, shift amounts below the width,
+    non-zero divisors), else `random_array`."""
+    from .domains import buffer_domains, draw
+
+    domains = buffer_domains(func)
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for name, shape, dtype in params:
+        if inputs and name in inputs:
+            arr = np.ascontiguousarray(np.asarray(inputs[name], dtype=dtype))
+            if arr.shape != shape and arr.size == int(np.prod(shape)) == 1:
+                arr = arr.reshape(shape)
+            if arr.shape != shape:
+                raise VerificationError(f"input {name!r} has shape {arr.shape}, the function wants {shape}")
+        else:
+            arr = draw(shape, dtype, rng, domains.get(name))
+        arrays.append(arr)
+    return arrays
 
 
 def _missing_features(target) -> list[str]:
@@ -256,4 +342,5 @@ def _missing_features(target) -> list[str]:
     return sorted(wanted - host_cpu_features())
 
 
-__all__ = ["Verification", "compare_arrays", "random_array", "tolerance", "verify"]
+__all__ = ["Comparison", "Verification", "compare_arrays", "degenerate", "make_inputs", "random_array",
+           "tolerance", "verify"]

@@ -105,22 +105,19 @@ def find_whole_call(func, matches: Sequence[Match]) -> tuple[WholeCall | None, s
 def verify_whole_call(func, call: WholeCall, *, seed: int = 0):
     """Run the packed kernel and TVM's build of ``func`` on the same seeded inputs and compare
     the destination (a `Verification`)."""
-    import numpy as np
-
     from ._tvm import host_target, to_tensor, tvm
     from .verification import (Verification, _compile, _param_buffers, _reduction_length, _run,
-                               compare_arrays, random_array)
+                               compare_arrays, make_inputs)
 
     params = _param_buffers(func)
-    rng = np.random.default_rng(seed)
-    arrays = [random_array(shape, dtype, rng) for _, shape, dtype in params]
+    arrays = make_inputs(func, params, None, seed)
     ref = _run(_compile(func, host_target(), "original"), [a.copy() for a in arrays], tvm.cpu())
     tensors = [to_tensor(a.copy(), tvm.cpu()) for a in arrays]
     call.packed.function()(*[tensors[i] for i in call.inputs], tensors[call.output])
     name, _, dtype = params[call.output]
-    passed, err, tol = compare_arrays(ref[call.output], tensors[call.output].numpy(), dtype,
-                                      _reduction_length(func))
-    return Verification(passed, err, {name: err}, {name: tol})
+    c = compare_arrays(ref[call.output], tensors[call.output].numpy(), dtype, _reduction_length(func))
+    return Verification(c.passed, c.abs_err, {name: c.abs_err}, {name: c.tolerance},
+                        reason=c.note, max_rel_err=c.rel_err)
 
 
 __all__ = ["WholeCall", "find_whole_call", "verify_whole_call", "whole_function_call"]

@@ -9,8 +9,21 @@
  */
 #include <tirbyoc_ffi.h>
 
+#include <stdlib.h>
+#include <unistd.h>
+
 int tirbyoc_blas_sgemm(int trans_b, int m, int n, int k, const float* a, int lda,
                        const float* b, int ldb, float beta, float* c, int ldc);
+void tirbyoc_blas_threads(int n);
+extern int tirbyoc_blas_outer;
+
+/* Threads for a whole matmul: TIRBYOC_BLAS_THREADS, else every online core. A packed kernel
+ * runs on the Relax VM's thread, outside TVM's parallel loops, so it may use them all. */
+static int packed_threads(void) {
+  const char* env = getenv("TIRBYOC_BLAS_THREADS");
+  int n = env ? atoi(env) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? n : 1;
+}
 
 static int matmul(int trans_b, const char* fn, const TVMFFIAny* args, int32_t num_args,
                   TVMFFIAny* rv) {
@@ -45,10 +58,13 @@ static int matmul(int trans_b, const char* fn, const TVMFFIAny* args, int32_t nu
   const float* a = (const float*)tirbyoc_data(t[0]);
   const float* b = (const float*)tirbyoc_data(t[1]);
   float* c = (float*)tirbyoc_data(t[2]);
+  tirbyoc_blas_threads(packed_threads());
+  tirbyoc_blas_outer = 1;
   for (int64_t i = 0; i < batch; ++i) {
     tirbyoc_blas_sgemm(trans_b, (int)m, (int)n, (int)k, a + i * m * k, (int)k, b + i * k * n,
                        trans_b ? (int)k : (int)n, 0.0f, c + i * m * n, (int)n);
   }
+  tirbyoc_blas_outer = 0;
   return tirbyoc_return_none(rv);
 }
 
