@@ -225,3 +225,24 @@ def test_cli_tune_arguments(capsys):
     assert "together" in capsys.readouterr().err
     assert main(["run", "--database", "/nonexistent/dir"]) == 2
     assert "no MetaSchedule database" in capsys.readouterr().err
+
+
+def test_tune_on_blas_measures_valid_candidates(tmp_path):
+    """The runner's workers load the template's C library first: without it every blas
+    candidate crashed its worker ("Subprocess terminated") and none was valid."""
+    func = workloads.matmul(64, 64, 64, "float32", "float32", "float32")
+    result = tune(func, "blas", trials=2, work_dir=str(tmp_path))
+    assert result.trials >= 1 and result.valid == result.trials, result.table()
+
+
+def test_extern_library_loads_in_a_fresh_process():
+    """The shim records OpenBLAS as a dependency (a linker defaulting to --as-needed dropped
+    it), so a process that never imported scipy_openblas32 can load it."""
+    import subprocess
+    import sys
+
+    from tirbyoc_intrinsics.blas import LIBRARY
+
+    code = ("import ctypes, sys; lib = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL); "
+            "assert hasattr(lib, 'tirbyoc_blas_sgemm')")
+    subprocess.run([sys.executable, "-c", code, str(LIBRARY.path)], check=True)

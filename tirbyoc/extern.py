@@ -108,6 +108,12 @@ class ExternLibrary:
         for d in libdirs:
             d = self._existing_dir(d)
             opts += [f"-L{d}", f"-Wl,-rpath,{d}"]
+        if libs:
+            # TVM's compiler driver puts these options before the sources, where a linker that
+            # defaults to --as-needed (Debian's, Ubuntu's) drops every library: the object then
+            # loads only into a process that already holds them (not a tuning worker, not a
+            # fresh process loading an exported module).
+            opts.append("-Wl,--no-as-needed")
         for lib in libs:
             if not _SAFE_NAME.match(lib):
                 raise ExternLibraryError(f"library {self.name!r}: unsafe link name {lib!r}")

@@ -12,6 +12,8 @@ counts valid candidates and reports progress. The database it leaves is what
 
 from __future__ import annotations
 
+from functools import partial
+
 import contextlib
 import logging
 import sys
@@ -175,7 +177,19 @@ def _runner(template, runner):
         from .sim_runner import SimulatorRunner
 
         return SimulatorRunner(template), "cycles"
-    return LocalRunner(), "s"
+    paths = [str(lib.path) for lib in getattr(template, "libraries", ()) if not lib.ffi]
+    # The runner measures in worker processes: a candidate calling the template's extern C
+    # (blas's shim) would crash there ("Symbols not found") unless the worker loads it first.
+    return LocalRunner(initializer=partial(_load_libraries, paths) if paths else None), "s"
+
+
+def _load_libraries(paths: list) -> None:
+    """In a runner's worker: load the template's C libraries globally, as `prepare` does in
+    this process (kept importable by path, so that it pickles to the worker)."""
+    import ctypes
+
+    for path in paths:
+        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
 
 
 def _seed_defaults(template, contexts, outcomes, database, builder, runner, target,

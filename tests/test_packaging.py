@@ -1,0 +1,31 @@
+"""The wheel holds every package and data file the library imports or reads."""
+
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _config():
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+
+
+def test_every_subpackage_is_in_the_wheel():
+    """A plain `pip install .` once lacked tirbyoc.tuning (`tirbyoc tune` failed)."""
+    cfg = _config()
+    listed = set(cfg["packages"])
+    dirs = {"tirbyoc": ROOT / "tirbyoc", "tirbyoc_intrinsics": ROOT / cfg["package-dir"]["tirbyoc_intrinsics"]}
+    found = set()
+    for name, base in dirs.items():
+        for init in base.rglob("__init__.py"):
+            rel = init.parent.relative_to(base)
+            found.add(".".join((name, *rel.parts)) if rel.parts else name)
+    assert found <= listed, f"packages missing from pyproject.toml: {sorted(found - listed)}"
+
+
+def test_package_data_globs_match_files():
+    cfg = _config()
+    for package, globs in cfg["package-data"].items():
+        base = ROOT / cfg.get("package-dir", {}).get(package, package)
+        for glob in globs:
+            assert list(base.glob(glob)), f"{package}: {glob} matches no file"
