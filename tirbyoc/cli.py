@@ -121,10 +121,18 @@ def _target_arg(text: str | None):
     """--target: a JSON target dict, or a bare kind ("llvm")."""
     if not text:
         return None
+    if not text.lstrip().startswith("{"):
+        return {"kind": text.strip()}
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return {"kind": text}
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise TirbyocError(f"--target {text!r} is not valid JSON ({err.msg} at character "
+                           f"{err.pos}); write it as '{{\"kind\": \"llvm\", \"mcpu\": "
+                           "\"cascadelake\"}' (keys and strings in double quotes), or give a "
+                           "bare kind such as llvm") from None
+    if not isinstance(value, dict):
+        raise TirbyocError(f"--target {text!r}: a JSON object is needed, e.g. '{{\"kind\": \"llvm\"}}'")
+    return value
 
 
 def cmd_run(args) -> int:
@@ -136,7 +144,8 @@ def cmd_run(args) -> int:
     inputs = load_inputs(args.inputs) if args.inputs else None
     result = run_model(args.model, args.template, target=target, seed=args.seed,
                        progress=Progress(enabled=not args.quiet), database=args.database,
-                       inputs=inputs, baseline=args.baseline)
+                       inputs=inputs, baseline=args.baseline, repeat=args.repeat,
+                       time_baseline=not args.no_baseline)
     if args.json:
         print(dumps(result.to_json()))
     else:
@@ -205,26 +214,77 @@ def cmd_sweep(args) -> int:
     return 1 if any(p.verified is False for p in points) else 0
 
 
+EXIT_CODES = """exit status:
+  0  done (for run and sweep: the outputs match, or were not compared)
+  1  run / sweep: the offloaded model's outputs differ from TVM's build
+  2  usage error: bad arguments, model file, template or target
+  3  TVM could not import or build the model itself (not the offload)"""
+
+
+_EXAMPLES = {
+    "run": "tirbyoc run -m builtin:resnet18_int8 -t vta --json",
+    "tune": "tirbyoc tune -m builtin:mlp_int8 -t x86_vnni --trials 16 --work-dir /tmp/tw",
+    "sweep": "tirbyoc sweep -t vta -p BLOCK_OUT=8,16,32 -p ACC_KIB=64,128 -m builtin:cnn_int8",
+}
+
+
+def _epilog(command: str) -> str:
+    """What a user can name: built-in models, templates (and for sweep, vta's parameters),
+    an example, and the exit codes."""
+    import textwrap
+
+    from .models import MODELS
+
+    lines = ["built-in models (--model builtin:NAME): " + ", ".join(sorted(MODELS)),
+             "templates (--template): " + ", ".join(template_names())]
+    if command == "sweep":
+        lines.append("sweep parameters: a template's factory arguments, e.g. vta's batch, block_in, "
+                     "block_out, inp_kib, wgt_kib, acc_kib, dma_bytes_per_cycle, dma_latency, clock_mhz")
+    text = "\n".join(textwrap.fill(ln, 88, subsequent_indent="  ") for ln in lines)
+    return f"{text}\n\nexample:\n  {_EXAMPLES[command]}\n\n{EXIT_CODES}"
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("tirbyoc")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tirbyoc", description="Offload TensorIR blocks to accelerator intrinsics.")
+    parser = argparse.ArgumentParser(
+        prog="tirbyoc", description="Offload TensorIR blocks to accelerator intrinsics.",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"tirbyoc {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("intrinsics", help="list templates and their intrinsics")
-    p.add_argument("--template", "-t", action="append", help="only this template (repeatable)")
+    common = argparse.ArgumentParser(add_help=False)
+    noise = common.add_mutually_exclusive_group()
+    noise.add_argument("--verbose", "-v", action="store_true",
+                       help="also log each step (logging level DEBUG)")
+    noise.add_argument("--quiet", "-q", action="store_true",
+                       help="no progress on stderr, warnings and errors only")
+    p = sub.add_parser("intrinsics", parents=[common], help="list templates and their intrinsics")
+    p.add_argument("--template", "-t", action="extend", nargs="+", metavar="T",
+                   help="only these templates (e.g. -t vta blas)")
     p.add_argument("--json", action="store_true", help="print a JSON list of intrinsics")
     p.set_defaults(func=cmd_intrinsics)
-    p = sub.add_parser("match", help="which blocks of a workload the templates' intrinsics match, or why not")
+    p = sub.add_parser("match", parents=[common], help="which blocks of a workload the templates' intrinsics match, or why not")
     p.add_argument("file", help="a .py file defining a PrimFunc/IRModule in TVMScript, or an .onnx model")
-    p.add_argument("--template", "-t", action="append", help="match against this template (repeatable; default all)")
+    p.add_argument("--template", "-t", action="append", metavar="T",
+                   help="match against this template (repeatable; default all)")
     p.add_argument("--object", help="which PrimFunc/IRModule of the file, when it defines several")
     p.add_argument("--json", action="store_true", help='print {"blocks": [...]} as JSON')
     p.set_defaults(func=cmd_match)
-    p = sub.add_parser("run", help="offload a model, build it and TVM's default build, run both, compare, report")
+    p = sub.add_parser("run", parents=[common], epilog=_epilog("run"),
+                       formatter_class=argparse.RawDescriptionHelpFormatter, help="offload a model, build it and TVM's default build, run both, compare, report")
     p.add_argument("--model", "-m", help="builtin:NAME (default: an MLP suited to the template), "
                    "PATH.onnx, or PATH.py defining a Relax IRModule, a torch.nn.Module with "
                    "example_inputs, or a relax.frontend.nn.Module with spec")
-    p.add_argument("--template", "-t", action="append",
-                   help="template to offload to (repeatable, tried in order; default: x86_vnni if "
-                        "this CPU has VNNI, else blas)")
+    p.add_argument("--template", "-t", action="extend", nargs="+", metavar="T",
+                   help="templates to offload to, tried in order (default: x86_vnni if this CPU "
+                        "has VNNI, else blas)")
     p.add_argument("--target", help='TVM target as JSON (e.g. \'{"kind": "llvm", "mcpu": "native"}\') '
                                     "or a kind; default: the first template's")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs and weights")
@@ -239,9 +299,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", choices=("default", "dlight"), default="default",
                    help="how TVM builds the untouched model, for the same target: its default CPU "
                         "pipeline (default) or with dlight's CPU schedules")
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    p.add_argument("--repeat", type=int, default=10, metavar="N",
+                   help="runs per timing measurement (default 10; the best of 3 is reported)")
+    p.add_argument("--no-baseline", action="store_true",
+                   help="do not time TVM's build (it is still built and run once to compare)")
     p.set_defaults(func=cmd_run)
-    p = sub.add_parser("tune", help="tune a model's offloadable PrimFuncs with MetaSchedule into a database")
+    p = sub.add_parser("tune", parents=[common], epilog=_epilog("tune"),
+                       formatter_class=argparse.RawDescriptionHelpFormatter, help="tune a model's offloadable PrimFuncs with MetaSchedule into a database")
     p.add_argument("--model", "-m", help="as for run (default: an MLP suited to the template)")
     p.add_argument("--template", "-t", help="template to offload to (default as for run)")
     p.add_argument("--trials", type=int, default=64, help="candidates to measure in all (default 64)")
@@ -253,9 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rpc-key", metavar="KEY", help="the device key registered with the tracker")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_tune)
-    p = sub.add_parser("sweep", help="run a model on a grid of template variants (cycles, coverage, correctness)")
+    p = sub.add_parser("sweep", parents=[common], epilog=_epilog("sweep"),
+                       formatter_class=argparse.RawDescriptionHelpFormatter, help="run a model on a grid of template variants (cycles, coverage, correctness)")
     p.add_argument("--template", "-t", required=True, help="a template with a factory (e.g. vta)")
     p.add_argument("--param", "-p", action="append", metavar="NAME=V1,V2,...",
                    help="a template parameter and its values (repeatable; the grid is their product)")
@@ -264,18 +328,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the points as JSON")
     p.add_argument("--plot", metavar="PATH.png", help="also plot cycles and utilization per point")
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_sweep)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    import logging
+
     args = build_parser().parse_args(argv)
+    level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
+    logging.basicConfig(level=level, format="tirbyoc: %(message)s", stream=sys.stderr)
+    logging.getLogger("tirbyoc").setLevel(level)
     try:
         return args.func(args)
     except TirbyocError as err:
         print(f"tirbyoc: error: {err}", file=sys.stderr)
-        return 2
+        return err.exit_code
 
 
 if __name__ == "__main__":

@@ -6,7 +6,17 @@ can, how to fix it. Matching never raises: it returns reasons instead.
 
 
 class TirbyocError(Exception):
-    """Base class of every error tirbyoc raises on purpose."""
+    """Base class of every error tirbyoc raises on purpose. ``exit_code``: what the command
+    line exits with (2: a usage error - bad arguments, files, templates or targets)."""
+
+    exit_code = 2
+
+
+class ModelError(TirbyocError):
+    """TVM itself could not import or build the user's model, before any offload: the
+    model or TVM is at fault, not tirbyoc's rewrite. The command line exits with 3."""
+
+    exit_code = 3
 
 
 class DeclarationError(TirbyocError, ValueError):

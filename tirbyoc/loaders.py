@@ -9,11 +9,16 @@ from __future__ import annotations
 import runpy
 from pathlib import Path
 
-from .errors import TirbyocError
+from .errors import ModelError, TirbyocError
 
 
 class LoadError(TirbyocError):
     """A workload file that cannot be loaded (missing, malformed, raises at import, ...)."""
+
+
+class ModelImportError(LoadError, ModelError):
+    """TVM's importer (or torch.export, or the model file's own code) failed on the model
+    (exit code 3, where a file tirbyoc cannot use is a usage error, 2)."""
 
 
 def legalize(mod):
@@ -85,7 +90,7 @@ def import_onnx(path: Path, opset: int | None = None):
     try:
         return from_onnx(model, opset=opset, keep_params_in_input=False)
     except Exception as err:
-        raise LoadError(f"TVM could not import {path}: {type(err).__name__}: {err}") from err
+        raise ModelImportError(f"TVM could not import {path}: {type(err).__name__}: {err}") from err
 
 
 def load_onnx(path: Path, opset: int | None = None):
@@ -111,7 +116,7 @@ def _from_torch(path: Path, model, namespace: dict):
         exported = torch.export.export(model.eval(), example)
         return from_exported_program(exported, keep_params_as_input=False)
     except Exception as err:
-        raise LoadError(f"{path}: exporting the torch model failed: {type(err).__name__}: {err}") from err
+        raise ModelImportError(f"{path}: exporting the torch model failed: {type(err).__name__}: {err}") from err
 
 
 def load_model_file(path: str | Path):
@@ -155,7 +160,7 @@ def load_model_file(path: str | Path):
         try:
             mod, _ = models[0].export_tvm(spec)
         except Exception as err:
-            raise LoadError(f"{path}: export_tvm failed: {type(err).__name__}: {err}") from err
+            raise ModelImportError(f"{path}: export_tvm failed: {type(err).__name__}: {err}") from err
         return mod
     raise LoadError(f"{path} defines no model: write a Relax IRModule (@I.ir_module), a "
                     "torch.nn.Module instance with example_inputs, or a relax.frontend.nn.Module "

@@ -74,8 +74,8 @@ class RunResult:
         text += (f"\n\n{len(r.functions)} PrimFuncs ({r.others} without multiply-accumulates, "
                  "left to TVM)"
                  f"\nMAC coverage: {r.coverage:.1%} ({r.offloaded_macs:,} of {r.total_macs:,})"
-                 f"\nlatency: offloaded {lat.get('offloaded', float('nan')):.3f} ms, "
-                 f"TVM baseline {lat.get('baseline', float('nan')):.3f} ms"
+                 f"\nlatency: offloaded {_ms(lat.get('offloaded'))}, "
+                 f"TVM baseline {_ms(lat.get('baseline'))}"
                  f"\n  both built for {_target_words(self.target)}; baseline: "
                  f"{BASELINES.get(self.baseline, self.baseline)}"
                  f"\noutputs: {self.outcome()}")
@@ -90,6 +90,10 @@ class RunResult:
         if self.not_run:
             text += f"\nnot run: {self.not_run}"
         return text
+
+
+def _ms(value) -> str:
+    return "-" if value is None else f"{value:.3f} ms"
 
 
 def _target_words(target: dict) -> str:
@@ -211,10 +215,11 @@ def _output(value) -> np.ndarray:
     return np.concatenate([l.ravel() for l in leaves]).astype(np.result_type(*leaves))
 
 
-def _build_and_time(mod, target, entry, arrays, repeat: int, simulators=(), *, twice: bool = False):
-    """(output, latency in ms, simulator stats of the first run). ``twice``: run once more
-    and return None for the output if the two runs disagree (a build that reads outside its
-    inputs' domain gives what memory held)."""
+def _build_and_time(mod, target, entry, arrays, repeat: int, simulators=(), *, twice: bool = False,
+                    timed: bool = True):
+    """(output, latency in ms or None when not ``timed``, simulator stats of the first run).
+    ``twice``: run once more and return None for the output if the two runs disagree (a build
+    that reads outside its inputs' domain gives what memory held)."""
     from ._tvm import is_host_target, relax_vm, tirx, tvm
     from .extern import check_loaded
 
@@ -232,9 +237,32 @@ def _build_and_time(mod, target, entry, arrays, repeat: int, simulators=(), *, t
     stats = [sim.stats() for sim in simulators]
     if twice and not np.array_equal(out, _output(vm[entry](*args)), equal_nan=True):
         out = None
+    if not timed:
+        return out, None, stats
     timer = vm.time_evaluator(entry, dev, number=max(1, repeat), repeat=3)
     ms = float(np.min(timer(*args).results)) * 1e3
     return out, ms, stats
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else type(err).__name__
+
+
+def build_reference(mod, tgt, entry, arrays, repeat: int, baseline: str, timed: bool = True):
+    """TVM's build of the untouched model, run (twice: it must agree with itself) and timed.
+    A failure here is TVM's own, before any offload: `ModelError`, with its last line."""
+    from .errors import ModelError
+
+    try:
+        return _build_and_time(baseline_module(mod, tgt, baseline), tgt, entry, arrays, repeat,
+                               twice=True, timed=timed)
+    except TirbyocError:
+        raise
+    except Exception as err:  # noqa: BLE001 - TVM raises many types; say whose failure it is
+        raise ModelError(f"TVM could not build or run the model itself (not the offload): "
+                         f"{type(err).__name__}: {_one_line(err)}") from err
 
 
 UNSTABLE = ("TVM's build of the untouched model gives different outputs on the same inputs "
@@ -284,6 +312,45 @@ def baseline_module(mod, target, baseline: str):
     return mod
 
 
+_ISA = ("avx", "sse", "ssse", "fma", "f16c", "amx", "bmi", "gfni", "vaes", "vpclmul", "sha")
+
+
+def _isa_features(target) -> set[str]:
+    from tvm.target import codegen
+
+    return {str(f) for f in codegen.llvm_get_cpu_features(target) if str(f).startswith(_ISA)}
+
+
+def check_templates_on_target(tmpls, tgt) -> None:
+    """Refuse, before any work, a target the templates' code cannot be built or run for: a CUDA
+    target without a CUDA device, or an LLVM target whose CPU lacks instructions a template's
+    intrinsics emit (LLVM would abort the process, not raise)."""
+    from ._tvm import cuda_available, make_target
+    from .template import Runtime
+
+    kind = str(tgt.kind.name)
+    if kind == "cuda" and not cuda_available():
+        raise TirbyocError(
+            "--target cuda: this machine has no CUDA device, and tirbyoc run builds, runs and "
+            "compares both builds. Without a GPU, `tirbyoc match` shows what offloads to "
+            "cuda_mma, and tirbyoc.offload(func, 'cuda_mma') builds the kernels (compiled with "
+            "nvcc when it is installed) without running them")
+    if kind != "llvm" or tgt.attrs.get("mtriple"):
+        return
+    have = _isa_features(tgt)
+    for t in tmpls:
+        if t.runtime is not Runtime.LLVM or str(t.target.get("kind")) != "llvm":
+            continue
+        missing = sorted(_isa_features(make_target(dict(t.target))) - have)
+        if missing:
+            mcpu = tgt.attrs.get("mcpu") or "generic"
+            raise TirbyocError(
+                f"template {t.name} emits {', '.join(missing)} instructions (its target is mcpu="
+                f"{t.target.get('mcpu')}); the target's CPU {mcpu} has none of them, and LLVM "
+                f"would abort. Use -t blas, or a target whose mcpu has them (e.g. "
+                f"'{{\"kind\": \"llvm\", \"mcpu\": \"{t.target.get('mcpu')}\"}}')")
+
+
 def check_target(target):
     from ._tvm import make_target
 
@@ -304,6 +371,9 @@ def run_offloaded(mod, tmpls, target, entry, arrays, ref_out, *, repeat: int = 1
                if not t.runs_here()]
     if missing or ref_out is None:
         return report, None, None, {}, missing
+    if not any(f.offloaded for f in report.functions):
+        return report, None, None, {}, ["nothing was offloaded: the offloaded build would be "
+                                         "TVM's build again, so it was not built"]
     sims = {t.name: t.simulator for t in tmpls if t.simulator is not None}
     new_out, ms, stats = _build_and_time(offloaded, check_target(target), entry, arrays, repeat,
                                          list(sims.values()))
@@ -314,11 +384,13 @@ def run_offloaded(mod, tmpls, target, entry, arrays, ref_out, *, repeat: int = 1
 def run_model(model: str | None = None, templates: list | None = None, *, target=None,
               seed: int = 0, repeat: int = 10, progress: Progress | None = None,
               database: str | None = None, inputs: dict | None = None,
-              baseline: str = "default") -> RunResult:
+              baseline: str = "default", time_baseline: bool = True) -> RunResult:
     """``templates``: names or Template objects (a variant from a template's factory).
     ``database``: a `tirbyoc tune` work directory whose tuned schedules are applied.
     ``inputs``: the model's inputs by name (the rest are drawn, see `legalized_model`).
-    ``baseline``: how TVM builds the untouched model (`BASELINES`), for the same target."""
+    ``baseline``: how TVM builds the untouched model (`BASELINES`), for the same target.
+    ``time_baseline``: False builds and runs the baseline for the comparison, untimed.
+    ``repeat``: runs per timing measurement (the minimum of 3 measurements is reported)."""
     from .registry import as_template
 
     tuned = None
@@ -335,6 +407,7 @@ def run_model(model: str | None = None, templates: list | None = None, *, target
         target = dict(tmpls[0].target)
     target = complete_target(target)
     tgt = check_target(target)
+    check_templates_on_target(tmpls, tgt)
     seconds = {}
     t0 = time.perf_counter()
     progress.phase(f"importing {model or 'the built-in model'}")
@@ -345,9 +418,10 @@ def run_model(model: str | None = None, templates: list | None = None, *, target
     ref_out, latency, unstable = None, {}, False
     if runnable:
         t0 = time.perf_counter()
-        progress.phase("building and running TVM's default build")
-        ref_out, latency["baseline"], _ = _build_and_time(baseline_module(mod, tgt, baseline), tgt,
-                                                          entry, arrays, repeat, twice=True)
+        progress.phase("building and running TVM's build of the untouched model")
+        ref_out, ms, _ = build_reference(mod, tgt, entry, arrays, repeat, baseline, time_baseline)
+        if ms is not None:
+            latency["baseline"] = ms
         unstable = ref_out is None
         seconds["baseline"] = time.perf_counter() - t0
     t0 = time.perf_counter()

@@ -68,8 +68,8 @@ def sweep(model: str | None, template, grid: dict[str, list], *, target=None, se
           progress=None) -> list[SweepPoint]:
     """One `SweepPoint` per grid point (in grid order)."""
     from .registry import as_template
-    from .run import (UNSTABLE, _activation_dtype, _build_and_time, check_target, complete_target,
-                      legalized_model, run_offloaded)
+    from .run import (UNSTABLE, _activation_dtype, build_reference, check_target,
+                      check_templates_on_target, complete_target, legalized_model, run_offloaded)
 
     base = as_template(template)
     for name in grid:  # unknown names fail before anything is built
@@ -77,6 +77,7 @@ def sweep(model: str | None, template, grid: dict[str, list], *, target=None, se
             raise TirbyocError(f"template {base.name!r} has no parameter {name!r}; its parameters "
                                f"are {sorted(k for k in base.params if k != 'name')}")
     tgt = check_target(complete_target(dict(base.target) if target is None else target))
+    check_templates_on_target([base], tgt)
     references: dict = {}
     points = []
     todo = grid_points(grid)
@@ -90,7 +91,7 @@ def sweep(model: str | None, template, grid: dict[str, list], *, target=None, se
             act = _activation_dtype([variant])
             if act not in references:
                 _, mod, entry, arrays = legalized_model(model, [variant], seed)
-                ref, _, _ = _build_and_time(mod, tgt, entry, arrays, 1, twice=True)
+                ref, _, _ = build_reference(mod, tgt, entry, arrays, 1, "default", timed=False)
                 references[act] = (mod, entry, arrays, ref)
             mod, entry, arrays, ref = references[act]
             report, comparison, _, simulation, missing = run_offloaded(

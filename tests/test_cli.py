@@ -1,0 +1,79 @@
+"""The command line as a new user meets it: the installed ``tirbyoc`` entry point, run from
+outside the checkout, with its exit codes and its messages."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent / "tirbyoc"
+TIRBYOC = str(BIN) if BIN.exists() else shutil.which("tirbyoc")
+
+pytestmark = pytest.mark.skipif(TIRBYOC is None, reason="the tirbyoc entry point is not installed")
+
+
+def tirbyoc(*args, cwd):
+    done = subprocess.run([TIRBYOC, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_version_and_help_list_models_templates_and_exit_codes(tmp_path):
+    code, out, _ = tirbyoc("--version", cwd=tmp_path)
+    assert code == 0 and out.startswith("tirbyoc ")
+    code, out, _ = tirbyoc("run", "--help", cwd=tmp_path)
+    assert code == 0 and "resnet18_int8" in out and "vta" in out and "exit status" in out
+    assert "3  TVM could not import or build the model itself" in out
+
+
+def test_intrinsics_takes_several_templates_after_one_flag(tmp_path):
+    code, out, _ = tirbyoc("intrinsics", "--template", "vta", "blas", "--json", cwd=tmp_path)
+    assert code == 0 and {r["template"] for r in json.loads(out)} == {"vta", "blas"}
+
+
+@pytest.mark.parametrize("target,message", [
+    ("{kind: llvm}", "is not valid JSON"),
+    ('{"kind": "llvm", "mcpu": "skylake"}', "LLVM would abort"),
+    ("cuda", "no CUDA device"),
+])
+def test_target_mistakes_are_usage_errors_before_any_work(tmp_path, target, message):
+    """skylake under x86_vnni used to abort the process inside LLVM (exit 134)."""
+    code, out, err = tirbyoc("run", "-q", "-t", "x86_vnni", "--target", target, cwd=tmp_path)
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_tvms_own_build_failure_is_exit_3_in_one_line(tmp_path):
+    """TVM 0.27 cannot build a boolean `equal`: that is TVM's failure, not the offload's."""
+    model = tmp_path / "booleq.py"
+    model.write_text(
+        "from tvm.script import ir as I\n"
+        "from tvm.script import relax as R\n\n\n"
+        "@I.ir_module\n"
+        "class Model:\n"
+        "    @R.function\n"
+        "    def main(x: R.Tensor((4, 8), 'bool'), y: R.Tensor((4, 8), 'bool')):\n"
+        "        with R.dataflow():\n"
+        "            z = R.equal(x, y)\n"
+        "            R.output(z)\n"
+        "        return z\n")
+    code, _, err = tirbyoc("run", "-q", "-t", "blas", "-m", str(model), cwd=tmp_path)
+    assert code == 3 and "TVM could not build or run the model itself (not the offload)" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_run_without_timing_the_baseline(tmp_path):
+    code, out, _ = tirbyoc("run", "-q", "-t", "blas", "--no-baseline", "--repeat", "1", "--json",
+                           cwd=tmp_path)
+    result = json.loads(out)
+    assert code == 0 and result["verified"] is True
+    assert "baseline" not in result["latency_ms"] and result["latency_ms"]["offloaded"] > 0
+
+
+def test_nothing_offloaded_builds_once_and_says_so(tmp_path):
+    """An fp32 model on an int8 template: the offloaded build would be TVM's build again."""
+    code, out, _ = tirbyoc("run", "-q", "-t", "vta", "-m", "builtin:mlp", "--json", cwd=tmp_path)
+    result = json.loads(out)
+    assert code == 0 and result["coverage"] == 0 and "nothing was offloaded" in result["not_run"]
+    assert "offloaded" not in result["latency_ms"]
