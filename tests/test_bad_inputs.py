@@ -218,7 +218,7 @@ def test_onnx_import_executes_nothing_from_the_file(tmp_path, capsys):
     ("from tvm.script import ir as I, relax as R\n"
      "@I.ir_module\nclass A:\n    @R.function\n    def main(x: R.Tensor((2,), 'float32')):\n        return x\n"
      "@I.ir_module\nclass B:\n    @R.function\n    def main(x: R.Tensor((2,), 'float32')):\n        return x\n",
-     "several Relax modules"),
+     "several candidates: A (Relax module), B (Relax module); choose one with --object"),
     ("from tvm.script import ir as I, relax as R\n"
      "@I.ir_module\nclass A:\n    @R.function\n    def main(x: R.Tensor(('n', 8), 'float32'), w: R.Tensor((8, 8), 'float32')):\n"
      "        return R.matmul(x, w)\n", "has no static shape"),

@@ -77,3 +77,80 @@ def test_nothing_offloaded_builds_once_and_says_so(tmp_path):
     result = json.loads(out)
     assert code == 0 and result["coverage"] == 0 and "nothing was offloaded" in result["not_run"]
     assert "offloaded" not in result["latency_ms"]
+
+
+def _dynamic_batch_onnx(path):
+    onnx = pytest.importorskip("onnx")
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).uniform(-0.1, 0.1, (64, 32)).astype("float32"), "w")
+    node = helper.make_node("MatMul", ["x", "w"], ["y"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 32])], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_a_batch_dynamic_onnx_model_runs_with_its_input_shape(tmp_path):
+    model = tmp_path / "dyn.onnx"
+    _dynamic_batch_onnx(model)
+    code, _, err = tirbyoc("run", "-q", "-t", "blas", "-m", str(model), cwd=tmp_path)
+    assert code == 2 and "--input-shape" in err
+    code, out, err = tirbyoc("run", "-q", "-t", "blas", "-m", str(model), "--input-shape", "x=8,64",
+                             "--json", cwd=tmp_path)
+    result = json.loads(out)
+    assert code == 0, err
+    assert result["verified"] is True and result["coverage"] == 1.0 and result["total_macs"] == 8 * 64 * 32
+
+
+NN_FILE = """
+from tvm.relax.frontend import nn
+
+
+class Backbone(nn.Module):
+    def __init__(self):
+        self.fc = nn.Linear(64, 64)
+
+    def forward(self, x):
+        return nn.op.relu(self.fc(x))
+
+
+class Model(nn.Module):
+    def __init__(self):
+        self.body = Backbone()
+        self.head = nn.Linear(64, 16)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+backbone = Backbone()
+model = Model()
+spec = {"forward": {"x": nn.spec.Tensor((8, 64), "float32")}}
+"""
+
+
+def test_a_file_with_two_models_lists_them_and_takes_object(tmp_path):
+    path = tmp_path / "two.py"
+    path.write_text(NN_FILE)
+    code, _, err = tirbyoc("run", "-q", "-t", "blas", "-m", str(path), cwd=tmp_path)
+    assert code == 2 and "backbone (relax.frontend.nn.Module)" in err and "--object" in err
+    code, out, err = tirbyoc("run", "-q", "-t", "blas", "-m", str(path), "--object", "model", "--json",
+                             cwd=tmp_path)
+    assert code == 0, err
+    assert json.loads(out)["total_macs"] == 8 * 64 * 64 + 8 * 64 * 16
+
+
+def test_match_takes_what_run_takes(tmp_path):
+    """One loader: nn model files, built-ins, and a function inside a module of workloads."""
+    path = tmp_path / "two.py"
+    path.write_text(NN_FILE)
+    code, out, err = tirbyoc("match", str(path), "--object", "backbone", "-t", "blas", "--json", cwd=tmp_path)
+    assert code == 0, err
+    assert any(b["intrinsic"] for b in json.loads(out)["blocks"])
+    code, out, _ = tirbyoc("match", "builtin:cnn", "-t", "blas", cwd=tmp_path)
+    assert code == 0 and "blocks match (blas)" in out
+    examples = Path(__file__).resolve().parents[1] / "examples" / "gemm_workloads.py"
+    code, out, err = tirbyoc("match", str(examples), "--object", "dense_int8", "--json", cwd=tmp_path)
+    assert code == 0, err
+    assert {b["function"] for b in json.loads(out)["blocks"]} == {"dense_int8"}

@@ -81,9 +81,9 @@ def test_python_file_errors(capsys, tmp_path):
     empty = tmp_path / "empty.py"
     empty.write_text("x = 1\n")
     rc, _, err = run(capsys, "match", str(empty))
-    assert rc == 2 and "defines no PrimFunc or IRModule" in err
+    assert rc == 2 and "defines no model" in err
     rc, _, err = run(capsys, "match", str(EXAMPLE), "--object", "nope")
-    assert rc == 2 and "no object named 'nope'" in err
+    assert rc == 2 and "no model or function named 'nope'" in err
     rc, _, err = run(capsys, "match", str(tmp_path / "missing.py"))
     assert rc == 2 and "no such file" in err
 

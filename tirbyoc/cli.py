@@ -92,7 +92,14 @@ def cmd_match(args) -> int:
 
     names = args.template or template_names()
     templates = [get_template(n) for n in names]
-    mod = load_workload(args.file, args.object)
+    if args.file.startswith("builtin:"):
+        from tvm import relax
+
+        from .run import load_model
+
+        mod = relax.transform.LegalizeOps()(load_model(args.file, templates)[1])
+    else:
+        mod = load_workload(args.file, args.object, input_shapes=_shapes_arg(args.input_shape))
     try:
         results = explain(mod, templates)
     except ValueError as err:
@@ -115,6 +122,24 @@ def cmd_match(args) -> int:
     matched = sum(1 for r in rows if r["intrinsic"])
     print(f"\n{matched} of {len(rows)} blocks match ({', '.join(names)})")
     return 0
+
+
+def _shapes_arg(specs) -> dict | None:
+    """--input-shape NAME=D0,D1,... (repeatable) -> {NAME: [D0, D1, ...]}."""
+    if not specs:
+        return None
+    shapes = {}
+    for spec in specs:
+        name, sep, dims = spec.partition("=")
+        try:
+            shape = [int(d) for d in dims.split(",")] if sep and dims.strip() else None
+        except ValueError:
+            shape = None
+        if not name.strip() or shape is None or any(d <= 0 for d in shape):
+            raise TirbyocError(f"--input-shape {spec!r}: write NAME=D0,D1,... with positive "
+                               "integers, e.g. input=1,3,224,224")
+        shapes[name.strip()] = shape
+    return shapes
 
 
 def _target_arg(text: str | None):
@@ -145,7 +170,8 @@ def cmd_run(args) -> int:
     result = run_model(args.model, args.template, target=target, seed=args.seed,
                        progress=Progress(enabled=not args.quiet), database=args.database,
                        inputs=inputs, baseline=args.baseline, repeat=args.repeat,
-                       time_baseline=not args.no_baseline)
+                       time_baseline=not args.no_baseline, obj=args.object,
+                       input_shapes=_shapes_arg(args.input_shape))
     if args.json:
         print(dumps(result.to_json()))
     else:
@@ -174,7 +200,8 @@ def cmd_tune(args) -> int:
     os.makedirs(work_dir, exist_ok=True)
     bar = Progress(enabled=not args.quiet, label="tune")
     bar.phase(f"importing {args.model or 'the built-in model'}")
-    spec, mod, _, _ = legalized_model(args.model, [template], args.seed)
+    spec, mod, _, _ = legalized_model(args.model, [template], args.seed, obj=args.object,
+                                      input_shapes=_shapes_arg(args.input_shape))
     bar.phase(f"tuning the PrimFuncs {template.name} can offload, {args.trials} trials")
     result = tune(mod, template, trials=args.trials, work_dir=work_dir, runner=runner,
                   target=_target_arg(args.target), progress=bar.step, seed=args.seed)
@@ -201,7 +228,8 @@ def cmd_sweep(args) -> int:
         raise TirbyocError("give at least one --param NAME=V1,V2,... to sweep")
     target = _target_arg(args.target)
     bar = Progress(enabled=not args.quiet)
-    points = sweep(args.model, args.template, grid, target=target, seed=args.seed, progress=bar.step)
+    points = sweep(args.model, args.template, grid, target=target, seed=args.seed, progress=bar.step,
+                   obj=args.object, input_shapes=_shapes_arg(args.input_shape))
     if args.json:
         print(dumps({"model": args.model, "template": args.template,
                       "points": [p.to_json() for p in points]}))
@@ -271,10 +299,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print a JSON list of intrinsics")
     p.set_defaults(func=cmd_intrinsics)
     p = sub.add_parser("match", parents=[common], help="which blocks of a workload the templates' intrinsics match, or why not")
-    p.add_argument("file", help="a .py file defining a PrimFunc/IRModule in TVMScript, or an .onnx model")
+    p.add_argument("file", help="a model or workload as --model takes it: builtin:NAME, an .onnx "
+                                "file, or a .py file (PrimFuncs, Relax module, torch or relax nn model)")
     p.add_argument("--template", "-t", action="append", metavar="T",
                    help="match against this template (repeatable; default all)")
-    p.add_argument("--object", help="which PrimFunc/IRModule of the file, when it defines several")
+    p.add_argument("--object", help="which object of a .py file, or which function inside its "
+                                    "module, when it defines several")
+    p.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...",
+                   help="an ONNX input's shape, fixing dynamic dimensions (repeatable)")
     p.add_argument("--json", action="store_true", help='print {"blocks": [...]} as JSON')
     p.set_defaults(func=cmd_match)
     p = sub.add_parser("run", parents=[common], epilog=_epilog("run"),
@@ -282,6 +314,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", "-m", help="builtin:NAME (default: an MLP suited to the template), "
                    "PATH.onnx, or PATH.py defining a Relax IRModule, a torch.nn.Module with "
                    "example_inputs, or a relax.frontend.nn.Module with spec")
+    p.add_argument("--object", help="which object of a .py model file (or function inside its "
+                                    "module), when it defines several")
+    p.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...",
+                   help="an ONNX input's shape, fixing dynamic dimensions (repeatable)")
     p.add_argument("--template", "-t", action="extend", nargs="+", metavar="T",
                    help="templates to offload to, tried in order (default: x86_vnni if this CPU "
                         "has VNNI, else blas)")
@@ -307,6 +343,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tune", parents=[common], epilog=_epilog("tune"),
                        formatter_class=argparse.RawDescriptionHelpFormatter, help="tune a model's offloadable PrimFuncs with MetaSchedule into a database")
     p.add_argument("--model", "-m", help="as for run (default: an MLP suited to the template)")
+    p.add_argument("--object", help="which object of a .py model file (or function inside its "
+                                    "module), when it defines several")
+    p.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...",
+                   help="an ONNX input's shape, fixing dynamic dimensions (repeatable)")
     p.add_argument("--template", "-t", help="template to offload to (default as for run)")
     p.add_argument("--trials", type=int, default=64, help="candidates to measure in all (default 64)")
     p.add_argument("--work-dir", metavar="DIR", help="where the database and logs go (default: a new "
@@ -324,6 +364,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--param", "-p", action="append", metavar="NAME=V1,V2,...",
                    help="a template parameter and its values (repeatable; the grid is their product)")
     p.add_argument("--model", "-m", help="as for run (default: an MLP suited to the template)")
+    p.add_argument("--object", help="which object of a .py model file (or function inside its "
+                                    "module), when it defines several")
+    p.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...",
+                   help="an ONNX input's shape, fixing dynamic dimensions (repeatable)")
     p.add_argument("--target", help="as for run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the points as JSON")

@@ -143,10 +143,12 @@ def default_templates() -> list[str]:
                        "pass --template")
 
 
-def load_model(spec: str, templates: list[str]):
+def load_model(spec: str | None, templates, obj: str | None = None,
+               input_shapes: dict | None = None):
     """A Relax IRModule from ``builtin:NAME`` (default: an MLP, quantized to the activation
     dtype of an int8 template), an ``.onnx`` file or a ``.py`` file
-    (`tirbyoc.loaders.load_model_file`)."""
+    (`tirbyoc.loaders.load_model_file`; ``obj`` picks an object of the file, ``input_shapes``
+    fixes an ONNX model's dynamic dimensions)."""
     from .loaders import load_model_file
     from .models import MODELS, build_model
 
@@ -154,9 +156,11 @@ def load_model(spec: str, templates: list[str]):
         spec = "builtin:" + ("mlp_int8" if _activation_dtype(templates) else "mlp")
     if not spec.startswith("builtin:"):
         if spec.endswith((".onnx", ".py")):
-            return spec, load_model_file(spec)
+            return spec, load_model_file(spec, obj, input_shapes=input_shapes)
         raise TirbyocError(f"model {spec!r}: give builtin:NAME (NAME one of {sorted(MODELS)}), "
                            "an .onnx file or a .py file")
+    if obj is not None or input_shapes:
+        raise TirbyocError("--object and --input-shape apply to model files, not built-in models")
     name = spec.split(":", 1)[1]
     if name not in MODELS:
         raise TirbyocError(f"unknown built-in model {name!r}; known: {sorted(MODELS)}")
@@ -176,7 +180,8 @@ def _activation_dtype(templates) -> str | None:
     return None
 
 
-def legalized_model(model: str | None, templates, seed: int, inputs: dict | None = None):
+def legalized_model(model: str | None, templates, seed: int, inputs: dict | None = None, *,
+                    obj: str | None = None, input_shapes: dict | None = None):
     """(spec, legalized module, entry function, inputs) of a model for ``templates``: the
     user's ``inputs`` (name -> array) where given, else seeded data in each input's domain
     (`tirbyoc.model_inputs`)."""
@@ -184,7 +189,7 @@ def legalized_model(model: str | None, templates, seed: int, inputs: dict | None
 
     from .model_inputs import model_inputs
 
-    spec, mod = load_model(model, templates)
+    spec, mod = load_model(model, templates, obj, input_shapes)
     mod = relax.transform.LegalizeOps()(mod)
     entry = entry_function(mod)
     return spec, mod, entry, model_inputs(mod, entry, seed, inputs)
@@ -201,6 +206,9 @@ def entry_function(mod) -> str:
             return name
     if len(names) == 1:
         return names[0]
+    if not names:
+        raise TirbyocError("the model has no Relax function to run (a TensorIR workload?); "
+                           "`tirbyoc match` explains it, tirbyoc.offload(func, template) offloads it")
     raise TirbyocError(f"the model has Relax functions {sorted(names)}; name the entry forward or main")
 
 
@@ -384,13 +392,15 @@ def run_offloaded(mod, tmpls, target, entry, arrays, ref_out, *, repeat: int = 1
 def run_model(model: str | None = None, templates: list | None = None, *, target=None,
               seed: int = 0, repeat: int = 10, progress: Progress | None = None,
               database: str | None = None, inputs: dict | None = None,
-              baseline: str = "default", time_baseline: bool = True) -> RunResult:
+              baseline: str = "default", time_baseline: bool = True, obj: str | None = None,
+              input_shapes: dict | None = None) -> RunResult:
     """``templates``: names or Template objects (a variant from a template's factory).
     ``database``: a `tirbyoc tune` work directory whose tuned schedules are applied.
     ``inputs``: the model's inputs by name (the rest are drawn, see `legalized_model`).
     ``baseline``: how TVM builds the untouched model (`BASELINES`), for the same target.
     ``time_baseline``: False builds and runs the baseline for the comparison, untimed.
-    ``repeat``: runs per timing measurement (the minimum of 3 measurements is reported)."""
+    ``repeat``: runs per timing measurement (the minimum of 3 measurements is reported).
+    ``obj``, ``input_shapes``: which object of a model file; an ONNX model's input shapes."""
     from .registry import as_template
 
     tuned = None
@@ -411,7 +421,8 @@ def run_model(model: str | None = None, templates: list | None = None, *, target
     seconds = {}
     t0 = time.perf_counter()
     progress.phase(f"importing {model or 'the built-in model'}")
-    spec, mod, entry, arrays = legalized_model(model, tmpls, seed, inputs)
+    spec, mod, entry, arrays = legalized_model(model, tmpls, seed, inputs, obj=obj,
+                                               input_shapes=input_shapes)
     seconds["import"] = time.perf_counter() - t0
 
     runnable = all(t.runs_here() for t in tmpls)

@@ -65,7 +65,7 @@ def grid_points(grid: dict[str, list]) -> list[dict]:
 
 
 def sweep(model: str | None, template, grid: dict[str, list], *, target=None, seed: int = 0,
-          progress=None) -> list[SweepPoint]:
+          progress=None, obj: str | None = None, input_shapes: dict | None = None) -> list[SweepPoint]:
     """One `SweepPoint` per grid point (in grid order)."""
     from .registry import as_template
     from .run import (UNSTABLE, _activation_dtype, build_reference, check_target,
@@ -90,7 +90,8 @@ def sweep(model: str | None, template, grid: dict[str, list], *, target=None, se
             variant = base.variant(**params)
             act = _activation_dtype([variant])
             if act not in references:
-                _, mod, entry, arrays = legalized_model(model, [variant], seed)
+                _, mod, entry, arrays = legalized_model(model, [variant], seed, obj=obj,
+                                                        input_shapes=input_shapes)
                 ref, _, _ = build_reference(mod, tgt, entry, arrays, 1, "default", timed=False)
                 references[act] = (mod, entry, arrays, ref)
             mod, entry, arrays, ref = references[act]
