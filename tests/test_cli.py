@@ -154,3 +154,33 @@ def test_match_takes_what_run_takes(tmp_path):
     code, out, err = tirbyoc("match", str(examples), "--object", "dense_int8", "--json", cwd=tmp_path)
     assert code == 0, err
     assert {b["function"] for b in json.loads(out)["blocks"]} == {"dense_int8"}
+
+
+def test_wide_tables_wrap_and_repeated_reasons_are_grouped():
+    from tirbyoc.table import group_repeats, render
+
+    reason = "a long reason that several PrimFuncs share, word after word after word " * 2
+    rows, notes = group_repeats([["f1", reason], ["f2", reason], ["f3", "short"]], 1)
+    assert [r[1] for r in rows] == ["[1]", "[1]", "short"] and notes == [f"[1] {reason}"]
+    text = render(["name", "note"], [["f1", reason]], width=60)
+    assert max(len(line) for line in text.splitlines()) <= 60
+    assert "".join(text.split()) .endswith("".join(reason.split()))
+
+
+def test_profile_times_each_offloaded_primfunc(tmp_path):
+    code, out, err = tirbyoc("run", "-q", "-t", "blas", "-m", "builtin:cnn", "--profile", "--repeat", "2",
+                             "--json", cwd=tmp_path)
+    assert code == 0, err
+    timed = [f for f in json.loads(out)["functions"] if f["ms_per_call"]]
+    assert timed and all(f["ms_per_call"]["tvm"] > 0 and f["ms_per_call"]["offloaded"] > 0 for f in timed)
+    code, out, _ = tirbyoc("run", "-q", "-t", "blas", "-m", "builtin:cnn", "--profile", "--repeat", "2",
+                           cwd=tmp_path)
+    assert "ms/call TVM -> offloaded" in out
+
+
+def test_verbose_logs_each_function_and_quiet_keeps_stderr_clean(tmp_path):
+    code, _, err = tirbyoc("run", "-v", "-t", "blas", "--repeat", "1", cwd=tmp_path)
+    assert code == 0 and "matmul: the library kernel tirbyoc_blas_matmul_nn" in err
+    assert "add: kept (no multiply-accumulates)" in err
+    code, _, err = tirbyoc("run", "-q", "-t", "blas", "--repeat", "1", cwd=tmp_path)
+    assert code == 0 and "matmul:" not in err and "offload [" not in err

@@ -171,7 +171,7 @@ def cmd_run(args) -> int:
                        progress=Progress(enabled=not args.quiet), database=args.database,
                        inputs=inputs, baseline=args.baseline, repeat=args.repeat,
                        time_baseline=not args.no_baseline, obj=args.object,
-                       input_shapes=_shapes_arg(args.input_shape))
+                       input_shapes=_shapes_arg(args.input_shape), profile=args.profile)
     if args.json:
         print(dumps(result.to_json()))
     else:
@@ -339,6 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="runs per timing measurement (default 10; the best of 3 is reported)")
     p.add_argument("--no-baseline", action="store_true",
                    help="do not time TVM's build (it is still built and run once to compare)")
+    p.add_argument("--profile", action="store_true",
+                   help="also time each offloaded PrimFunc alone, TVM's build and the offloaded one "
+                        "(ms per call, a column of the table)")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("tune", parents=[common], epilog=_epilog("tune"),
                        formatter_class=argparse.RawDescriptionHelpFormatter, help="tune a model's offloadable PrimFuncs with MetaSchedule into a database")

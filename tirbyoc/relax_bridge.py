@@ -22,12 +22,14 @@ in this process; ``export_library`` cannot serialize a loaded shared library.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from .offloading import offload
 
 OPAQUE = 8  # relay/relax OpPatternKind::kOpaque
+log = logging.getLogger("tirbyoc.offload")
 
 
 @dataclass
@@ -45,6 +47,7 @@ class FunctionReport:
     calls: int = 1  # call sites in the model (coverage weighs each function by them)
     tuned: bool = False  # its schedule came from a tuning database
     check_note: str | None = None  # why verified is None (not run here, not meaningfully checked)
+    ms: dict | None = None  # `tirbyoc run --profile`: ms per call, {"tvm": .., "offloaded": ..}
 
     @property
     def offloaded(self) -> bool:
@@ -73,6 +76,7 @@ class OffloadReport:
     """Per-function outcomes of one or more OffloadTIR runs over a module."""
 
     functions: list[FunctionReport] = field(default_factory=list)
+    module: object = field(default=None, repr=False)  # the offloaded module (tirbyoc run)
 
     def shown(self) -> list[FunctionReport]:
         """The functions a report lists - with MACs or offloaded - most MACs first."""
@@ -230,6 +234,7 @@ def offload_module(mod, templates: Sequence, *, policy="first", verify: bool = T
             wc, tmpl, verified = packed
             macs = sum(mac_blocks(func).values())
             whole[gv] = wc
+            log.debug("%s: the library kernel %s, called whole (call_dps_packed)", name, wc.symbol)
             report.functions.append(FunctionReport(name, macs, macs, tmpl.name, (wc.symbol,),
                                                    None, verified, extern=wc.symbol,
                                                    calls=counts.get(name, 1)))
@@ -257,6 +262,9 @@ def offload_module(mod, templates: Sequence, *, policy="first", verify: bool = T
                         if not b.offloaded and b.block in reductions]
         if intrinsics:
             updates[gv] = _keep_identity(func, current)
+        log.debug("%s: %s", name, f"offloaded to {used} ({', '.join(dict.fromkeys(intrinsics))}), "
+                  f"{done:,} of {total:,} MACs" if intrinsics else
+                  f"kept ({'; '.join(dict.fromkeys(reasons)) or 'no multiply-accumulates'})")
         report.functions.append(FunctionReport(
             name, total, done, used, tuple(intrinsics),
             None if not total or done == total else "; ".join(dict.fromkeys(reasons)) or None,

@@ -7,6 +7,7 @@ inputs, compare the outputs, time both, and report per PrimFunc what happened.
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from dataclasses import dataclass, field
@@ -50,7 +51,8 @@ class RunResult:
             "simulation": {t: st.to_json() for t, st in self.simulation.items()},
             "functions": [{"name": f.name, "calls": f.calls, "macs": f.macs, "offloaded_macs": f.offloaded_macs,
                            "template": f.template, "intrinsics": list(f.intrinsics),
-                           "extern": f.extern, "reason": f.reason, "verified": f.verified}
+                           "extern": f.extern, "reason": f.reason, "verified": f.verified,
+                           "ms_per_call": f.ms}
                           for f in r.functions],
         }
 
@@ -65,11 +67,18 @@ class RunResult:
         return f"{text}: {c.note}" if c.note else text
 
     def table(self) -> str:
-        from .table import render
+        from .table import group_repeats, render
 
         r = self.report
-        rows = [(f.name, str(f.calls), f"{f.total_macs:,}", f.kernel(), f.note()) for f in r.shown()]
-        text = render(("PrimFunc", "calls", "MACs", "intrinsic or library kernel", "note"), rows)
+        timed = any(f.ms for f in r.shown())
+        rows = [(f.name, str(f.calls), f"{f.total_macs:,}", f.kernel())
+                + ((_per_call(f.ms),) if timed else ()) + (f.note(),) for f in r.shown()]
+        rows, notes = group_repeats(rows, len(rows[0]) - 1 if rows else 0)
+        head = ("PrimFunc", "calls", "MACs", "intrinsic or library kernel")
+        head += (("ms/call TVM -> offloaded",) if timed else ()) + ("note",)
+        text = render(head, rows)
+        if notes:
+            text += "\n\n" + "\n".join(notes)
         lat = self.latency_ms
         text += (f"\n\n{len(r.functions)} PrimFuncs ({r.others} without multiply-accumulates, "
                  "left to TVM)"
@@ -90,6 +99,14 @@ class RunResult:
         if self.not_run:
             text += f"\nnot run: {self.not_run}"
         return text
+
+
+def _per_call(ms: dict | None) -> str:
+    if not ms:
+        return "-"
+    if "error" in ms:
+        return "not timed"
+    return f"{ms['tvm']:.3f} -> {ms['offloaded']:.3f}"
 
 
 def _ms(value) -> str:
@@ -113,6 +130,8 @@ class Progress:
     def phase(self, text: str) -> None:
         if self.enabled:
             self._write(f"tirbyoc: {text}", end=True)
+        else:
+            logging.getLogger("tirbyoc.run").debug(text)
 
     def step(self, done: int, total: int, name: str) -> None:
         if not self.enabled or not total:
@@ -375,6 +394,7 @@ def run_offloaded(mod, tmpls, target, entry, arrays, ref_out, *, repeat: int = 1
     `offload`), build, run once (simulators measuring that run), time, compare with
     ``ref_out``: (report, comparison or None, ms, simulation, missing)."""
     offloaded, report = offload_module(mod, tmpls, progress=progress, tuned=tuned)
+    report.module = offloaded  # the offloaded module, for per-function timing
     missing = [f"template {t.name} cannot run here: {t.unavailable_reason()}" for t in tmpls
                if not t.runs_here()]
     if missing or ref_out is None:
@@ -389,18 +409,56 @@ def run_offloaded(mod, tmpls, target, entry, arrays, ref_out, *, repeat: int = 1
     return report, comparison, ms, dict(zip(sims, stats)), missing
 
 
+def time_function(func, target, repeat: int, seed: int = 0) -> float:
+    """Milliseconds per call of one PrimFunc built for ``target``, on seeded inputs in its
+    domain (the best of 3 measurements of ``repeat`` calls)."""
+    from ._tvm import tvm
+    from .verification import _compile, _param_buffers, make_inputs
+
+    arrays = make_inputs(func, _param_buffers(func), None, seed)
+    exe = _compile(func, target, "timed")
+    name = str(func.attrs["global_symbol"]) if func.attrs and "global_symbol" in func.attrs else "main"
+    timer = exe.mod.time_evaluator(name, tvm.cpu(), number=max(1, repeat), repeat=3)
+    return float(np.min(timer(*[tvm.runtime.tensor(a) for a in arrays]).results)) * 1e3
+
+
+def profile_functions(mod, report, target, repeat: int, progress=None) -> None:
+    """Per offloaded PrimFunc: milliseconds per call of TVM's build of the untouched function
+    and of the offloaded one (``FunctionReport.ms``), each built and timed alone. A function
+    that became a library call (``call_dps_packed``) has no PrimFunc left to time alone."""
+    from ._tvm import tirx
+
+    offloaded = getattr(report, "module", None)
+    todo = [f for f in report.functions if f.offloaded and not f.extern]
+    for n, f in enumerate(todo):
+        if progress is not None:
+            progress(n, len(todo), f.name)
+        names = {g.name_hint for g in offloaded.get_global_vars()} if offloaded is not None else set()
+        new = offloaded[f.name] if f.name in names else None
+        if not isinstance(new, tirx.PrimFunc):
+            continue
+        try:
+            f.ms = {"tvm": time_function(mod[f.name], target, repeat),
+                    "offloaded": time_function(new, target, repeat)}
+        except TirbyocError as err:
+            f.ms = {"error": str(err)}
+    if progress is not None:
+        progress(len(todo), len(todo), "")
+
+
 def run_model(model: str | None = None, templates: list | None = None, *, target=None,
               seed: int = 0, repeat: int = 10, progress: Progress | None = None,
               database: str | None = None, inputs: dict | None = None,
               baseline: str = "default", time_baseline: bool = True, obj: str | None = None,
-              input_shapes: dict | None = None) -> RunResult:
+              input_shapes: dict | None = None, profile: bool = False) -> RunResult:
     """``templates``: names or Template objects (a variant from a template's factory).
     ``database``: a `tirbyoc tune` work directory whose tuned schedules are applied.
     ``inputs``: the model's inputs by name (the rest are drawn, see `legalized_model`).
     ``baseline``: how TVM builds the untouched model (`BASELINES`), for the same target.
     ``time_baseline``: False builds and runs the baseline for the comparison, untimed.
     ``repeat``: runs per timing measurement (the minimum of 3 measurements is reported).
-    ``obj``, ``input_shapes``: which object of a model file; an ONNX model's input shapes."""
+    ``obj``, ``input_shapes``: which object of a model file; an ONNX model's input shapes.
+    ``profile``: also time each offloaded PrimFunc alone, untouched and offloaded."""
     from .registry import as_template
 
     tuned = None
@@ -446,6 +504,11 @@ def run_model(model: str | None = None, templates: list | None = None, *, target
     if ms is not None:
         latency["offloaded"] = ms
     seconds["offload_build_run"] = time.perf_counter() - t0
+    if profile and runnable:
+        t0 = time.perf_counter()
+        progress.phase("timing each offloaded PrimFunc alone")
+        profile_functions(mod, report, tgt, repeat, progress=progress.step)
+        seconds["profile"] = time.perf_counter() - t0
     import json
 
     target_json = json.loads(str(tgt))  # the target both builds really used

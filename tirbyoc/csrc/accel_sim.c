@@ -12,7 +12,8 @@
  *   scratchpad_begin(b0, b1, b2) / scratchpad_end(b0, b1, b2)
  *                                 a program holds b_s bytes of scratchpad s while it runs
  *                                 (the rewrite brackets each offloaded PrimFunc with them):
- *                                 high-water marks, and an error past a capacity
+ *                                 high-water marks, and an error past a capacity; the end of a
+ *                                 program is a barrier (every unit done, tiles forgotten)
  * Tiles are 1-D or 2-D, possibly strided windows; values are computed exactly as the untouched
  * program computes them (integer arithmetic, wrap-around narrowing on store).
  *
@@ -83,6 +84,20 @@ static Tile* tile_of(uintptr_t addr) {
   t->scope = -1;
   ++tiles_used;
   return t;
+}
+
+/* The end of a program (an offloaded PrimFunc) is a synchronisation point: the host runs
+ * whatever comes between two programs, so every unit finishes before the next one starts,
+ * and no dependence crosses the boundary. Tiles are tracked by their host addresses, which
+ * another program may reuse for other data depending on what the process allocated before:
+ * forgetting them here keeps a program's cycles independent of the process's history. */
+static void barrier(void) {
+  int64_t t = stats[ST_CYCLES];
+  for (int u = 0; u < N_UNITS; ++u)
+    if (unit_free[u] > t) t = unit_free[u];
+  for (int u = 0; u < N_UNITS; ++u) unit_free[u] = t;
+  memset(tiles, 0, sizeof tiles);
+  tiles_used = 0;
 }
 
 static void reset_state(void) {
@@ -344,6 +359,8 @@ static int scratchpad(int begin, const TVMFFIAny* args, int32_t n, TVMFFIAny* rv
       held[s] += args[s].v_int64;
       if (held[s] > stats[ST_HIGH0 + s]) stats[ST_HIGH0 + s] = held[s];
     }
+  else
+    barrier();
   return tirbyoc_return_none(rv);
 }
 
