@@ -24,6 +24,7 @@ import numpy as np
 
 from ._tvm import PrimCall, TensorLoad, expr_dtype, prim_expr, tirx
 from .dtypes import parse_dtype
+from .errors import VerificationError
 from .tir_walk import iter_exprs, iter_stores
 
 _SHIFT_CALLS = ("tirx.shift_left", "tirx.shift_right")
@@ -100,10 +101,24 @@ def buffer_domains(func) -> dict[str, Domain]:
     return found
 
 
+def random_array(shape, dtype: str, rng: np.random.Generator) -> np.ndarray:
+    """Seeded data that exercises a dtype: full-range 8-bit ints, small wide ints, [-1, 1]
+    floats."""
+    if dtype in ("int8", "uint8"):
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, size=shape, endpoint=True, dtype=dtype)
+    if dtype.startswith(("int", "uint")):
+        low = 0 if dtype.startswith("uint") else -64
+        return rng.integers(low, 64, size=shape, dtype=dtype)
+    if dtype == "bool":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    if dtype.startswith(("float", "bfloat")):
+        return rng.uniform(-1.0, 1.0, size=shape).astype(dtype)
+    raise VerificationError(f"cannot make test data of dtype {dtype!r}")
+
+
 def draw(shape, dtype: str, rng: np.random.Generator, domain: Domain | None = None) -> np.ndarray:
     """Seeded data of ``shape`` and ``dtype`` inside ``domain`` (default data without one)."""
-    from .verification import random_array
-
     if domain is None:
         return random_array(shape, dtype, rng)
     if dtype == "bool":
@@ -134,4 +149,4 @@ def draw(shape, dtype: str, rng: np.random.Generator, domain: Domain | None = No
     return values.astype(np_dtype)
 
 
-__all__ = ["Domain", "buffer_domains", "draw"]
+__all__ = ["Domain", "buffer_domains", "draw", "random_array"]

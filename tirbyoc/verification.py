@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .domains import random_array  # noqa: F401 - part of this module's API
 from .errors import TirbyocError, VerificationError
 
 # Relative tolerance per float dtype, scaled by sqrt(reduction length) in `tolerance`.
@@ -46,22 +47,6 @@ class Verification:
         tol = max(self.tolerance.values(), default=0.0)
         return (f"{word} (max |err| {self.max_abs_err:.3g}, relative {self.max_rel_err:.3g}, "
                 f"tolerance {tol:.3g}{note})")
-
-
-def random_array(shape, dtype: str, rng: np.random.Generator) -> np.ndarray:
-    """Seeded data that exercises a dtype: full-range 8-bit ints, small wide ints, [-1, 1]
-    floats."""
-    if dtype in ("int8", "uint8"):
-        info = np.iinfo(dtype)
-        return rng.integers(info.min, info.max, size=shape, endpoint=True, dtype=dtype)
-    if dtype.startswith(("int", "uint")):
-        low = 0 if dtype.startswith("uint") else -64
-        return rng.integers(low, 64, size=shape, dtype=dtype)
-    if dtype == "bool":
-        return rng.integers(0, 2, size=shape).astype(bool)
-    if dtype.startswith(("float", "bfloat")):
-        return rng.uniform(-1.0, 1.0, size=shape).astype(dtype)
-    raise VerificationError(f"cannot make test data of dtype {dtype!r}")
 
 
 def is_float_dtype(dtype: str) -> bool:
