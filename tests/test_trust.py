@@ -237,17 +237,29 @@ def test_te_conv2d_nhwc_with_an_unsimplified_group_index_offloads():
     assert conv.offloaded and out.verification.passed is True
 
 
-def test_a_scheduled_loop_nest_with_a_decomposed_init_offloads():
-    """Split loops and decompose_reduction's init block inside them: merged and unsplit."""
+def _tiled_matmul(m, n, k, split_k: bool):
+    """A float matmul scheduled into 16-wide tiles (k too when ``split_k``): (schedule, block,
+    loops outer to inner)."""
     from tirbyoc._tvm import Schedule
     from tirbyoc.workloads import matmul
 
-    sch = Schedule(matmul(64, 48, 32, "float32", "float32", "float32"))
+    sch = Schedule(matmul(m, n, k, "float32", "float32", "float32"))
     block = sch.get_sblock("C")
-    i, j, k = sch.get_loops(block)
+    i, j, kk = sch.get_loops(block)
     io, ii = sch.split(i, [None, 16])
     jo, ji = sch.split(j, [None, 16])
-    sch.reorder(io, jo, ii, ji, k)
+    if split_k:
+        ko, ki = sch.split(kk, [None, 16])
+        sch.reorder(io, jo, ko, ii, ji, ki)
+        return sch, block, (io, jo, ko, ii, ji, ki)
+    sch.reorder(io, jo, ii, ji, kk)
+    return sch, block, (io, jo, ii, ji, kk)
+
+
+def test_a_scheduled_loop_nest_with_a_decomposed_init_offloads():
+    """Split loops and decompose_reduction's init block inside them: merged and unsplit."""
+    sch, block, loops = _tiled_matmul(64, 48, 32, split_k=False)
+    k = loops[-1]
     sch.decompose_reduction(block, k)
     out = tirbyoc.offload(sch.mod["main"], "blas")
     (update,) = [b for b in out.blocks if b.block == "C_update"]
@@ -256,18 +268,10 @@ def test_a_scheduled_loop_nest_with_a_decomposed_init_offloads():
 
 # ------------------------------------------------------------------- counts (item 6)
 def test_a_blockized_gemm_counts_its_macs_where_they_compute():
-    from tirbyoc._tvm import Schedule
     from tirbyoc.pattern import block_macs
-    from tirbyoc.workloads import matmul
 
-    sch = Schedule(matmul(64, 64, 64, "float32", "float32", "float32"))
-    block = sch.get_sblock("C")
-    i, j, k = sch.get_loops(block)
-    io, ii = sch.split(i, [None, 16])
-    jo, ji = sch.split(j, [None, 16])
-    ko, ki = sch.split(k, [None, 16])
-    sch.reorder(io, jo, ko, ii, ji, ki)
-    sch.blockize(ii)
+    sch, _, loops = _tiled_matmul(64, 64, 64, split_k=True)
+    sch.blockize(loops[3])  # the inner 16x16x16 tile becomes a block
     func = sch.mod["main"]
     assert block_macs(func) == {"C": 64 ** 3}
     out = tirbyoc.offload(func, "blas")

@@ -12,7 +12,7 @@ and the update block's spatial iterators index every element of the buffer.
 
 from __future__ import annotations
 
-from .tir_walk import root_block
+from .tir_walk import root_block, with_root_body
 
 
 def _nest(stmt):
@@ -54,18 +54,11 @@ def merge_separate_init(func, init_name: str, update_name: str):
     ``decompose_reduction`` leaves a scheduled reduction (``for i0, j0, i1, j1: C_init;
     for k: C_update``): there the init must write, for each instance of the shared loops, the
     element the update then reduces into (the same bindings)."""
-    from ._tvm import s_tir
-
     root = root_block(func)
     if root is None:
         return None
     body = _merge_in(root.body, init_name, update_name, top=True)
-    if body is None:
-        return None
-    new_root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, body,
-                            root.init, root.alloc_buffers, root.match_buffers, root.annotations)
-    realize = func.body
-    return func.with_body(s_tir.SBlockRealize(realize.iter_values, realize.predicate, new_root))
+    return None if body is None else with_root_body(func, body)
 
 
 def _merge_in(stmt, init_name: str, update_name: str, top: bool):

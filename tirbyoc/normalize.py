@@ -16,7 +16,7 @@ as ``co // 64 * 64 + rc`` that are plain ``rc`` within the iterators' bounds (TV
 from __future__ import annotations
 
 from ._tvm import s_tir, tirx, tvm
-from .tir_walk import root_block
+from .tir_walk import root_block, with_root_body
 
 
 def _perfect_nest(stmt):
@@ -116,12 +116,7 @@ def trivial_loops(func, block_name: str):
     if root is None:
         return None
     body = _replace(root.body, block_name)
-    if body is None:
-        return None
-    new_root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, body,
-                            root.init, root.alloc_buffers, root.match_buffers, root.annotations)
-    realize = func.body
-    return func.with_body(s_tir.SBlockRealize(realize.iter_values, realize.predicate, new_root))
+    return None if body is None else with_root_body(func, body)
 
 
 def _divides_in_index(func) -> bool:

@@ -49,6 +49,16 @@ def root_block(func) -> "s_tir.SBlock | None":
     return None
 
 
+def with_root_body(func, body):
+    """``func`` with its root block's body replaced by ``body`` (everything else kept): how
+    the IR normalisations hand back a rewritten function."""
+    root = root_block(func)
+    new_root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, body,
+                            root.init, root.alloc_buffers, root.match_buffers, root.annotations)
+    realize = func.body
+    return func.with_body(s_tir.SBlockRealize(realize.iter_values, realize.predicate, new_root))
+
+
 def child_blocks(block) -> list:
     """Blocks directly nested in ``block``'s body (not in deeper blocks)."""
     out = []
