@@ -1,9 +1,14 @@
 """Numerical proof of a rewrite: build both functions, run them on the same inputs, compare.
 
-Every offload tirbyoc makes is checked this way. Inputs are seeded and suited to each
-dtype (full range for 8-bit integers, so a saturating instruction shows; small values for
-wider integers so sums do not overflow; uniform in [-1, 1] for floats). Integers must agree
-exactly; floats within a tolerance that grows with the reduction length.
+Every offload tirbyoc makes is checked this way. Inputs are seeded, drawn in the domain the
+function's own use of each buffer implies (`tirbyoc.domains`: gather indices inside the
+table, shift amounts below the width, non-zero divisors), and otherwise suited to the dtype
+(full range for 8-bit integers, so a saturating instruction shows; small values for wider
+integers so sums do not overflow; uniform in [-1, 1] for floats). Integers must agree
+exactly; floats within a tolerance relative to the reference's own scale that grows with the
+reduction length. A reference that cannot tell a right result from a wrong one (non-finite,
+all zero, one constant) is "not meaningfully checked", and a reference build that disagrees
+with itself on the same inputs is never blamed on the rewrite.
 """
 
 from __future__ import annotations
