@@ -13,10 +13,15 @@ against TVM's build, and reports the simulated cycles.
 
 from tirbyoc import IntrinsicGroup, Runtime, Scope, Template
 from tirbyoc.run import run_model
-from tirbyoc.sim import SimConfig, Simulator
+from tirbyoc.sim import Simulator, config_for
 from tirbyoc_intrinsics.vta import ACC, INP, WGT, dma, fill_zero, gemm
 
 NAME, BATCH, BLOCK_IN, BLOCK_OUT = "npu8", 2, 8, 32
+
+
+SCRATCHPADS = (Scope(INP, 16 * 1024, 16, "input scratchpad"),
+               Scope(WGT, 64 * 1024, 16, "weight scratchpad"),
+               Scope(ACC, 32 * 1024, 16, "accumulator scratchpad"))
 
 
 def npu8() -> Template:
@@ -31,13 +36,11 @@ def npu8() -> Template:
             loads=(dma("load", BATCH, BLOCK_IN, "int8", INP, prefix=NAME),
                    dma("load", BLOCK_OUT, BLOCK_IN, "int8", WGT, prefix=NAME)),
             store=dma("store", BATCH, BLOCK_OUT, "int32", ACC, prefix=NAME)),),
-        scopes=(Scope(INP, 16 * 1024, 16, "input scratchpad"),
-                Scope(WGT, 64 * 1024, 16, "weight scratchpad"),
-                Scope(ACC, 32 * 1024, 16, "accumulator scratchpad")),
-        simulator=Simulator(SimConfig(core_macs=BATCH * BLOCK_IN * BLOCK_OUT, alu_lanes=BATCH * BLOCK_OUT,
-                                      dma_bytes_per_cycle=16, dma_latency=100,
-                                      capacities=(16 * 1024, 64 * 1024, 32 * 1024), clock_mhz=400,
-                                      scopes=(INP, WGT, ACC))),
+        scopes=SCRATCHPADS,
+        # capacities and scope names come from the scopes: planner and simulator agree
+        simulator=Simulator(config_for(SCRATCHPADS, core_macs=BATCH * BLOCK_IN * BLOCK_OUT,
+                                       alu_lanes=BATCH * BLOCK_OUT, dma_bytes_per_cycle=16,
+                                       dma_latency=100, clock_mhz=400)),
         doc="2x8x32 int8 GEMM core with 16/64/32 KiB scratchpads",
     )
 

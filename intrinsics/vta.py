@@ -12,7 +12,7 @@ operand windows as DLTensors.
 from functools import cache, partial
 from typing import Optional
 
-from tirbyoc.sim import SimConfig, Simulator
+from tirbyoc.sim import Simulator, config_for
 from tirbyoc import (
     DENSE,
     Cost,
@@ -349,24 +349,23 @@ def make_template(batch: int = 1, block_in: int = 16, block_out: int = 16,
                   alu_relu(batch * block_out, acc_dtype, prefix=name),
                   alu_shift_clip(batch * block_out, acc_dtype=acc_dtype, prefix=name)),
     )
+    scopes = (Scope(INP, inp_kib * 1024, 16, "input scratchpad"),
+              Scope(WGT, wgt_kib * 1024, 16, "weight scratchpad"),
+              Scope(ACC, acc_kib * 1024, 16, "accumulator scratchpad"))
     return Template(
         name=name,
         target=TARGET,
         runtime=Runtime.SIMULATOR,
         groups=(group,),
-        scopes=(Scope(INP, inp_kib * 1024, 16, "input scratchpad"),
-                Scope(WGT, wgt_kib * 1024, 16, "weight scratchpad"),
-                Scope(ACC, acc_kib * 1024, 16, "accumulator scratchpad")),
+        scopes=scopes,
         # loading an accumulator tile (a bias), and storing one without narrowing (int32
         # outputs; the group's store narrows to the input dtype after shift-and-clip)
         extra=(dma("load", batch, block_out, acc_dtype, ACC, prefix=name),
                dma("store", batch, block_out, acc_dtype, ACC, prefix=name)),
         requires=_requires,
-        simulator=Simulator(SimConfig(
-            core_macs=batch * block_in * block_out, alu_lanes=batch * block_out,
-            dma_bytes_per_cycle=dma_bytes_per_cycle, dma_latency=dma_latency,
-            capacities=(inp_kib * 1024, wgt_kib * 1024, acc_kib * 1024), clock_mhz=clock_mhz,
-            scopes=(INP, WGT, ACC))),
+        simulator=Simulator(config_for(
+            scopes, core_macs=batch * block_in * block_out, alu_lanes=batch * block_out,
+            dma_bytes_per_cycle=dma_bytes_per_cycle, dma_latency=dma_latency, clock_mhz=clock_mhz)),
         doc=f"VTA-style {batch}x{block_in}x{block_out} int8 GEMM core with scratchpads, DMA and ALU",
         factory=make_template,
         params=dict(name=name, batch=batch, block_in=block_in, block_out=block_out, inp_kib=inp_kib,

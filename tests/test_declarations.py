@@ -177,3 +177,19 @@ def test_vta_parameters_validated():
     t = vta.make_template(batch=2, block_in=8, block_out=32, acc_kib=64)
     assert t.intrinsic("gemm_2x8x32").shape == (2, 32, 8)
     assert t.scope("local.acc_buffer").capacity == 64 * 1024
+
+
+def test_a_simulator_configured_unlike_its_scopes_is_refused():
+    """The scratchpad planner tiles for the scopes' capacities and the simulator enforces its
+    own: a template where they differ would refuse its own programs at run time."""
+    from dataclasses import replace
+
+    from tirbyoc.errors import TemplateError
+    from tirbyoc.sim import Simulator
+
+    vta = tirbyoc.get_template("vta")
+    caps = list(vta.simulator.config.capacities)
+    caps[2] //= 2
+    bad = Simulator(replace(vta.simulator.config, capacities=tuple(caps)))
+    with pytest.raises(TemplateError, match="accumulator|acc_buffer"):
+        replace(vta, simulator=bad)

@@ -88,6 +88,19 @@ class SimConfig:
         object.__setattr__(self, "scopes", scopes)
 
 
+def config_for(scopes, **timing) -> SimConfig:
+    """The `SimConfig` of a template whose input, weight and accumulator scratchpads are
+    ``scopes`` (three `tirbyoc.Scope`, in that order): capacities and scope names are taken
+    from them, so the simulator and the scratchpad planner cannot disagree. ``timing``: the
+    other `SimConfig` fields (core_macs, alu_lanes, dma_bytes_per_cycle, dma_latency, clock_mhz)."""
+    scopes = tuple(scopes)
+    if len(scopes) != 3 or any(s.capacity is None for s in scopes):
+        raise ValueError("config_for needs the input, weight and accumulator scopes, each with a "
+                         f"capacity; got {[getattr(s, 'name', s) for s in scopes]}")
+    return SimConfig(capacities=tuple(int(s.capacity) for s in scopes),
+                     scopes=tuple(s.name for s in scopes), **timing)
+
+
 @dataclass(frozen=True)
 class SimStats:
     """One run's figures (cycles at the configured clock)."""
@@ -188,4 +201,4 @@ class Simulator:
         return func.with_body(s_tir.SBlockRealize(realize.iter_values, realize.predicate, new))
 
 
-__all__ = ["SCOPES", "SimConfig", "SimStats", "Simulator", "load", "unavailable_reason"]
+__all__ = ["SCOPES", "SimConfig", "SimStats", "Simulator", "config_for", "load", "unavailable_reason"]

@@ -101,6 +101,7 @@ class Template:
             object.__setattr__(self, attr, tuple(getattr(self, attr)))
         self._check_scopes()
         self._check_intrinsics()
+        self._check_simulator()
         for lib in self.libraries:
             if not isinstance(lib, ExternLibrary):
                 raise TemplateError(f"template {self.name!r}: libraries must be ExternLibrary, got {lib!r}")
@@ -117,6 +118,22 @@ class Template:
         if "global" not in names:
             scopes.insert(0, GLOBAL)
         object.__setattr__(self, "scopes", tuple(scopes))
+
+    def _check_simulator(self) -> None:
+        """A simulator that names the template's scratchpad scopes must be configured with
+        their capacities: the simulator refuses programs past its own capacities, the planner
+        tiles for the scopes', and the two must not disagree silently."""
+        config = getattr(self.simulator, "config", None)
+        for name, capacity in zip(getattr(config, "scopes", ()) or (), getattr(config, "capacities", ())):
+            scope = self.scope(name, missing_ok=True)
+            if scope is None:
+                raise TemplateError(f"template {self.name!r}: its simulator names scope {name!r}, "
+                                    f"which the template does not declare; declared scopes: "
+                                    f"{[s.name for s in self.scopes]}")
+            if scope.capacity != capacity:
+                raise TemplateError(f"template {self.name!r}: scope {name!r} holds {scope.capacity} "
+                                    f"bytes but its simulator is configured with {capacity}; "
+                                    "build the SimConfig from the scopes' capacities")
 
     def _check_intrinsics(self) -> None:
         for g in self.groups:
