@@ -68,6 +68,16 @@ def host_cpu_features() -> set[str]:
     return {str(f) for f in codegen.llvm_get_cpu_features(host_target())}
 
 
+_ISA = ("avx", "sse", "ssse", "fma", "f16c", "amx", "bmi", "gfni", "vaes", "vpclmul", "sha")
+
+
+def isa_features(target) -> set[str]:
+    """The instruction-set features (AVX-512, AMX, FMA, ...) an LLVM ``target`` lets code use."""
+    from tvm.target import codegen
+
+    return {str(f) for f in codegen.llvm_get_cpu_features(make_target(target)) if str(f).startswith(_ISA)}
+
+
 def host_target() -> "tvm.target.Target":
     from tvm.target import codegen
 

@@ -12,6 +12,13 @@ class TirbyocError(Exception):
     exit_code = 2
 
 
+def last_line(err: BaseException) -> str:
+    """The last line of an exception's message (TVM puts its own message at the end of a C++
+    traceback), or the exception's type when the message is empty."""
+    text = str(err).strip()
+    return text.splitlines()[-1] if text else type(err).__name__
+
+
 class ModelError(TirbyocError):
     """TVM itself could not import or build the user's model, before any offload: the
     model or TVM is at fault, not tirbyoc's rewrite. The command line exits with 3."""

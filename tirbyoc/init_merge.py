@@ -12,19 +12,7 @@ and the update block's spatial iterators index every element of the buffer.
 
 from __future__ import annotations
 
-from .tir_walk import root_block, with_root_body
-
-
-def _nest(stmt):
-    """(loops outer to inner, leaf SBlockRealize) of a perfect loop nest (no loops: a bare
-    realize), or None."""
-    from ._tvm import s_tir, tirx
-
-    loops = []
-    while isinstance(stmt, tirx.For):
-        loops.append(stmt)
-        stmt = stmt.body
-    return (loops, stmt) if isinstance(stmt, s_tir.SBlockRealize) else None
+from .tir_walk import always_true, perfect_nest, root_block, with_loop_body, with_root_body
 
 
 def _covers_buffer(block, indices, buffer, kinds) -> bool:
@@ -82,8 +70,7 @@ def _merge_in(stmt, init_name: str, update_name: str, top: bool):
         inner = _merge_in(stmt.body, init_name, update_name, top=False)
         if inner is None:
             return None
-        return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, inner,
-                        stmt.thread_binding, stmt.annotations)
+        return with_loop_body(stmt, inner)
     return None
 
 
@@ -92,7 +79,7 @@ def _merge_pair(first, second, init_name: str, update_name: str, top: bool):
     or None unless that is exactly equivalent."""
     from ._tvm import s_tir, structural_equal, tirx
 
-    a, b = _nest(first), _nest(second)
+    a, b = perfect_nest(first), perfect_nest(second)
     if a is None or b is None:
         return None
     (iloops, init_realize), (uloops, update_realize) = a, b
@@ -126,8 +113,7 @@ def _merge_pair(first, second, init_name: str, update_name: str, top: bool):
                              update.alloc_buffers, update.match_buffers, update.annotations)
     body = s_tir.SBlockRealize(update_realize.iter_values, update_realize.predicate, new_block)
     for loop in reversed(uloops):
-        body = tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body,
-                        loop.thread_binding, loop.annotations)
+        body = with_loop_body(loop, body)
     return body
 
 
@@ -145,8 +131,7 @@ def _same_elements(init_realize, init_idx, iloops, update_realize, update_idx, e
     Two separate top-level nests each cover the whole buffer (their own loops); a nest inside
     shared loops must bind each dimension to the same expression of those loops."""
     if iloops:  # its own loops: it covers the whole buffer before the update starts
-        return not init_realize.predicate or str(init_realize.predicate) == "T.bool(True)" \
-            or bool(getattr(init_realize.predicate, "value", 0))
+        return always_true(init_realize.predicate)
     for iv, uv in zip(init_idx, update_idx):
         a, b = _binding(init_realize, iv), _binding(update_realize, uv)
         if a is None or b is None or not equal(a, b, map_free_vars=False):

@@ -21,14 +21,21 @@ from .domains import Domain, buffer_domains, draw
 from .errors import TirbyocError
 
 
-def _static_shape(param) -> tuple[int, ...]:
-    ty = param.ty  # TVM 0.27: a Relax parameter's struct info is ``.ty``
+def _shape(param) -> tuple[int, ...] | None:
+    """A Relax parameter's static shape, or None when a dimension is symbolic."""
     try:
-        return tuple(int(d) for d in ty.shape.values)
-    except (AttributeError, TypeError) as err:
+        return tuple(int(d) for d in param.ty.shape.values)  # TVM 0.27: struct info is ``.ty``
+    except (AttributeError, TypeError):
+        return None
+
+
+def _static_shape(param) -> tuple[int, ...]:
+    shape = _shape(param)
+    if shape is None:
         raise TirbyocError(
-            f"model input {param.name!r} has no static shape ({ty}); give its shape "
-            "(--input-shape NAME=D0,D1,...) or its values (--inputs FILE.npz)") from err
+            f"model input {param.name!r} has no static shape ({param.ty}); give its shape "
+            "(--input-shape NAME=D0,D1,...) or its values (--inputs FILE.npz)")
+    return shape
 
 
 def call_tir_domains(mod, func) -> dict[str, Domain]:
@@ -42,19 +49,18 @@ def call_tir_domains(mod, func) -> dict[str, Domain]:
     call_tir = tvm.ir.Op.get("relax.call_tir")
     params = {p.name: p for p in func.params}
     found: dict[str, Domain] = {}
-    cache: dict[str, dict] = {}
+    cache: dict[str, dict] = {}  # callee -> {argument position: Domain}
+    callees = {g.name_hint for g in mod.get_global_vars()}
 
     def visit(expr):
         if not (isinstance(expr, relax.Call) and expr.op.same_as(call_tir)):
             return
         gv = expr.args[0]
-        prim = mod[gv] if gv in mod.get_global_vars() else None
-        if not isinstance(prim, tirx.PrimFunc):
-            return
         if gv.name_hint not in cache:
-            domains = buffer_domains(prim)
+            prim = mod[gv] if gv.name_hint in callees else None
+            domains = buffer_domains(prim) if isinstance(prim, tirx.PrimFunc) else {}
             cache[gv.name_hint] = {i: domains[str(b.name)] for i, b in enumerate(prim.params)
-                                   if isinstance(b, tirx.Buffer) and str(b.name) in domains}
+                                   if isinstance(b, tirx.Buffer) and str(b.name) in domains} if domains else {}
         args = expr.args[1].fields if isinstance(expr.args[1], relax.Tuple) else [expr.args[1]]
         for i, arg in enumerate(args):
             dom = cache[gv.name_hint].get(i)
@@ -117,9 +123,8 @@ def model_inputs(mod, entry: str, seed: int, given: dict | None = None) -> list[
 def _given(param, value) -> np.ndarray:
     dtype = str(param.ty.dtype)
     arr = np.ascontiguousarray(np.asarray(value).astype(dtype))
-    try:
-        want = tuple(int(d) for d in param.ty.shape.values)
-    except (AttributeError, TypeError):
+    want = _shape(param)
+    if want is None:
         return arr  # a symbolic shape: the model checks it when it runs
     if arr.shape != want:
         raise TirbyocError(f"input {param.name!r} has shape {arr.shape}; the model wants {want}")

@@ -15,21 +15,9 @@ as ``co // 64 * 64 + rc`` that are plain ``rc`` within the iterators' bounds (TV
 
 from __future__ import annotations
 
-from ._tvm import s_tir, tirx, tvm
-from .tir_walk import root_block, with_root_body
-
-
-def _perfect_nest(stmt):
-    """(loops outer to inner, leaf realize) of a perfect loop nest, or None."""
-    loops = []
-    while isinstance(stmt, tirx.For):
-        loops.append(stmt)
-        stmt = stmt.body
-    return (loops, stmt) if isinstance(stmt, s_tir.SBlockRealize) and loops else None
-
-
-def _is_true(pred) -> bool:
-    return bool(getattr(pred, "value", 0)) if pred is not None else True
+from ._tvm import TensorLoad, prim_expr, s_tir, structural_equal, tirx, tvm
+from .tir_walk import (always_true, iter_exprs, iter_stores, perfect_nest, root_block,
+                       with_loop_body, with_root_body)
 
 
 def _trivial(loops, realize) -> bool:
@@ -67,8 +55,6 @@ def _bijective(loops, realize) -> bool:
 
 
 def _uses(expr, var) -> bool:
-    from .tir_walk import iter_exprs
-
     return any(isinstance(n, tirx.Var) and n.same_as(var) for n in iter_exprs(expr))
 
 
@@ -84,12 +70,12 @@ def _rebuilt(loops, realize):
 
 def _replace(stmt, name: str):
     """``stmt`` with ``name``'s loop nest rebuilt, or None where it is not inside or cannot be."""
-    nest = _perfect_nest(stmt)
-    if nest is not None:
+    nest = perfect_nest(stmt)
+    if nest is not None and nest[0]:
         loops, realize = nest
         if str(realize.block.name_hint) != name:
             return None
-        if _trivial(loops, realize) or not _is_true(realize.predicate) or not _bijective(loops, realize):
+        if _trivial(loops, realize) or not always_true(realize.predicate) or not _bijective(loops, realize):
             return None
         return _rebuilt(loops, realize)
     if isinstance(stmt, tirx.SeqStmt):
@@ -103,8 +89,7 @@ def _replace(stmt, name: str):
         new = _replace(stmt.body, name)
         if new is None:
             return None
-        return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, new,
-                        stmt.thread_binding, stmt.annotations)
+        return with_loop_body(stmt, new)
     return None
 
 
@@ -122,9 +107,6 @@ def trivial_loops(func, block_name: str):
 def _divides_in_index(func) -> bool:
     """Whether some buffer access index holds a division or modulo (what simplification can
     remove; other functions are left exactly as they came)."""
-    from ._tvm import TensorLoad, prim_expr
-    from .tir_walk import iter_exprs, iter_stores
-
     div = (prim_expr.Div, prim_expr.Mod, prim_expr.FloorDiv, prim_expr.FloorMod)
     accesses = [n for n in iter_exprs(func.body) if isinstance(n, TensorLoad)]
     accesses += list(iter_stores(func.body))
@@ -134,8 +116,6 @@ def _divides_in_index(func) -> bool:
 def simplify_indices(func):
     """``func`` with its indices simplified within its iterators' bounds (TVM's
     ``StmtSimplify``) when one holds a division or modulo, else ``func`` itself."""
-    from ._tvm import structural_equal
-
     if root_block(func) is None or not _divides_in_index(func):
         return func
     try:

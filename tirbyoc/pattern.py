@@ -19,7 +19,7 @@ from math import prod
 
 from dataclasses import dataclass, field
 
-from ._tvm import s_tir, tirx
+from ._tvm import expr_dtype, s_tir, tirx
 from .tir_walk import child_blocks, child_stmts, iter_blocks, root_block
 
 _BINARY = {
@@ -193,7 +193,7 @@ class _Reader:
 
     def tree(self, node) -> tuple:
         kind = type(node).__name__
-        dtype = _dtype(node)
+        dtype = expr_dtype(node)
         if kind in _LOADS:
             self.loads.append(self.access(_load_buffer(node), node.indices))
             return ("load", len(self.loads) - 1)
@@ -220,12 +220,6 @@ class _Reader:
                 return ("select", dtype, self.tree(c), self.tree(t), self.tree(f))
             return ("call", dtype, name, *(self.tree(a) for a in node.args))
         return ("opaque", dtype, kind)
-
-
-def _dtype(node) -> str:
-    ty = getattr(node, "ty", None)
-    dtype = getattr(ty, "dtype", None)
-    return str(dtype) if dtype is not None else str(ty)
 
 
 class BufferNames:

@@ -28,10 +28,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ._tvm import expr_dtype
 from .cpu_schedule import _extent
 from .errors import RewriteError
 from .matcher import Match, OperandMap
-from .pattern import _LOADS, Access, BlockPattern, _dtype, _load_buffer, read_block
+from .pattern import _LOADS, Access, BlockPattern, _load_buffer, read_block
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ def _commuted(w, d, w_role, d_role):
         return w
     if kind == "Cast":
         value = _commuted(w.value, d.value, w_role, d_role)
-        return w if value.same_as(w.value) else tirx.Cast(_dtype(w), value)
+        return w if value.same_as(w.value) else tirx.Cast(expr_dtype(w), value)
     if kind not in _COMMUTATIVE:
         return w
     a, b = w.a, w.b

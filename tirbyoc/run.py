@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import TirbyocError
+from .errors import TirbyocError, last_line
 from .relax_bridge import OffloadReport, offload_module
 
 DEFAULT_TEMPLATES = ("x86_vnni", "blas")  # the first that runs here is the default
@@ -271,12 +271,6 @@ def _build_and_time(mod, target, entry, arrays, repeat: int, simulators=(), *, t
     return out, ms, stats
 
 
-def _one_line(err: BaseException) -> str:
-    text = str(err).strip()
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return lines[-1] if lines else type(err).__name__
-
-
 def build_reference(mod, tgt, entry, arrays, repeat: int, baseline: str, timed: bool = True):
     """TVM's build of the untouched model, run (twice: it must agree with itself) and timed.
     A failure here is TVM's own, before any offload: `ModelError`, with its last line."""
@@ -289,7 +283,7 @@ def build_reference(mod, tgt, entry, arrays, repeat: int, baseline: str, timed: 
         raise
     except Exception as err:  # noqa: BLE001 - TVM raises many types; say whose failure it is
         raise ModelError(f"TVM could not build or run the model itself (not the offload): "
-                         f"{type(err).__name__}: {_one_line(err)}") from err
+                         f"{type(err).__name__}: {last_line(err)}") from err
 
 
 UNSTABLE = ("TVM's build of the untouched model gives different outputs on the same inputs "
@@ -339,20 +333,11 @@ def baseline_module(mod, target, baseline: str):
     return mod
 
 
-_ISA = ("avx", "sse", "ssse", "fma", "f16c", "amx", "bmi", "gfni", "vaes", "vpclmul", "sha")
-
-
-def _isa_features(target) -> set[str]:
-    from tvm.target import codegen
-
-    return {str(f) for f in codegen.llvm_get_cpu_features(target) if str(f).startswith(_ISA)}
-
-
 def check_templates_on_target(tmpls, tgt) -> None:
     """Refuse, before any work, a target the templates' code cannot be built or run for: a CUDA
     target without a CUDA device, or an LLVM target whose CPU lacks instructions a template's
     intrinsics emit (LLVM would abort the process, not raise)."""
-    from ._tvm import cuda_available, make_target
+    from ._tvm import cuda_available, isa_features
     from .template import Runtime
 
     kind = str(tgt.kind.name)
@@ -364,11 +349,11 @@ def check_templates_on_target(tmpls, tgt) -> None:
             "nvcc when it is installed) without running them")
     if kind != "llvm" or tgt.attrs.get("mtriple"):
         return
-    have = _isa_features(tgt)
+    have = isa_features(tgt)
     for t in tmpls:
         if t.runtime is not Runtime.LLVM or str(t.target.get("kind")) != "llvm":
             continue
-        missing = sorted(_isa_features(make_target(dict(t.target))) - have)
+        missing = sorted(isa_features(t.target) - have)
         if missing:
             mcpu = tgt.attrs.get("mcpu") or "generic"
             raise TirbyocError(
@@ -384,8 +369,7 @@ def check_target(target):
     try:
         return make_target(target)
     except Exception as err:  # TVM's own message is the last line of a C++ traceback
-        last = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
-        raise TirbyocError(f"target {target!r} is not a TVM target: {last}") from None
+        raise TirbyocError(f"target {target!r} is not a TVM target: {last_line(err)}") from None
 
 
 def run_offloaded(mod, tmpls, target, entry, arrays, ref_out, *, repeat: int = 10, progress=None,

@@ -49,6 +49,27 @@ def root_block(func) -> "s_tir.SBlock | None":
     return None
 
 
+def perfect_nest(stmt):
+    """(loops outer to inner, leaf SBlockRealize) of a perfect loop nest - each loop's body is
+    the next loop or the realize; no loops: a bare realize - or None."""
+    loops = []
+    while isinstance(stmt, tirx.For):
+        loops.append(stmt)
+        stmt = stmt.body
+    return (loops, stmt) if isinstance(stmt, s_tir.SBlockRealize) else None
+
+
+def with_loop_body(loop, body):
+    """``loop`` (a ``For``) around ``body`` instead of its own body, all else kept."""
+    return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding,
+                    loop.annotations)
+
+
+def always_true(predicate) -> bool:
+    """Whether a block realize's predicate is absent or the constant true."""
+    return predicate is None or bool(getattr(predicate, "value", 0))
+
+
 def with_root_body(func, body):
     """``func`` with its root block's body replaced by ``body`` (everything else kept): how
     the IR normalisations hand back a rewritten function."""
@@ -70,7 +91,6 @@ def child_blocks(block) -> list:
             continue
         stack.extend(reversed(child_stmts(node)))
     return out
-
 
 
 _EXPR_FIELDS = ("a", "b", "value", "condition", "true_value", "false_value", "args", "indices",

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .domains import random_array  # noqa: F401 - part of this module's API
-from .errors import TirbyocError, VerificationError
+from .dtypes import is_float
+from .errors import TirbyocError, VerificationError, last_line
 
 # Relative tolerance per float dtype, scaled by sqrt(reduction length) in `tolerance`.
 _FLOAT_RTOL = {"float16": 2e-3, "bfloat16": 1e-2, "float32": 2e-6, "float64": 1e-13}
@@ -54,10 +55,6 @@ class Verification:
                 f"tolerance {tol:.3g}{note})")
 
 
-def is_float_dtype(dtype: str) -> bool:
-    return dtype.startswith(("float", "bfloat"))
-
-
 def tolerance(dtype: str, reduction: int, scale: float) -> float:
     """Absolute tolerance for one output: 0 for integers, else rtol(dtype) *
     sqrt(reduction) * 4 * ``scale``, where ``scale`` is the reference's largest magnitude.
@@ -65,7 +62,7 @@ def tolerance(dtype: str, reduction: int, scale: float) -> float:
     Relative to the output's own scale, never to 1: outputs of 1e-14 are compared at their
     scale, not waved through by an absolute floor.
     """
-    if not is_float_dtype(dtype):
+    if not is_float(dtype):
         return 0.0
     rtol = _FLOAT_RTOL.get(dtype, 1e-5)
     return float(rtol * max(1.0, np.sqrt(reduction)) * 4 * scale)
@@ -212,8 +209,8 @@ def _compile(func, target, what: str):
     try:
         return build(func, target)
     except Exception as err:  # TVM raises many types; say which build failed
-        first = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
-        raise VerificationError(f"building the {what} function for {target} failed: {first}") from err
+        raise VerificationError(f"building the {what} function for {target} failed: "
+                                f"{last_line(err)}") from err
 
 
 def _run(executable, arrays, device):
@@ -324,12 +321,9 @@ def make_inputs(func, params, inputs, seed: int) -> list[np.ndarray]:
 
 def _missing_features(target) -> list[str]:
     """CPU features ``target`` assumes that this CPU lacks (empty if it can run here)."""
-    from ._tvm import host_cpu_features
-    from tvm.target import codegen
+    from ._tvm import host_cpu_features, isa_features
 
-    isa = ("avx", "sse", "ssse", "fma", "f16c", "amx", "bmi", "gfni", "vaes", "vpclmul", "sha")
-    wanted = {str(f) for f in codegen.llvm_get_cpu_features(target) if str(f).startswith(isa)}
-    return sorted(wanted - host_cpu_features())
+    return sorted(isa_features(target) - host_cpu_features())
 
 
 __all__ = ["Comparison", "Verification", "compare_arrays", "degenerate", "make_inputs", "random_array",
