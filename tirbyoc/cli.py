@@ -87,19 +87,13 @@ def _match_rows(results, chains) -> list[dict]:
 
 def cmd_match(args) -> int:
     from .chain import match_chains
-    from .loaders import load_workload
+    from .loaders import legalize
     from .matcher import explain
+    from .run import load_model
 
     names = args.template or template_names()
     templates = [get_template(n) for n in names]
-    if args.file.startswith("builtin:"):
-        from tvm import relax
-
-        from .run import load_model
-
-        mod = relax.transform.LegalizeOps()(load_model(args.file, templates)[1])
-    else:
-        mod = load_workload(args.file, args.object, input_shapes=_shapes_arg(args.input_shape))
+    mod = legalize(load_model(args.file, templates, args.object, _shapes_arg(args.input_shape))[1])
     try:
         results = explain(mod, templates)
     except ValueError as err:
@@ -281,6 +275,14 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+def _model_file_args(p) -> None:
+    """--object and --input-shape: how every command picks and shapes a model file."""
+    p.add_argument("--object", help="which object of a .py model file (or function inside its "
+                                    "module), when it defines several")
+    p.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...",
+                   help="an ONNX input's shape, fixing dynamic dimensions (repeatable)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tirbyoc", description="Offload TensorIR blocks to accelerator intrinsics.",
@@ -303,10 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "file, or a .py file (PrimFuncs, Relax module, torch or relax nn model)")
     p.add_argument("--template", "-t", action="append", metavar="T",
                    help="match against this template (repeatable; default all)")
-    p.add_argument("--object", help="which object of a .py file, or which function inside its "
-                                    "module, when it defines several")
-    p.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...",
-                   help="an ONNX input's shape, fixing dynamic dimensions (repeatable)")
+    _model_file_args(p)
     p.add_argument("--json", action="store_true", help='print {"blocks": [...]} as JSON')
     p.set_defaults(func=cmd_match)
     p = sub.add_parser("run", parents=[common], epilog=_epilog("run"),
@@ -314,10 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", "-m", help="builtin:NAME (default: an MLP suited to the template), "
                    "PATH.onnx, or PATH.py defining a Relax IRModule, a torch.nn.Module with "
                    "example_inputs, or a relax.frontend.nn.Module with spec")
-    p.add_argument("--object", help="which object of a .py model file (or function inside its "
-                                    "module), when it defines several")
-    p.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...",
-                   help="an ONNX input's shape, fixing dynamic dimensions (repeatable)")
+    _model_file_args(p)
     p.add_argument("--template", "-t", action="extend", nargs="+", metavar="T",
                    help="templates to offload to, tried in order (default: x86_vnni if this CPU "
                         "has VNNI, else blas)")
@@ -346,10 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tune", parents=[common], epilog=_epilog("tune"),
                        formatter_class=argparse.RawDescriptionHelpFormatter, help="tune a model's offloadable PrimFuncs with MetaSchedule into a database")
     p.add_argument("--model", "-m", help="as for run (default: an MLP suited to the template)")
-    p.add_argument("--object", help="which object of a .py model file (or function inside its "
-                                    "module), when it defines several")
-    p.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...",
-                   help="an ONNX input's shape, fixing dynamic dimensions (repeatable)")
+    _model_file_args(p)
     p.add_argument("--template", "-t", help="template to offload to (default as for run)")
     p.add_argument("--trials", type=int, default=64, help="candidates to measure in all (default 64)")
     p.add_argument("--work-dir", metavar="DIR", help="where the database and logs go (default: a new "
@@ -367,10 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--param", "-p", action="append", metavar="NAME=V1,V2,...",
                    help="a template parameter and its values (repeatable; the grid is their product)")
     p.add_argument("--model", "-m", help="as for run (default: an MLP suited to the template)")
-    p.add_argument("--object", help="which object of a .py model file (or function inside its "
-                                    "module), when it defines several")
-    p.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...",
-                   help="an ONNX input's shape, fixing dynamic dimensions (repeatable)")
+    _model_file_args(p)
     p.add_argument("--target", help="as for run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the points as JSON")

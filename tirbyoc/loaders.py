@@ -205,6 +205,3 @@ def load_model_file(path: str | Path, obj: str | None = None, *, input_shapes: d
     raise AssertionError("unreachable: every kind is in _PREFERENCE")
 
 
-def load_workload(path: str | Path, obj: str | None = None, *, input_shapes: dict | None = None):
-    """`load_model_file`, legalized: what ``tirbyoc match`` reads."""
-    return legalize(load_model_file(path, obj, input_shapes=input_shapes))

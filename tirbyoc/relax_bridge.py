@@ -77,7 +77,6 @@ class OffloadReport:
     """Per-function outcomes of one or more OffloadTIR runs over a module."""
 
     functions: list[FunctionReport] = field(default_factory=list)
-    module: object = field(default=None, repr=False)  # the offloaded module (tirbyoc run)
 
     def shown(self) -> list[FunctionReport]:
         """The functions a report lists - with MACs or offloaded - most MACs first."""

@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import TirbyocError, last_line
+from .profiling import profile_functions
 from .relax_bridge import OffloadReport, offload_module
+from .targets import (BASELINES, baseline_module, check_target, check_templates_on_target,
+                      complete_target)
 
 DEFAULT_TEMPLATES = ("x86_vnni", "blas")  # the first that runs here is the default
 
@@ -298,87 +301,13 @@ def compare(new_out: np.ndarray, ref_out: np.ndarray):
     return compare_arrays(ref_out, new_out)
 
 
-def complete_target(target):
-    """The target both builds use, as a dict: an ``llvm`` target for this machine that names
-    no CPU gets this machine's (``mcpu``) and core count, so that TVM's baseline is not built
-    for generic x86-64 while the offloaded build calls a tuned library."""
-    from ._tvm import host_target
-
-    if not isinstance(target, dict):
-        return target
-    if target.get("kind") == "llvm" and not target.get("mtriple") and not target.get("mcpu"):
-        target = {**target, "mcpu": str(host_target().attrs["mcpu"])}
-    if target.get("kind") == "llvm" and not target.get("mtriple") and "num-cores" not in target:
-        import os
-
-        target = {**target, "num-cores": os.cpu_count() or 1}
-    return target
-
-
-BASELINES = {
-    "default": "TVM's default CPU pipeline (FuseOps/FuseTIR, PrimFuncs left unscheduled, LLVM)",
-    "dlight": "TVM's default CPU pipeline with dlight's CPU schedules (GEMV, Reduction)",
-}
-
-
-def baseline_module(mod, target, baseline: str):
-    """The untouched module as the ``baseline`` build compiles it (see `BASELINES`)."""
-    if baseline not in BASELINES:
-        raise TirbyocError(f"unknown baseline {baseline!r}; use one of {sorted(BASELINES)}")
-    if baseline == "dlight":
-        from tvm.s_tir import dlight as dl
-
-        with target:
-            mod = dl.ApplyDefaultSchedule(dl.cpu.GEMV(), dl.cpu.Reduction())(mod)
-    return mod
-
-
-def check_templates_on_target(tmpls, tgt) -> None:
-    """Refuse, before any work, a target the templates' code cannot be built or run for: a CUDA
-    target without a CUDA device, or an LLVM target whose CPU lacks instructions a template's
-    intrinsics emit (LLVM would abort the process, not raise)."""
-    from ._tvm import cuda_available, isa_features
-    from .template import Runtime
-
-    kind = str(tgt.kind.name)
-    if kind == "cuda" and not cuda_available():
-        raise TirbyocError(
-            "--target cuda: this machine has no CUDA device, and tirbyoc run builds, runs and "
-            "compares both builds. Without a GPU, `tirbyoc match` shows what offloads to "
-            "cuda_mma, and tirbyoc.offload(func, 'cuda_mma') builds the kernels (compiled with "
-            "nvcc when it is installed) without running them")
-    if kind != "llvm" or tgt.attrs.get("mtriple"):
-        return
-    have = isa_features(tgt)
-    for t in tmpls:
-        if t.runtime is not Runtime.LLVM or str(t.target.get("kind")) != "llvm":
-            continue
-        missing = sorted(isa_features(t.target) - have)
-        if missing:
-            mcpu = tgt.attrs.get("mcpu") or "generic"
-            raise TirbyocError(
-                f"template {t.name} emits {', '.join(missing)} instructions (its target is mcpu="
-                f"{t.target.get('mcpu')}); the target's CPU {mcpu} has none of them, and LLVM "
-                f"would abort. Use -t blas, or a target whose mcpu has them (e.g. "
-                f"'{{\"kind\": \"llvm\", \"mcpu\": \"{t.target.get('mcpu')}\"}}')")
-
-
-def check_target(target):
-    from ._tvm import make_target
-
-    try:
-        return make_target(target)
-    except Exception as err:  # TVM's own message is the last line of a C++ traceback
-        raise TirbyocError(f"target {target!r} is not a TVM target: {last_line(err)}") from None
-
-
 def run_offloaded(mod, tmpls, target, entry, arrays, ref_out, *, repeat: int = 10, progress=None,
-                  tuned=None):
+                  tuned=None, profile: bool = False):
     """Offload ``mod`` (legalized) to ``tmpls`` (``tuned``: schedules to prefer, see
     `offload`), build, run once (simulators measuring that run), time, compare with
-    ``ref_out``: (report, comparison or None, ms, simulation, missing)."""
+    ``ref_out``: (report, comparison or None, ms, simulation, missing). ``profile``: also
+    time each offloaded PrimFunc alone (`tirbyoc.profiling`)."""
     offloaded, report = offload_module(mod, tmpls, progress=progress, tuned=tuned)
-    report.module = offloaded  # the offloaded module, for per-function timing
     missing = [f"template {t.name} cannot run here: {t.unavailable_reason()}" for t in tmpls
                if not t.runs_here()]
     if missing or ref_out is None:
@@ -390,44 +319,9 @@ def run_offloaded(mod, tmpls, target, entry, arrays, ref_out, *, repeat: int = 1
     new_out, ms, stats = _build_and_time(offloaded, check_target(target), entry, arrays, repeat,
                                          list(sims.values()))
     comparison = compare(new_out, ref_out)
+    if profile:
+        profile_functions(mod, offloaded, report, target, repeat, progress=progress)
     return report, comparison, ms, dict(zip(sims, stats)), missing
-
-
-def time_function(func, target, repeat: int, seed: int = 0) -> float:
-    """Milliseconds per call of one PrimFunc built for ``target``, on seeded inputs in its
-    domain (the best of 3 measurements of ``repeat`` calls)."""
-    from ._tvm import tvm
-    from .verification import _compile, _param_buffers, make_inputs
-
-    arrays = make_inputs(func, _param_buffers(func), None, seed)
-    exe = _compile(func, target, "timed")
-    name = str(func.attrs["global_symbol"]) if func.attrs and "global_symbol" in func.attrs else "main"
-    timer = exe.mod.time_evaluator(name, tvm.cpu(), number=max(1, repeat), repeat=3)
-    return float(np.min(timer(*[tvm.runtime.tensor(a) for a in arrays]).results)) * 1e3
-
-
-def profile_functions(mod, report, target, repeat: int, progress=None) -> None:
-    """Per offloaded PrimFunc: milliseconds per call of TVM's build of the untouched function
-    and of the offloaded one (``FunctionReport.ms``), each built and timed alone. A function
-    that became a library call (``call_dps_packed``) has no PrimFunc left to time alone."""
-    from ._tvm import tirx
-
-    offloaded = getattr(report, "module", None)
-    todo = [f for f in report.functions if f.offloaded and not f.extern]
-    for n, f in enumerate(todo):
-        if progress is not None:
-            progress(n, len(todo), f.name)
-        names = {g.name_hint for g in offloaded.get_global_vars()} if offloaded is not None else set()
-        new = offloaded[f.name] if f.name in names else None
-        if not isinstance(new, tirx.PrimFunc):
-            continue
-        try:
-            f.ms = {"tvm": time_function(mod[f.name], target, repeat),
-                    "offloaded": time_function(new, target, repeat)}
-        except TirbyocError as err:
-            f.ms = {"error": str(err)}
-    if progress is not None:
-        progress(len(todo), len(todo), "")
 
 
 def run_model(model: str | None = None, templates: list | None = None, *, target=None,
@@ -480,19 +374,15 @@ def run_model(model: str | None = None, templates: list | None = None, *, target
     t0 = time.perf_counter()
     progress.phase(f"offloading to {', '.join(names)}, building and running")
     report, comparison, ms, simulation, missing = run_offloaded(
-        mod, tmpls, tgt, entry, arrays, ref_out, repeat=repeat, progress=progress.step, tuned=tuned)
+        mod, tmpls, tgt, entry, arrays, ref_out, repeat=repeat, progress=progress.step, tuned=tuned,
+        profile=profile)
     if unstable:
         missing.append(UNSTABLE)
     verified = None if comparison is None else comparison.passed
     err = float("nan") if comparison is None else comparison.abs_err
     if ms is not None:
         latency["offloaded"] = ms
-    seconds["offload_build_run"] = time.perf_counter() - t0
-    if profile and runnable:
-        t0 = time.perf_counter()
-        progress.phase("timing each offloaded PrimFunc alone")
-        profile_functions(mod, report, tgt, repeat, progress=progress.step)
-        seconds["profile"] = time.perf_counter() - t0
+    seconds["offload_build_run"] = time.perf_counter() - t0  # with --profile, its timings too
     import json
 
     target_json = json.loads(str(tgt))  # the target both builds really used
