@@ -14,9 +14,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 import tirbyoc  # noqa: E402
-from tirbyoc.compare import compare  # noqa: E402
-from tirbyoc.table import render  # noqa: E402
-from tirbyoc.workloads import conv2d, matmul  # noqa: E402
+from tirbyoc.matching.compare import compare  # noqa: E402
+from tirbyoc.offloading.table import render  # noqa: E402
+from tirbyoc.testing.workloads import conv2d, matmul  # noqa: E402
 
 
 def cases():

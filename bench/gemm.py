@@ -27,9 +27,9 @@ import numpy as np
 import tirbyoc
 from tirbyoc import ExternLibrary
 from tirbyoc._tvm import build, to_tensor, tvm
-from tirbyoc.table import render
-from tirbyoc.verification import random_array
-from tirbyoc.workloads import conv2d, matmul
+from tirbyoc.offloading.table import render
+from tirbyoc.ir.domains import random_array
+from tirbyoc.testing.workloads import conv2d, matmul
 
 HERE = Path(__file__).resolve().parent
 CORES = 2

@@ -11,9 +11,9 @@ import json
 import time
 
 import tirbyoc
-from tirbyoc.loaders import legalize
-from tirbyoc.matcher import explain, intrinsic_pattern
-from tirbyoc.models import build_model
+from tirbyoc.app.loaders import legalize
+from tirbyoc.matching.matcher import explain, intrinsic_pattern
+from tirbyoc.app.models import build_model
 
 
 def main():

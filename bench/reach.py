@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 
 import tirbyoc
-from tirbyoc.models import bert_base, mobilenet_v2, quantize, resnet50
-from tirbyoc.relax_bridge import call_counts, mac_blocks, offload_module
-from tirbyoc.table import render
+from tirbyoc.app.models import bert_base, mobilenet_v2, quantize, resnet50
+from tirbyoc.relax.bridge import call_counts, mac_blocks, offload_module
+from tirbyoc.offloading.table import render
 
 HERE = Path(__file__).resolve().parent
 MODELS = {"resnet50": resnet50, "mobilenet_v2": mobilenet_v2, "bert_base": bert_base}

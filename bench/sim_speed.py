@@ -32,8 +32,8 @@ def main():
 
     from tirbyoc import get_template
     from tirbyoc._tvm import make_target, relax_vm
-    from tirbyoc.relax_bridge import offload_module
-    from tirbyoc.run import compare, legalized_model
+    from tirbyoc.relax.bridge import offload_module
+    from tirbyoc.app.run import compare, legalized_model
 
     template = get_template(args.template)
     t0 = time.perf_counter()

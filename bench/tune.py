@@ -33,11 +33,11 @@ import tvm  # noqa: E402
 from tvm.s_tir import meta_schedule as ms  # noqa: E402
 
 import tirbyoc  # noqa: E402
-from tirbyoc.run import legalized_model  # noqa: E402
-from tirbyoc.table import render  # noqa: E402
+from tirbyoc.app.run import legalized_model  # noqa: E402
+from tirbyoc.offloading.table import render  # noqa: E402
 from tirbyoc.tuning import local_builder, tune, tuning_target  # noqa: E402
 from tirbyoc.tuning.tuner import FAILED, without_tvm_intrinsic_library  # noqa: E402
-from tirbyoc.workloads import matmul  # noqa: E402
+from tirbyoc.testing.workloads import matmul  # noqa: E402
 
 INTRIN = "x86_vnni.dot_16x4_u8i8i32"
 U8 = ("uint8", "int8", "int32")
@@ -151,7 +151,7 @@ def _compile(func, target):
 
 def _run(lib, func):
     """Run ``lib`` once on the bench's fixed random inputs; the argument tensors."""
-    from tirbyoc.verification import random_array
+    from tirbyoc.ir.domains import random_array
 
     rng = np.random.default_rng(0)
     args = [tvm.runtime.tensor(random_array(tuple(int(x) for x in p.shape), str(p.dtype), rng))
@@ -166,7 +166,7 @@ def build_record(record, func, target, reference):
     """The record rebuilt here, and whether its output equals ``reference``."""
     from tvm.s_tir import Schedule
 
-    from tirbyoc.verification import compare_arrays
+    from tirbyoc.offloading.verification import compare_arrays
 
     sch = Schedule(record.workload.mod)
     record.trace.apply_to_schedule(sch, remove_postproc=False)

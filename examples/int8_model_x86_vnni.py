@@ -1,7 +1,7 @@
 """An int8 model offloaded to AVX-512 VNNI end to end: quantize, legalize, offload, build, run.
 
 A float CNN written with ``relax.frontend.nn`` is quantized the way a quantized model is
-(`tirbyoc.models.quantize`: uint8 activations x int8 weights -> int32 accumulators, float
+(`tirbyoc.app.models.quantize`: uint8 activations x int8 weights -> int32 accumulators, float
 elsewhere), legalized, and its convolutions and dense layer are offloaded to the ``x86_vnni``
 template (``vpdpbusd`` 16x4 dot products) with `OffloadTIR`. Both builds - offloaded and TVM's
 default - run on the same inputs; the int8 cores make them agree bit for bit.
@@ -15,8 +15,8 @@ from tvm import relax
 from tvm.relax.frontend import nn
 
 from tirbyoc import get_template, relax_vm
-from tirbyoc.models import quantize
-from tirbyoc.transform import OffloadReport, OffloadTIR
+from tirbyoc.app.models import quantize
+from tirbyoc.relax import OffloadReport, OffloadTIR
 
 
 class Net(nn.Module):

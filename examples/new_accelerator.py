@@ -12,7 +12,7 @@ against TVM's build, and reports the simulated cycles.
 """
 
 from tirbyoc import IntrinsicGroup, Runtime, Scope, Template
-from tirbyoc.run import run_model
+from tirbyoc.app.run import run_model
 from tirbyoc.sim import Simulator, config_for
 from tirbyoc_intrinsics.vta import ACC, INP, WGT, dma, fill_zero, gemm
 

@@ -18,8 +18,8 @@ import tvm
 from tvm import relax
 
 from tirbyoc import relax_vm
-from tirbyoc.loaders import import_onnx
-from tirbyoc.transform import Dispatch, DispatchReport, OffloadReport, OffloadTIR, Rule, TIRKernel
+from tirbyoc.app.loaders import import_onnx
+from tirbyoc.relax import Dispatch, DispatchReport, OffloadReport, OffloadTIR, Rule, TIRKernel
 
 
 def write_model(path: Path, seq: int = 64, dim: int = 32) -> Path:

@@ -199,7 +199,7 @@ def _group(in_dtype: str, acc_dtype: str) -> IntrinsicGroup:
 
 
 def _requires() -> Optional[str]:
-    from tirbyoc.host import cuda_available
+    from tirbyoc.decl.host import cuda_available
 
     return None if cuda_available() else "no CUDA GPU is visible to TVM on this machine"
 

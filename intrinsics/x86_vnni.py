@@ -113,7 +113,7 @@ def zero_fill(lanes: int = 16, dtype: str = "int32") -> Intrinsic:
 
 
 def _requires() -> Optional[str]:
-    from tirbyoc.host import host_cpu_features
+    from tirbyoc.decl.host import host_cpu_features
 
     if "avx512vnni" not in host_cpu_features():
         return "this CPU lacks AVX-512 VNNI (avx512vnni)"

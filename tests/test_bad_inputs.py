@@ -15,8 +15,8 @@ import tirbyoc
 from tirbyoc import (ExternLibrary, ExternLibraryError, Intrinsic, IntrinsicError, IntrinsicGroup,
                      Operand, Role, Runtime, Template, TemplateError, UnknownTemplateError,
                      VerificationError)
-from tirbyoc.cli import main
-from tirbyoc.workloads import matmul
+from tirbyoc.app.cli import main
+from tirbyoc.testing.workloads import matmul
 from workloads import symbolic_matmul
 
 

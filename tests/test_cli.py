@@ -157,7 +157,7 @@ def test_match_takes_what_run_takes(tmp_path):
 
 
 def test_wide_tables_wrap_and_repeated_reasons_are_grouped():
-    from tirbyoc.table import group_repeats, render
+    from tirbyoc.offloading.table import group_repeats, render
 
     reason = "a long reason that several PrimFuncs share, word after word after word " * 2
     rows, notes = group_repeats([["f1", reason], ["f2", reason], ["f3", "short"]], 1)

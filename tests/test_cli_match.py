@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tirbyoc.cli import main
+from tirbyoc.app.cli import main
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "gemm_workloads.py"
 

@@ -13,7 +13,7 @@ from workloads import conv2d, matmul
 
 import tirbyoc
 from tirbyoc import RewriteError, tensorize
-from tirbyoc.scratchpad import TileAxis, TileOperand, rank_tiles, scratchpad_usage
+from tirbyoc.rewrite.scratchpad import TileAxis, TileOperand, rank_tiles, scratchpad_usage
 
 VTA = tirbyoc.get_template("vta")
 VTA_SCOPES = [s.name for s in VTA.scopes if s.bounded]
@@ -170,7 +170,7 @@ def test_window_copy_blockize_keeps_the_right_rows():
     from tvm.script import tirx as T
 
     from tirbyoc._tvm import Schedule
-    from tirbyoc.rewrite import _blockize_exact
+    from tirbyoc.rewrite.dma import blockize_exact as _blockize_exact
 
     @T.prim_func(s_tir=True)
     def filt(D: T.Buffer((18, 16), "float32"), W: T.Buffer((3, 16), "float32"), O: T.Buffer((16, 16), "float32")):

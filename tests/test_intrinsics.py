@@ -6,7 +6,7 @@ import pytest
 import tvm
 
 import tirbyoc
-from tirbyoc.selfcheck import self_check, tensorize_exact
+from tirbyoc.offloading.selfcheck import self_check, tensorize_exact
 
 TEMPLATES = tirbyoc.template_names()
 ALL = [(t, i.name) for t in TEMPLATES for i in tirbyoc.get_template(t).intrinsics()]

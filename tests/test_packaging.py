@@ -26,6 +26,7 @@ def test_every_subpackage_is_in_the_wheel():
 def test_package_data_globs_match_files():
     cfg = _config()
     for package, globs in cfg["package-data"].items():
-        base = ROOT / cfg.get("package-dir", {}).get(package, package)
+        top, *rest = package.split(".")
+        base = ROOT / cfg.get("package-dir", {}).get(top, top) / Path(*rest)
         for glob in globs:
             assert list(base.glob(glob)), f"{package}: {glob} matches no file"

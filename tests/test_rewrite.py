@@ -46,7 +46,7 @@ def test_vnni_weights_either_layout_are_packed_once(trans_b):
 def _copy_blocks(func):
     """(block, its loops) of every block writing a staging buffer (``*_global``)."""
     from tirbyoc._tvm import s_tir, tirx
-    from tirbyoc.tir_walk import child_stmts
+    from tirbyoc._tvm import child_stmts
 
     found = []
 
@@ -216,7 +216,7 @@ def test_verify_float_tolerance_and_signature_check():
 
 
 def test_policies():
-    from tirbyoc.offloading import estimated_cycles
+    from tirbyoc.offloading.offloader import estimated_cycles
 
     f = matmul(16, 32, 64, batch=4, trans_b=True)
     matches = [m for m in tirbyoc.match(f, "blas") if m.intrinsic.role.value == "compute"]
@@ -244,7 +244,7 @@ def test_hexagon_rewrite_is_ir_level_here():
 def test_separate_init_is_folded_into_the_reduction_exactly():
     from tvm_ffi import structural_equal
 
-    from tirbyoc.init_merge import merge_separate_init
+    from tirbyoc.ir.init_merge import merge_separate_init
 
     outside = matmul(5, 65, 63, "uint8", "int8", "int32", init="outside")
     merged = merge_separate_init(outside, "C_init", "C")

@@ -5,15 +5,15 @@ import json
 import pytest
 
 import tirbyoc
-from tirbyoc.cli import main
-from tirbyoc.relax_bridge import OffloadReport, OffloadTIR
-from tirbyoc.run import run_model
+from tirbyoc.app.cli import main
+from tirbyoc.relax.bridge import OffloadReport, OffloadTIR
+from tirbyoc.app.run import run_model
 
 
 def legalized(name):
     from tvm import relax
 
-    from tirbyoc.models import build_model
+    from tirbyoc.app.models import build_model
 
     return relax.transform.LegalizeOps()(build_model(name))
 
@@ -66,7 +66,7 @@ def test_whole_matmul_becomes_call_dps_packed_with_the_library_attached():
             for p in mod["forward"].params]
     outs = [relax_vm(tvm.compile(m, target=target), tvm.cpu())["forward"](
         *[tvm.runtime.tensor(a) for a in args]).numpy() for m in (new, mod)]
-    from tirbyoc.verification import tolerance
+    from tirbyoc.offloading.verification import tolerance
 
     err = float(np.abs(outs[0] - outs[1]).max())
     assert err <= tolerance("float32", 512, float(np.abs(outs[1]).max())), err
@@ -75,7 +75,7 @@ def test_whole_matmul_becomes_call_dps_packed_with_the_library_attached():
 def test_whole_call_is_not_used_for_a_function_with_more_than_the_kernel():
     from tvm.script import tirx as T
 
-    from tirbyoc.whole_function import find_whole_call
+    from tirbyoc.offloading.whole_function import find_whole_call
 
     @T.prim_func(s_tir=True)
     def matmul_relu(A: T.Buffer((32, 48), "float32"), B: T.Buffer((48, 16), "float32"),
@@ -98,7 +98,7 @@ def test_whole_call_is_not_used_for_a_function_with_more_than_the_kernel():
 
 def test_offload_tir_reports_why_a_function_stayed():
     mod = legalized("mlp")  # float32: x86_vnni is int8-only
-    new, report = tirbyoc.relax_bridge.offload_module(mod, ["x86_vnni"])
+    new, report = tirbyoc.relax.bridge.offload_module(mod, ["x86_vnni"])
     matmuls = [f for f in report.functions if f.macs]
     assert matmuls and not any(f.offloaded for f in matmuls)
     assert all(f.reason and "float32" in f.reason for f in matmuls), [f.reason for f in matmuls]
@@ -221,7 +221,7 @@ def test_int8_builtins_run_verified_on_x86_vnni(name):
 
 
 def test_builtin_architectures():
-    from tirbyoc.models import build_model
+    from tirbyoc.app.models import build_model
 
     text = str(build_model("mobilenet_v2")["forward"])
     assert text.count("R.nn.conv2d(") == 52 and text.count("groups=") >= 17
@@ -260,7 +260,7 @@ def test_coverage_weighs_shared_primfuncs_by_their_call_sites():
     from tvm import relax
 
     mod = relax.transform.LegalizeOps()(Twice)
-    _, report = tirbyoc.relax_bridge.offload_module(mod, ["x86_vnni"], verify=False)  # fp32: stays
+    _, report = tirbyoc.relax.bridge.offload_module(mod, ["x86_vnni"], verify=False)  # fp32: stays
     by_name = {f.name: f for f in report.functions}
     assert sorted((f.calls, f.macs) for f in by_name.values()) == [(1, 16 * 48 * 24), (2, 16 * 32 * 32)]
     assert report.total_macs == 2 * 16 * 32 * 32 + 16 * 48 * 24 and report.coverage == 0.0

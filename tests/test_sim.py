@@ -111,7 +111,7 @@ def test_config_is_validated():
 
 
 def test_vta_offload_runs_bit_exact_in_the_simulator():
-    from tirbyoc.workloads import matmul
+    from tirbyoc.testing.workloads import matmul
 
     vta = tirbyoc.get_template("vta")
     assert vta.runs_here()
@@ -120,7 +120,7 @@ def test_vta_offload_runs_bit_exact_in_the_simulator():
 
 
 def test_run_on_vta_reports_cycles():
-    from tirbyoc.run import run_model
+    from tirbyoc.app.run import run_model
 
     r = run_model("builtin:cnn_int8", ["vta"], repeat=1)
     assert r.verified is True and r.max_abs_err == 0 and r.report.coverage == 1.0
@@ -134,7 +134,7 @@ def test_run_on_vta_reports_cycles():
 
 # ------------------------------------------------------------------------ sweep
 def test_sweep_table_json_and_plot(tmp_path, capsys):
-    from tirbyoc.cli import main
+    from tirbyoc.app.cli import main
 
     plot = tmp_path / "sweep.png"
     code = main(["sweep", "-q", "-t", "vta", "-p", "BLOCK_OUT=8,16", "-p", "dma_latency=0",
@@ -151,7 +151,7 @@ def test_sweep_table_json_and_plot(tmp_path, capsys):
 def test_sweep_rows_do_not_depend_on_the_rest_of_the_grid():
     """A grid point's row is the same alone, after another point and before it: variants
     share the simulator library, so each must configure it with its own capacities."""
-    from tirbyoc.sweep import parse_params, sweep
+    from tirbyoc.app.sweep import parse_params, sweep
 
     def rows(spec):
         pts = sweep("builtin:cnn_int8", "vta", parse_params([spec]))
@@ -166,7 +166,7 @@ def test_sweep_rows_do_not_depend_on_the_rest_of_the_grid():
 
 def test_sweep_reports_invalid_points_and_rejects_unknown_parameters():
     from tirbyoc.errors import TirbyocError
-    from tirbyoc.sweep import parse_params, sweep, table
+    from tirbyoc.app.sweep import parse_params, sweep, table
 
     points = sweep("builtin:mlp_int8", "vta", parse_params(["block_out=0"]))
     assert points[0].error and "block_out must be a positive int" in points[0].error
@@ -179,8 +179,8 @@ def test_sweep_reports_invalid_points_and_rejects_unknown_parameters():
 
 def test_programs_report_scratchpad_high_water_and_fail_past_a_capacity():
     from tirbyoc._tvm import host_target
-    from tirbyoc.verification import _compile
-    from tirbyoc.workloads import matmul
+    from tirbyoc.offloading.verification import compile_func as _compile
+    from tirbyoc.testing.workloads import matmul
 
     vta = tirbyoc.get_template("vta")
     out = tirbyoc.offload(matmul(64, 64, 64, "int8", "int8", "int32", trans_b=True), vta, verify=False)
@@ -202,7 +202,7 @@ def test_readme_sweep_gives_the_same_rows_in_both_grid_orders():
     """README's grid, forwards and backwards: each point's coverage, cycles and verdict agree
     (the end of every offloaded PrimFunc is a barrier, so host address reuse by earlier
     points cannot shift a dependence)."""
-    from tirbyoc.sweep import parse_params, sweep
+    from tirbyoc.app.sweep import parse_params, sweep
 
     def rows(specs):
         return {(p.params["block_out"], p.params["acc_kib"]): (p.coverage, p.cycles, p.verified, p.error)

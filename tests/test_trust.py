@@ -11,8 +11,8 @@ from tvm.script import relax as R
 from tvm.script import tirx as T
 
 import tirbyoc
-from tirbyoc.domains import Domain, buffer_domains, draw
-from tirbyoc.verification import compare_arrays, verify
+from tirbyoc.ir.domains import Domain, buffer_domains, draw
+from tirbyoc.offloading.verification import compare_arrays, verify
 
 
 # ---------------------------------------------------------------- comparisons (item 2)
@@ -55,7 +55,7 @@ def test_verify_says_not_meaningfully_checked_for_an_all_zero_output():
 
 
 def test_verify_reports_relative_error_and_tolerance():
-    from tirbyoc.workloads import matmul
+    from tirbyoc.testing.workloads import matmul
 
     f = matmul(16, 16, 16, "float32", "float32", "float32")
     v = verify(f, f)
@@ -64,7 +64,7 @@ def test_verify_reports_relative_error_and_tolerance():
 
 @pytest.mark.slow
 def test_builtin_resnet50_outputs_are_finite_and_verified_on_blas():
-    from tirbyoc.run import run_model
+    from tirbyoc.app.run import run_model
 
     r = run_model("builtin:resnet50", ["blas"], repeat=1)
     assert r.verified is True and r.comparison.note is None
@@ -74,7 +74,7 @@ def test_builtin_resnet50_outputs_are_finite_and_verified_on_blas():
 def test_builtin_float_models_keep_activations_of_order_one():
     """Weights drawn as torch.nn initialises them (+-1/sqrt(fan-in)): a ResNet-18's logits
     stay O(1) instead of 1e20."""
-    from tirbyoc.run import _output, legalized_model
+    from tirbyoc.app.run import _output, legalized_model
 
     _, mod, entry, arrays = legalized_model("builtin:resnet18", ["blas"], 0)
     params = [p.name for p in mod[entry].params]
@@ -87,7 +87,7 @@ def test_builtin_float_models_keep_activations_of_order_one():
 
 
 def test_json_never_prints_nan(capsys):
-    from tirbyoc.cli import main
+    from tirbyoc.app.cli import main
 
     code = main(["run", "-q", "-t", "hexagon_hvx", "-m", "builtin:mlp_int8", "--json"])
     text = capsys.readouterr().out
@@ -136,7 +136,7 @@ def test_draw_stays_in_the_domain():
 
 
 def test_model_inputs_follow_call_tir_domains():
-    from tirbyoc.model_inputs import model_inputs
+    from tirbyoc.app.model_inputs import model_inputs
 
     mod = _gather_module()
     table, ids, x, s, d = model_inputs(mod, "main", 0)
@@ -153,11 +153,11 @@ def test_verify_draws_gather_indices_inside_the_table():
 
 
 def test_run_takes_user_inputs(tmp_path):
-    from tirbyoc.run import run_model
+    from tirbyoc.app.run import run_model
 
     x = np.full((16, 256), 0.25, "float32")
     np.savez(tmp_path / "in.npz", x=x)
-    from tirbyoc.model_inputs import load_inputs
+    from tirbyoc.app.model_inputs import load_inputs
 
     r = run_model("builtin:mlp", ["blas"], repeat=1, inputs=load_inputs(str(tmp_path / "in.npz")))
     assert r.verified is True
@@ -214,8 +214,8 @@ def test_blas_runs_single_threaded_inside_tvm_loops_and_on_all_cores_whole(monke
 def test_a_gemv_under_a_gemm_intrinsic_is_not_reported_as_a_match():
     """cuda_mma's 16x16x16 MMA has no row to give a GEMV's unit M: offload always refused
     it, so explain must not report it as a match (it names the axis instead)."""
-    from tirbyoc.matcher import explain
-    from tirbyoc.workloads import matmul
+    from tirbyoc.matching.matcher import explain
+    from tirbyoc.testing.workloads import matmul
 
     f = matmul(1, 64, 64, "float16", "float16", "float32", trans_b=True)
     (r,) = explain(f, tirbyoc.get_template("cuda_mma"))
@@ -241,7 +241,7 @@ def _tiled_matmul(m, n, k, split_k: bool):
     """A float matmul scheduled into 16-wide tiles (k too when ``split_k``): (schedule, block,
     loops outer to inner)."""
     from tirbyoc._tvm import Schedule
-    from tirbyoc.workloads import matmul
+    from tirbyoc.testing.workloads import matmul
 
     sch = Schedule(matmul(m, n, k, "float32", "float32", "float32"))
     block = sch.get_sblock("C")
@@ -268,7 +268,7 @@ def test_a_scheduled_loop_nest_with_a_decomposed_init_offloads():
 
 # ------------------------------------------------------------------- counts (item 6)
 def test_a_blockized_gemm_counts_its_macs_where_they_compute():
-    from tirbyoc.pattern import block_macs
+    from tirbyoc.ir.pattern import block_macs
 
     sch, _, loops = _tiled_matmul(64, 64, 64, split_k=True)
     sch.blockize(loops[3])  # the inner 16x16x16 tile becomes a block
@@ -283,8 +283,8 @@ def test_match_and_run_count_macs_the_same_way():
     from tvm import te
     from tvm.s_tir.meta_schedule.testing import te_workload
 
-    from tirbyoc.matcher import explain
-    from tirbyoc.relax_bridge import mac_blocks
+    from tirbyoc.matching.matcher import explain
+    from tirbyoc.relax.bridge import mac_blocks
 
     f = te.create_prim_func(te_workload.conv2d_nhwc(1, 14, 14, 64, 64, 3, 1, 1))
     counted = {r.block: r.macs for r in explain(f, tirbyoc.get_template("blas"))}
@@ -317,7 +317,7 @@ def test_both_builds_use_this_cpu_and_the_json_says_which_target():
     """blas's template names no CPU: the baseline was built for generic x86-64 while the
     offload called OpenBLAS. Both now build for this CPU, and the JSON says so."""
     from tirbyoc._tvm import host_target
-    from tirbyoc.run import complete_target, run_model
+    from tirbyoc.app.run import complete_target, run_model
 
     host = str(host_target().attrs["mcpu"])
     assert complete_target({"kind": "llvm", "num-cores": 2}) == {"kind": "llvm", "num-cores": 2, "mcpu": host}

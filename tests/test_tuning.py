@@ -12,7 +12,7 @@ from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 
 import tirbyoc
-from tirbyoc import workloads
+from tirbyoc.testing import workloads
 from tirbyoc.errors import RewriteError, TirbyocError
 from tirbyoc._tvm import structural_equal
 from tirbyoc.tuning import (SimulatorRunner, TirbyocRule, load_database, offloadable_tasks, prepare,
@@ -74,7 +74,7 @@ def test_rule_leaves_unmatched_blocks_and_says_why():
 def test_commuted_product_needs_prepare():
     """A product written B * A is reordered by an IR edit, which a trace cannot replay: the
     traced rewrite refuses it, and `prepare` makes the workload traceable."""
-    from tirbyoc.rewrite import tensorize_in
+    from tirbyoc.rewrite.tensorize import tensorize_in
     from tirbyoc.tuning.preparation import best_matches
 
     func = workloads.matmul(32, 32, 32, "uint8", "int8", "int32", trans_b=True, swap_mul=True)
@@ -97,7 +97,7 @@ def test_separate_init_needs_prepare():
 
 
 def test_tasks_are_distinct_and_weighted():
-    from tirbyoc.run import legalized_model
+    from tirbyoc.app.run import legalized_model
 
     _, mod, _, _ = legalized_model("builtin:cnn_int8", [tirbyoc.get_template("x86_vnni")], 0)
     tasks, skipped = offloadable_tasks(mod, "x86_vnni")
@@ -109,9 +109,9 @@ def test_tasks_are_distinct_and_weighted():
 @needs_vnni
 def test_tune_then_run_with_database(tmp_path):
     """`tune` fills a database; `run_model(database=...)` applies it, verified."""
-    from tirbyoc.run import run_model
+    from tirbyoc.app.run import run_model
 
-    from tirbyoc.run import legalized_model
+    from tirbyoc.app.run import legalized_model
 
     _, mod, _, _ = legalized_model("builtin:mlp_int8", [tirbyoc.get_template("x86_vnni")], 0)
     seen = []
@@ -217,7 +217,7 @@ def test_rpc_runner_bad_arguments(tracker, key, match):
 
 
 def test_cli_tune_arguments(capsys):
-    from tirbyoc.cli import main
+    from tirbyoc.app.cli import main
 
     assert main(["tune", "--trials", "0"]) == 2
     assert "--trials" in capsys.readouterr().err

@@ -4,7 +4,7 @@ import pytest
 from workloads import conv2d, matmul
 
 import tirbyoc
-from tirbyoc.compare import _tvm_loop_mapping, compare
+from tirbyoc.matching.compare import _tvm_loop_mapping, compare
 
 U8 = ("uint8", "int8", "int32")
 

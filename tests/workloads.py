@@ -1,6 +1,6 @@
 """The tests' workloads come from the library's generators, plus shapes they cannot write."""
 
-from tirbyoc.workloads import conv2d, matmul, parse  # noqa: F401
+from tirbyoc.testing.workloads import conv2d, matmul, parse  # noqa: F401
 
 
 def symbolic_matmul():

@@ -8,7 +8,14 @@ blocks of TensorIR PrimFuncs they can compute, and offload those blocks.
 
 from __future__ import annotations
 
-from .errors import (
+import importlib
+
+from tirbyoc.decl.extern import ExternLibrary, PackedFunction
+from tirbyoc.decl.intrinsic import DENSE, Axis, Cost, Intrinsic, IntrinsicGroup, Layout, Operand, Role
+from tirbyoc.decl.registry import get_template, register_template, template_names, templates
+from tirbyoc.decl.scope import GLOBAL, Scope
+from tirbyoc.decl.template import Runtime, Template
+from tirbyoc.errors import (
     DeclarationError,
     ExternLibraryError,
     IntrinsicError,
@@ -20,20 +27,18 @@ from .errors import (
     UnknownTemplateError,
     VerificationError,
 )
-from .extern import ExternLibrary, PackedFunction
-from .intrinsic import DENSE, Axis, Cost, Intrinsic, IntrinsicGroup, Layout, Operand, Role
-from .registry import get_template, register_template, template_names, templates
-from .scope import GLOBAL, Scope
-from .template import Runtime, Template
 
 __version__ = "0.1.0"
 
 # The matcher imports TVM; load it on first use so that ``import tirbyoc`` stays cheap.
 _LAZY = {
-    "match": "matcher", "explain": "matcher", "Match": "matcher", "AxisMap": "matcher",
-    "OperandMap": "matcher", "BlockResult": "matcher", "match_chains": "chain", "ChainMatch": "chain",
-    "tensorize": "rewrite", "Rewritten": "rewrite", "offload": "offloading", "Offloaded": "offloading",
-    "verify": "verification", "Verification": "verification", "relax_vm": "_tvm",
+    "match": "matching.matcher", "explain": "matching.matcher", "Match": "matching.results",
+    "AxisMap": "matching.results", "OperandMap": "matching.results", "BlockResult": "matching.results",
+    "Mismatch": "matching.results",
+    "match_chains": "matching.chain", "ChainMatch": "matching.chain",
+    "tensorize": "rewrite.tensorize", "Rewritten": "rewrite.tensorize",
+    "offload": "offloading.offloader", "Offloaded": "offloading.offloader",
+    "verify": "offloading.verification", "Verification": "offloading.verification", "relax_vm": "_tvm",
 }
 
 
@@ -41,7 +46,6 @@ def __getattr__(name):
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'tirbyoc' has no attribute {name!r}")
-    import importlib
 
     return getattr(importlib.import_module(f".{module}", __name__), name)
 

@@ -11,14 +11,24 @@ TVMScript intrinsics and costs ~40 s.
 from __future__ import annotations
 
 import os
-
-# The TVM runtime uses one thread on a 2-vCPU machine unless told otherwise.
-os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+import shutil
+from typing import Iterator
 
 import tvm  # noqa: E402
 import tvm_ffi  # noqa: E402
-from tvm import s_tir, tirx  # noqa: E402
+import tvm_ffi.libinfo  # noqa: E402
+from tvm import sym  # noqa: E402  (arith: detect_iter_map, IterMapLevel)
+from tvm import relax, s_tir, tirx  # noqa: E402
+from tvm.ir.prim import expr as prim_expr  # noqa: E402
 from tvm.script import tirx as T  # noqa: E402
+from tvm.support import cc, nvcc  # noqa: E402
+from tvm.target import codegen  # noqa: E402
+
+# The TVM runtime uses one thread on a 2-vCPU machine unless told otherwise; set before TVM
+# is imported.
+os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+
+
 
 PrimFunc = tirx.PrimFunc
 # TVM 0.27 moved TIR's expression classes under tvm.ir: a buffer load is a ``TensorLoad``
@@ -28,7 +38,7 @@ PrimFunc = tirx.PrimFunc
 PrimExpr = tvm.ir.expr.Expr
 TensorLoad = tvm.ir.expr.TensorLoad
 PrimCall = tvm.ir.expr.Call
-from tvm.ir.prim import expr as prim_expr  # noqa: E402
+StringImm = tvm.ir.expr.StringImm
 
 
 def expr_dtype(node) -> str:
@@ -63,7 +73,6 @@ def make_target(spec) -> "tvm.target.Target":
 
 def host_cpu_features() -> set[str]:
     """The LLVM feature names of the CPU this process runs on (``avx512vnni``, ...)."""
-    from tvm.target import codegen
 
     return {str(f) for f in codegen.llvm_get_cpu_features(host_target())}
 
@@ -73,13 +82,11 @@ _ISA = ("avx", "sse", "ssse", "fma", "f16c", "amx", "bmi", "gfni", "vaes", "vpcl
 
 def isa_features(target) -> set[str]:
     """The instruction-set features (AVX-512, AMX, FMA, ...) an LLVM ``target`` lets code use."""
-    from tvm.target import codegen
 
     return {str(f) for f in codegen.llvm_get_cpu_features(make_target(target)) if str(f).startswith(_ISA)}
 
 
 def host_target() -> "tvm.target.Target":
-    from tvm.target import codegen
 
     cpu = str(codegen.llvm_get_system_cpu())
     return tvm.target.Target({"kind": "llvm", "mcpu": cpu})
@@ -108,7 +115,6 @@ def cuda_source(executable) -> str:
 
 
 def nvcc_path() -> str | None:
-    import shutil
 
     return shutil.which("nvcc")
 
@@ -119,7 +125,6 @@ def compile_cuda(source: str, target) -> bytes:
     This is how tirbyoc checks CUDA codegen on machines without a GPU: the kernel TVM
     generated must pass the real CUDA compiler, not just TVM's printer.
     """
-    from tvm.support import nvcc
 
     if nvcc_path() is None:
         raise RuntimeError("nvcc is not on PATH: install the CUDA toolkit to compile CUDA kernels")
@@ -143,7 +148,6 @@ def relax_vm(executable, device):
     """A Relax VM for ``executable``. A module whose every PrimFunc became a library call has
     no compiled TIR, only an empty C host module that TVM would try to export and reload
     (which fails for a loaded library in ``external_mods``); run its module directly then."""
-    from tvm import relax
 
     mod = executable.mod
     kinds = [m.kind for m in mod._collect_from_import_tree(lambda m: True)]
@@ -165,3 +169,77 @@ def with_external_mods(mod, modules):
         if not any(m.same_as(module) for m in libs):
             libs.append(module)
     return mod.with_attr("external_mods", libs) if libs else mod
+
+
+# -- TVM 0.27's statement tree (blocks are ``s_tir.SBlock``; 0.26 called them ``tir.Block``) --
+# No Python statement visitor exists for TIR in 0.27: these walk the few statement kinds that
+# hold other statements. Declarations (intrinsic checks) and the IR readers both use them.
+_CHILD_FIELDS = ("body", "then_case", "else_case", "init")
+
+
+def child_stmts(stmt) -> list:
+    """The statements directly inside ``stmt`` (a realize's block counts as its child)."""
+    if stmt is None:
+        return []
+    if isinstance(stmt, tirx.SeqStmt):
+        return list(stmt.seq)
+    if isinstance(stmt, s_tir.SBlockRealize):
+        return [stmt.block]
+    out = []
+    for name in _CHILD_FIELDS:
+        child = getattr(stmt, name, None)
+        if isinstance(child, tirx.Stmt):
+            out.append(child)
+    return out
+
+
+def iter_blocks(stmt, *, include_self: bool = True) -> Iterator["s_tir.SBlock"]:
+    """Every ``SBlock`` under ``stmt`` in pre-order (the block's init included)."""
+    stack = [stmt]
+    first = True
+    while stack:
+        node = stack.pop()
+        if isinstance(node, s_tir.SBlock) and (include_self or not first):
+            yield node
+        first = False
+        stack.extend(reversed(child_stmts(node)))
+
+
+def root_block(func) -> "s_tir.SBlock | None":
+    """The root block of a schedulable PrimFunc, or None if its body is not one."""
+    body = func.body
+    if isinstance(body, s_tir.SBlockRealize):
+        return body.block
+    return None
+
+
+def child_blocks(block) -> list:
+    """Blocks directly nested in ``block``'s body (not in deeper blocks)."""
+    out = []
+    stack = list(reversed(child_stmts(block.body)))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, s_tir.SBlock):
+            out.append(node)
+            continue
+        stack.extend(reversed(child_stmts(node)))
+    return out
+
+
+# -- compiling and loading C code for extern libraries ---------------------------------------
+def ffi_build_paths() -> tuple[list[str], str]:
+    """(include directories, library directory) of TVM FFI's C API (``tvm/ffi/c_api.h``,
+    dlpack, ``libtvm_ffi``), for C code that registers packed functions."""
+    info = tvm_ffi.libinfo
+    return ([info.find_include_path(), info.find_dlpack_include_path()],
+            os.path.dirname(info.find_libtvm_ffi()))
+
+
+def create_shared(output: str, sources: list[str], options: list[str], compiler: str) -> None:
+    """Compile and link ``sources`` into the shared library ``output`` (TVM's ``cc``)."""
+    cc.create_shared(output, sources, options=options, cc=compiler)
+
+
+def load_module(path: str):
+    """A TVM runtime module from a shared library."""
+    return tvm.runtime.load_module(path)

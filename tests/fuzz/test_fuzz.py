@@ -2,8 +2,8 @@
 
 Every case must end verified or as a clean fallback with a reason; a wrong result or an
 exception escaping `offload` fails the test with the case, so it can be replayed with
-``tirbyoc.fuzz.run_case(tirbyoc.fuzz.case(seed, index, templates))``. The long mode is
-``python -m tirbyoc.fuzz --cases 10000`` (README).
+``tirbyoc.testing.fuzz.run_case(tirbyoc.testing.fuzz.case(seed, index, templates))``. The long mode is
+``python -m tirbyoc.testing.fuzz --cases 10000`` (README).
 """
 
 import json
@@ -13,7 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tirbyoc import fuzz
+from tirbyoc.matching.results import MatchStage, Mismatch
+from tirbyoc.testing import fuzz
 
 TEMPLATES = fuzz.runnable_templates()
 REGRESSIONS = Path(__file__).with_name("regressions.json")
@@ -66,5 +67,10 @@ def test_saved_regressions(saved):
 def test_every_kind_and_outcome_is_reachable():
     kinds = {fuzz.case(1, i, TEMPLATES).kind for i in range(200)}
     assert kinds == set(fuzz.KINDS)
-    assert fuzz.categorize("operand A is float32, intrinsic wants int8") == "dtype"
-    assert fuzz.categorize("body is max, intrinsic is multiply-add") == "not multiply-add"
+    dtype = Mismatch(MatchStage.DTYPE, "operand A is float32, intrinsic wants int8", operand="A",
+                     expected="int8", found="float32")
+    assert fuzz.categorize(dtype) == "dtype"
+    assert fuzz.categorize(Mismatch(MatchStage.OPERATION, "body is max, intrinsic is multiply-add")) \
+        == "not multiply-add"
+    assert fuzz.categorize(Mismatch(MatchStage.ITERATORS, "no iterator plays axis j", iterator="j")) \
+        == "no GEMM axis (GEMV, depthwise)"

@@ -8,11 +8,13 @@ the CLI uses it. ``tirbyoc.offload`` takes its database lookup as a plain callab
 
 from __future__ import annotations
 
+import importlib
+
 _LAZY = {
     "TirbyocRule": "rule", "prepare": "preparation", "prepare_module": "preparation",
     "offloadable_tasks": "tasks", "TuneTask": "tasks", "workload": "tasks",
     "tune": "tuner", "TuneResult": "tuner", "space": "tuner", "rpc_runner": "tuner",
-    "tuning_target": "tuner", "without_tvm_intrinsic_library": "tuner",
+    "tuning_target": "build", "without_tvm_intrinsic_library": "tuner",
     "SimulatorRunner": "sim_runner", "local_builder": "build",
     "tuned_schedules": "apply", "load_database": "apply",
 }
@@ -22,7 +24,6 @@ def __getattr__(name):
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'tirbyoc.tuning' has no attribute {name!r}")
-    import importlib
 
     return getattr(importlib.import_module(f".{module}", __name__), name)
 

@@ -9,15 +9,22 @@ against TVM's build of the original and falls back to its own rewrite if it disa
 
 from __future__ import annotations
 
-from ..errors import TirbyocError
+import json
+import os
 
+from tvm.s_tir.meta_schedule.database import JSONDatabase
+
+from tirbyoc._tvm import tirx
+from tirbyoc.decl.registry import get_template, templates
+from tirbyoc.errors import TirbyocError
+from tirbyoc.tuning.build import tuning_target
+from tirbyoc.tuning.preparation import best_matches, prepare
+from tirbyoc.tuning.tasks import workload
 
 MANIFEST = "tirbyoc_tuning.json"  # which template a work directory was tuned for
 
 
 def write_manifest(work_dir: str, template) -> None:
-    import json
-    import os
 
     with open(os.path.join(work_dir, MANIFEST), "w") as f:
         json.dump({"template": template.name}, f)
@@ -27,12 +34,8 @@ def load_database(work_dir: str):
     """The JSON database `tune` wrote in ``work_dir`` (a clear error if there is none).
     Its records name the template's intrinsics, so that template's are registered first
     (every registered template's when the directory does not say which)."""
-    import json
-    import os
 
-    from tvm.s_tir.meta_schedule.database import JSONDatabase
 
-    from ..registry import get_template, templates
 
     records = os.path.join(work_dir, "database_tuning_record.json")
     workloads = os.path.join(work_dir, "database_workload.json")
@@ -62,10 +65,6 @@ def tuned_schedules(database, *, target=None):
         database = load_database(database)
 
     def lookup(func, template):
-        from .._tvm import tirx
-        from .preparation import best_matches, prepare
-        from .tasks import workload
-        from .tuner import tuning_target
 
         prepared = prepare(func, template)
         matches = best_matches(prepared, template)

@@ -2,7 +2,7 @@
 
 MetaSchedule keeps a candidate as the trace of schedule primitives that made it and replays
 that trace on the workload. Two of tirbyoc's rewrite steps are IR edits no primitive
-expresses - folding a separate init block into the reduction (`tirbyoc.init_merge`) and
+expresses - folding a separate init block into the reduction (`tirbyoc.ir.init_merge`) and
 putting a commuted product in the intrinsic's operand order - so they are done here, on the
 workload, once. Tuning and applying a database both call `prepare` with the same template,
 so the workload a record is keyed by is the one the rule was applied to.
@@ -12,14 +12,20 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..errors import RewriteError
+from tirbyoc._tvm import Schedule, tirx
+from tirbyoc.decl.intrinsic import Role
+from tirbyoc.decl.registry import as_template
+from tirbyoc.errors import RewriteError
+from tirbyoc.ir.init_merge import merge_separate_init
+from tirbyoc.matching.matcher import explain
+from tirbyoc.rewrite.stages import commute
+from tirbyoc.rewrite.state import new_state
+from tirbyoc.rewrite.tensorize import resolve
 
 
 def best_matches(func, template) -> dict:
     """block name -> the matcher's best compute match for ``template`` (blocks without one
     are left out)."""
-    from ..intrinsic import Role
-    from ..matcher import explain
 
     out = {}
     for result in explain(func, template):
@@ -32,10 +38,6 @@ def best_matches(func, template) -> dict:
 def prepare(func, template):
     """``func`` with every matched block's separate init folded in and its product in the
     intrinsic's operand order. Returns ``func`` itself when nothing needed changing."""
-    from .._tvm import Schedule
-    from ..init_merge import merge_separate_init
-    from ..registry import as_template
-    from ..rewrite import _resolve, _Tensorizer
 
     template = as_template(template)
     for block, m in best_matches(func, template).items():
@@ -44,19 +46,18 @@ def prepare(func, template):
             if merged is None:
                 continue  # the rule will say why it cannot offload this block
             func, m = merged, replace(m, init="in-block")
-        target, tmpl = _resolve(m, None, template)
+        target, tmpl = resolve(m, None, template)
         try:
-            rw = _Tensorizer(Schedule(func), m, target, False, tmpl)
-            rw.commute()
+            state = new_state(Schedule(func), m, target, tmpl, schedule=False)
+            commute(state)
         except RewriteError:
             continue
-        func = rw.sch.mod["main"]
+        func = state.sch.mod["main"]
     return func
 
 
 def prepare_module(mod, template):
     """`prepare` on every PrimFunc of an IRModule (a new module; Relax functions untouched)."""
-    from .._tvm import tirx
 
     out = mod.clone()
     for gv, func in list(mod.functions.items()):

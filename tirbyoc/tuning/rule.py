@@ -2,7 +2,7 @@
 
 TVM's own ``MultiLevelTilingWithIntrin`` takes one intrinsic and tensorizes only a block
 whose loops already line up with it. `TirbyocRule` runs tirbyoc's matcher on the block and
-carries out the match with the rewrite engine (`tirbyoc.rewrite.tensorize_in`): transposed
+carries out the match with the rewrite engine (`tirbyoc.rewrite.tensorize.tensorize_in`): transposed
 and tile-packed operands, implicit-GEMM convolutions, padding for odd extents, scratchpad
 staging with DMA intrinsics - all as schedule primitives, so MetaSchedule's trace replays
 them. What it leaves to the search:
@@ -10,7 +10,7 @@ them. What it leaves to the search:
 * on CPUs, the register block around the intrinsic (rows x tiles kept as accumulators, as
   ``sample_perfect_tile`` decisions that MetaSchedule's tile-size mutator explores);
 * on scratchpad templates, the scratchpad tiling: one design space per tiling among the
-  best that fit (`tirbyoc.scratchpad.rank_tiles`), measured rather than estimated.
+  best that fit (`tirbyoc.rewrite.scratchpad.rank_tiles`), measured rather than estimated.
 
 A block the template cannot compute is returned unchanged (other rules may schedule it);
 why not is kept in `TirbyocRule.refusals` (and logged) so a tuning report can say it.
@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import logging
 
-from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 from tvm.ir.utils import derived_object
+from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 
-from ..errors import RewriteError, TirbyocError
-from ..registry import as_template
+from tirbyoc._tvm import structural_equal
+from tirbyoc.decl.registry import as_template
+from tirbyoc.errors import RewriteError, TirbyocError
+from tirbyoc.rewrite.cpu import default_schedule, sampled_block
+from tirbyoc.rewrite.tensorize import tensorize_in
+from tirbyoc.tuning.preparation import best_matches
 
 log = logging.getLogger("tirbyoc.tuning")
 
@@ -62,9 +66,6 @@ class TirbyocRule(PyScheduleRule):
         return TirbyocRule(self.template, tunable=self.tunable, tilings=self.tilings)
 
     def apply(self, sch, block):
-        from ..cpu_schedule import default_schedule, sampled_block
-        from ..rewrite import tensorize_in
-        from .preparation import best_matches
 
         name = str(sch.get(block).name_hint)
         if sch.get(block).annotations.get(_DONE[0]) is not None:
@@ -113,7 +114,6 @@ class TirbyocRule(PyScheduleRule):
 def _distinct(spaces: list) -> list:
     """Design spaces with different IR (a scratchpad template ignores the CPU register
     block, so both choices give the same schedule there)."""
-    from .._tvm import structural_equal
 
     out = []
     for sp in spaces:

@@ -12,14 +12,17 @@ are kept in `SimulatorRunner.cycles` (artifact -> cycles) for reports.
 from __future__ import annotations
 
 import numpy as np
+import tvm
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.runner import PyRunner, RunnerFuture, RunnerResult
 
+from tirbyoc.decl.registry import as_template
+from tirbyoc.errors import TirbyocError
+from tirbyoc.ir.domains import random_array
+
 
 def _random_args(args_info, seed: int):
-    import tvm
 
-    from ..verification import random_array
 
     rng = np.random.default_rng(seed)
     args = []
@@ -39,13 +42,11 @@ class SimulatorRunner(PyRunner):
     template's simulator clock)."""
 
     def __init__(self, template, clock_hz: float | None = None) -> None:
-        from ..registry import as_template
 
         super().__init__()
         self.template = as_template(template)
         sim = getattr(self.template, "simulator", None)
         if sim is None:
-            from ..errors import TirbyocError
 
             raise TirbyocError(f"template {self.template.name!r} has no simulator; measure it with "
                                "MetaSchedule's LocalRunner (or RPCRunner) instead")
@@ -57,7 +58,6 @@ class SimulatorRunner(PyRunner):
         return [self._measure(i, inp) for i, inp in enumerate(runner_inputs)]
 
     def _measure(self, index: int, inp):
-        import tvm
 
         try:
             mod = tvm.runtime.load_module(str(inp.artifact_path))

@@ -11,6 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tirbyoc._tvm import structural_equal, tirx, tvm
+from tirbyoc.matching.matcher import explain
+from tirbyoc.relax.bridge import call_counts, mac_blocks
+from tirbyoc.tuning.preparation import best_matches, prepare
+
 
 @dataclass
 class TuneTask:
@@ -26,7 +31,6 @@ class TuneTask:
 
 def workload(func):
     """The IRModule MetaSchedule keys a PrimFunc's records by (what ``tune_tir`` makes)."""
-    from .._tvm import tvm
 
     func = func.with_attr("global_symbol", "main").with_attr("tirx.noalias", True)
     return tvm.IRModule({"main": func})
@@ -36,10 +40,6 @@ def offloadable_tasks(mod, template) -> tuple[list[TuneTask], list[tuple[str, st
     """(tasks, skipped): the distinct PrimFuncs of ``mod`` (an IRModule, or one PrimFunc)
     that ``template`` can offload, and (name, why not) for those with multiply-accumulates it
     cannot."""
-    from .._tvm import structural_equal, tirx, tvm
-    from ..matcher import explain
-    from ..relax_bridge import call_counts, mac_blocks
-    from .preparation import best_matches, prepare
 
     if isinstance(mod, tirx.PrimFunc):
         mod = tvm.IRModule({"main": mod})

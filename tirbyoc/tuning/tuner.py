@@ -12,19 +12,32 @@ counts valid candidates and reports progress. The database it leaves is what
 
 from __future__ import annotations
 
-from functools import partial
-
 import contextlib
+import ctypes
+import importlib.util
 import logging
+import shutil
 import sys
+import time
 import types
 from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
 
+import tvm
 from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
+from tvm.s_tir.meta_schedule.runner import LocalRunner, RPCConfig, RPCRunner
 
-from ..errors import TirbyocError
-from .tasks import TuneTask, offloadable_tasks, workload
+from tirbyoc.decl.registry import as_template
+from tirbyoc.errors import TirbyocError
+from tirbyoc.offloading.table import render
+from tirbyoc.tuning.apply import write_manifest
+from tirbyoc.tuning.build import local_builder, tuning_target
+from tirbyoc.tuning.rule import TirbyocRule
+from tirbyoc.tuning.sim_runner import SimulatorRunner
+from tirbyoc.tuning.tasks import TuneTask, offloadable_tasks, workload
 
 log = logging.getLogger("tirbyoc.tuning")
 
@@ -35,22 +48,12 @@ def space(template, *, tunable: bool = True, tilings: int | None = None):
     """MetaSchedule's ``PostOrderApply`` with `TirbyocRule` as its rule: the design space
     of ``template``'s rewrites, the register block as the tunable decision on CPUs.
     ``tunable=False, tilings=1``: the untuned default rewrite alone."""
-    from tvm.s_tir import meta_schedule as ms
 
-    from .rule import TirbyocRule
 
     return ms.space_generator.PostOrderApply(
         sch_rules=[TirbyocRule(template, tunable=tunable, tilings=tilings)],
         postprocs=[ms.postproc.DisallowDynamicLoop()],
         mutator_probs={ms.mutator.MutateTileSize(): 1.0} if tunable else {})
-
-
-def tuning_target(template, target=None):
-    """The target records are tuned and looked up for (the template's by default)."""
-    from .._tvm import make_target
-    from ..registry import as_template
-
-    return make_target(target if target is not None else as_template(template).target)
 
 
 @contextlib.contextmanager
@@ -112,7 +115,6 @@ class TuneResult:
         return self.valid / self.trials if self.trials else 0.0
 
     def table(self) -> str:
-        from ..table import render
 
         rows = []
         for t in self.tasks:
@@ -157,7 +159,6 @@ class _Count(PyMeasureCallback):
 def rpc_runner(tracker: str, key: str, *, timeout_sec: float = 60.0):
     """MetaSchedule's ``RPCRunner`` for devices registered under ``key`` at ``tracker``
     ("HOST:PORT")."""
-    from tvm.s_tir.meta_schedule.runner import RPCConfig, RPCRunner
 
     host, sep, port = tracker.rpartition(":")
     if not sep or not host or not port.isdigit():
@@ -169,12 +170,10 @@ def rpc_runner(tracker: str, key: str, *, timeout_sec: float = 60.0):
 
 
 def _runner(template, runner):
-    from tvm.s_tir.meta_schedule.runner import LocalRunner
 
     if runner is not None:  # a SimulatorRunner measures cycles (reported at its clock)
         return runner, "cycles" if getattr(runner, "clock_hz", None) else "s"
     if getattr(template, "simulator", None) is not None:
-        from .sim_runner import SimulatorRunner
 
         return SimulatorRunner(template), "cycles"
     paths = [str(lib.path) for lib in getattr(template, "libraries", ()) if not lib.ffi]
@@ -186,7 +185,6 @@ def _runner(template, runner):
 def _load_libraries(paths: list) -> None:
     """In a runner's worker: load the template's C libraries globally, as `prepare` does in
     this process (kept importable by path, so that it pickles to the worker)."""
-    import ctypes
 
     for path in paths:
         ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
@@ -200,10 +198,7 @@ def _seed_defaults(template, contexts, outcomes, database, builder, runner, targ
     random from the design spaces, so on a small budget it may never measure the default;
     seeded, the database's best is never worse than the untuned rewrite, and the
     evolutionary search starts its population from it. Returns the candidates measured."""
-    import shutil
-    from pathlib import Path
 
-    from tvm.s_tir import meta_schedule as ms
 
     schedules = []
     for ctx in contexts:
@@ -244,7 +239,6 @@ def _seed_defaults(template, contexts, outcomes, database, builder, runner, targ
 def _device_name(target) -> str:
     """The device name a runner opens for ``target`` ("cpu" for llvm), as MetaSchedule's
     task scheduler gives it."""
-    import tvm
 
     return str(tvm.runtime.Device(target.get_target_device_type(), 0)).partition(":")[0]
 
@@ -278,12 +272,8 @@ def tune(mod, template, *, trials: int, work_dir: str, runner=None, builder=None
     else ``LocalRunner``; `rpc_runner` for a remote board). ``progress(done, total, task)``
     is called after each measured batch. ``quiet`` keeps MetaSchedule's own log tables in
     ``work_dir/logs`` only."""
-    import time
 
-    from tvm.s_tir import meta_schedule as ms
 
-    from ..registry import as_template
-    from .build import local_builder
 
     template = as_template(template)
     if trials < 1:
@@ -292,7 +282,6 @@ def tune(mod, template, *, trials: int, work_dir: str, runner=None, builder=None
     result = TuneResult(template.name, work_dir, [TaskOutcome(t) for t in tasks], skipped)
     if not tasks:
         return result
-    from .apply import write_manifest
 
     write_manifest(work_dir, template)
     tgt = tuning_target(template, target)
@@ -331,10 +320,9 @@ def tune(mod, template, *, trials: int, work_dir: str, runner=None, builder=None
 
 
 def _has_xgboost() -> bool:
-    import importlib.util
 
     return importlib.util.find_spec("xgboost") is not None
 
 
-__all__ = ["TaskOutcome", "TuneResult", "rpc_runner", "space", "tune", "tuning_target",
+__all__ = ["TaskOutcome", "TuneResult", "rpc_runner", "space", "tune",
            "without_tvm_intrinsic_library"]

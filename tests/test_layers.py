@@ -1,0 +1,181 @@
+"""The package's layering, checked on its source (docs/architecture.md describes the layers).
+
+Each subpackage is a layer and imports only the layers below it; the TIR core reaches TVM only
+through `tirbyoc._tvm`; no module takes another's private names; modules and functions stay
+small; an import inside a function says why it is deferred. `layer_violations` is a plain
+function so that a test can plant a violation and see it caught.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "tirbyoc"
+
+# Bottom to top. Root modules (_tvm, errors, dtypes) are below every layer; the package's
+# __init__ and __main__ are its front door and may import anything.
+LAYERS = ("decl", "ir", "matching", "rewrite", "offloading", "sim", "relax", "tuning", "app", "testing")
+ROOT_MODULES = {"__init__", "__main__", "_tvm", "errors", "dtypes"}
+# The TIR core spells TVM through _tvm (one file to change on the next rename); the layers
+# above it drive Relax, MetaSchedule and the runtime, whose APIs they use directly.
+TVM_THROUGH_DOOR = {"decl", "ir", "matching", "rewrite", "offloading"}
+MAX_FILE_LINES = 400
+MAX_FUNCTION_LINES = 60
+DEFERRED = re.compile(r"#\s*deferred:")
+
+
+@dataclass(frozen=True)
+class Violation:
+    path: str
+    line: int
+    rule: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.rule}: {self.detail}"
+
+
+def _layer(parts: tuple[str, ...]) -> str:
+    """'root' for tirbyoc/<module>.py, else the subpackage name."""
+    return parts[1] if len(parts) > 2 else "root"
+
+
+def _rank(layer: str) -> int:
+    return -1 if layer == "root" else LAYERS.index(layer)
+
+
+def _module_parts(path: Path) -> tuple[str, ...]:
+    return path.relative_to(PACKAGE.parent).with_suffix("").parts
+
+
+def _imported(node, parts: tuple[str, ...]) -> list[tuple[str, list[str]]]:
+    """(dotted module, names) for each tirbyoc or tvm module an import statement names."""
+    if isinstance(node, ast.Import):
+        return [(a.name, []) for a in node.names]
+    if node.level:
+        base = list(parts[:-node.level])
+        return [(".".join(base + ([node.module] if node.module else [])), [a.name for a in node.names])]
+    return [(node.module or "", [a.name for a in node.names])]
+
+
+def _target_layer(module: str, names: list[str]) -> list[str]:
+    bits = module.split(".")
+    if bits[0] != "tirbyoc":
+        return []
+    if len(bits) == 1:  # from tirbyoc import x: a layer when x is a subpackage
+        return [n if n in LAYERS else "root" for n in names]
+    return [bits[1] if bits[1] in LAYERS else "root"]
+
+
+def _function_imports(tree) -> set[int]:
+    """Line numbers of import statements nested in a function."""
+    out = set()
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out |= {n.lineno for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    return out
+
+
+def _said_why(lines: list[str], lineno: int) -> bool:
+    """A '# deferred:' comment on the import's line or just above the group of imports it
+    belongs to."""
+    i = lineno - 1
+    if DEFERRED.search(lines[i]):
+        return True
+    while i > 0 and lines[i - 1].strip().startswith(("import ", "from ")):
+        i -= 1
+    return i > 0 and bool(DEFERRED.search(lines[i - 1]))
+
+
+def check_file(path: Path, text: str) -> list[Violation]:
+    rel = str(path.relative_to(ROOT))
+    parts = _module_parts(path)
+    layer = _layer(parts)
+    lines = text.splitlines()
+    tree = ast.parse(text)
+    out: list[Violation] = []
+    if len(lines) > MAX_FILE_LINES:
+        out.append(Violation(rel, 1, "file too long", f"{len(lines)} lines > {MAX_FILE_LINES}"))
+    nested = _function_imports(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            size = node.end_lineno - node.lineno + 1
+            if size > MAX_FUNCTION_LINES:
+                out.append(Violation(rel, node.lineno, "function too long",
+                                     f"{node.name}: {size} lines > {MAX_FUNCTION_LINES}"))
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        if node.lineno in nested and not _said_why(lines, node.lineno):
+                out.append(Violation(rel, node.lineno, "import inside a function",
+                                     "move it to the top, or say why it waits in a '# deferred:' comment"))
+        for module, names in _imported(node, parts):
+            top = module.split(".")[0]
+            if top in ("tvm", "tvm_ffi") and layer in TVM_THROUGH_DOOR:
+                out.append(Violation(rel, node.lineno, "TVM outside the door",
+                                     f"layer {layer!r} imports {module}: use tirbyoc._tvm"))
+            if layer in ("root",) and parts[-1] in ("__init__", "__main__"):
+                continue
+            for target in _target_layer(module, names):
+                if _rank(target) > _rank(layer):
+                    out.append(Violation(rel, node.lineno, "upward import",
+                                         f"{layer} imports {module} ({target} is above it)"))
+            private = [n for n in names if n.startswith("_") and n != "__version__"]
+            if top == "tirbyoc" and private:
+                out.append(Violation(rel, node.lineno, "private name crosses modules",
+                                     f"{', '.join(private)} from {module}"))
+    return out
+
+
+def layer_violations(overrides: dict[Path, str] | None = None) -> list[Violation]:
+    """Every violation in the package; ``overrides`` replaces some files' text (for tests)."""
+    overrides = overrides or {}
+    out = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        out += check_file(path, overrides.get(path, path.read_text()))
+    return out
+
+
+def test_package_is_layered():
+    problems = layer_violations()
+    assert not problems, "\n".join(map(str, problems))
+
+
+def test_a_planted_upward_import_is_caught():
+    victim = PACKAGE / "ir" / "pattern.py"
+    planted = victim.read_text() + "\nfrom tirbyoc.app.run import run_model\n"
+    problems = [p for p in layer_violations({victim: planted}) if p.rule == "upward import"]
+    assert [p.path for p in problems] == ["tirbyoc/ir/pattern.py"], problems
+
+
+def test_planted_tvm_import_private_name_and_lazy_import_are_caught():
+    victim = PACKAGE / "matching" / "unify.py"
+    planted = victim.read_text() + (
+        "\nimport tvm\nfrom tirbyoc.ir.pattern import _private\n\n\ndef f():\n    import numpy\n")
+    rules = {p.rule for p in check_file(victim, planted)}
+    assert {"TVM outside the door", "private name crosses modules", "import inside a function"} <= rules
+
+
+def test_root_holds_only_the_shared_modules_and_the_layers():
+    modules = {p.stem for p in PACKAGE.glob("*.py")}
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert modules == ROOT_MODULES
+    assert packages == set(LAYERS)
+
+
+def test_architecture_doc_names_every_layer_and_no_other():
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    named = re.findall(r"^## \d+\. .*? — `tirbyoc/(\w+)/`", doc, flags=re.M)
+    assert named == list(LAYERS), named
+
+
+def test_templates_use_only_the_public_api():
+    public = re.compile(r"^tirbyoc(\.(decl(\.\w+)?|sim))?$")
+    for path in sorted((ROOT / "intrinsics").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tirbyoc."):
+                assert public.match(node.module), f"{path.name}: imports {node.module}"
+                assert not any(a.name.startswith("_") for a in node.names), path.name

@@ -1,0 +1,254 @@
+"""The ``tirbyoc`` command line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import tempfile
+
+from tirbyoc.app.cli_parser import build_parser
+from tirbyoc.app.html_report import write
+from tirbyoc.app.jsonout import dumps
+from tirbyoc.app.loaders import legalize
+from tirbyoc.app.model_inputs import load_inputs
+from tirbyoc.app.run import Progress, default_templates, legalized_model, load_model, run_model
+from tirbyoc.app.sweep import parse_params, plot, sweep, table
+from tirbyoc.decl.registry import get_template, template_names
+from tirbyoc.errors import TirbyocError
+from tirbyoc.matching.chain import match_chains
+from tirbyoc.matching.matcher import explain
+from tirbyoc.offloading.table import render
+from tirbyoc.tuning.tuner import rpc_runner, tune
+
+
+def _intrinsic_rows(names: list[str]) -> list[dict]:
+    rows = []
+    for tname in names:
+        template = get_template(tname)
+        for intrin in template.intrinsics():
+            rows.append({
+                "template": template.name,
+                "name": intrin.name,
+                "role": intrin.role.value,
+                "shape": list(intrin.shape),
+                "iters": intrin.iter_kinds,
+                "dtypes": intrin.dtypes,
+                "scopes": intrin.scopes,
+                "layouts": {o.name: o.layout.describe() for o in intrin.operands},
+                "cycles": intrin.cost.cycles,
+                "bytes": intrin.bytes_moved,
+                "runtime": template.runtime.value,
+                "runs_here": template.runs_here(),
+                "doc": intrin.doc,
+            })
+    return rows
+
+
+def cmd_intrinsics(args) -> int:
+    names = args.template or template_names()
+    for n in names:
+        get_template(n)  # unknown names fail before any output
+    rows = _intrinsic_rows(names)
+    if args.json:
+        print(dumps(rows))
+        return 0
+    print(render(
+        ["template", "intrinsic", "role", "shape", "dtypes", "scopes"],
+        [[r["template"], r["name"].split(".", 1)[1], r["role"],
+          "x".join(map(str, r["shape"])) + f" {r['iters']}",
+          ",".join(f"{k}:{v}" for k, v in r["dtypes"].items()),
+          ",".join(sorted(set(r["scopes"].values())))] for r in rows],
+    ))
+    print()
+    print(render(
+        ["template", "runtime", "target", "runs here"],
+        [[t.name, t.runtime.value, t.target["kind"], "yes" if t.runs_here() else f"no: {t.unavailable_reason()}"]
+         for t in (get_template(n) for n in names)],
+    ))
+    return 0
+
+
+def _match_rows(results, chains) -> list[dict]:
+    fused = {}
+    for c in chains:
+        for b, i in zip(c.blocks[1:], c.intrinsics[1:]):
+            fused[(c.compute.function, b)] = (i, c.compute.block)
+    rows = []
+    for r in results:
+        m = r.best
+        row = {"function": r.function, "block": r.block, "macs": r.macs,
+               "intrinsic": m.intrinsic.name if m else None, "reason": None,
+               "mismatch": None, "mapping": None, "padding": None, "staging": None, "fused_into": None}
+        if m is not None:
+            row["mapping"] = {a: list(v) for a, v in m.mapping.items()}
+            row["padding"] = {a: list(v) for a, v in m.padding.items()}
+            row["staging"] = {o.operand: [str(x) for x in o.staging] for o in m.operands if o.staging}
+            row["outer"] = list(m.outer)
+            row["template"] = m.template
+        elif (r.function, r.block) in fused:
+            intrin, into = fused[(r.function, r.block)]
+            row.update(intrinsic=intrin, fused_into=into)
+        else:
+            row["reason"] = r.reason
+            row["mismatch"] = r.mismatch.to_json() if r.mismatch is not None else None
+        rows.append(row)
+    return rows
+
+
+def cmd_match(args) -> int:
+
+    names = args.template or template_names()
+    templates = [get_template(n) for n in names]
+    mod = legalize(load_model(args.file, templates, args.object, _shapes_arg(args.input_shape))[1])
+    try:
+        results = explain(mod, templates)
+    except ValueError as err:
+        raise TirbyocError(f"{args.file}: {err}") from None
+    rows = _match_rows(results, match_chains(mod, templates))
+    if args.json:
+        print(dumps({"file": str(args.file), "templates": names, "blocks": rows}))
+        return 0
+    table = []
+    for r in rows:
+        if r["fused_into"]:
+            what = f"{r['intrinsic']} (epilogue of {r['fused_into']})"
+        elif r["intrinsic"]:
+            m = next(x for x in results if x.function == r["function"] and x.block == r["block"]).best
+            what = f"{r['intrinsic']}  {m.describe()}"
+        else:
+            what = f"- {r['reason']}"
+        table.append([r["function"], r["block"], f"{r['macs']:,}" if r["macs"] else "-", what])
+    print(render(["function", "block", "MACs", "intrinsic and mapping, or why not"], table))
+    matched = sum(1 for r in rows if r["intrinsic"])
+    print(f"\n{matched} of {len(rows)} blocks match ({', '.join(names)})")
+    return 0
+
+
+def _shapes_arg(specs) -> dict | None:
+    """--input-shape NAME=D0,D1,... (repeatable) -> {NAME: [D0, D1, ...]}."""
+    if not specs:
+        return None
+    shapes = {}
+    for spec in specs:
+        name, sep, dims = spec.partition("=")
+        try:
+            shape = [int(d) for d in dims.split(",")] if sep and dims.strip() else None
+        except ValueError:
+            shape = None
+        if not name.strip() or shape is None or any(d <= 0 for d in shape):
+            raise TirbyocError(f"--input-shape {spec!r}: write NAME=D0,D1,... with positive "
+                               "integers, e.g. input=1,3,224,224")
+        shapes[name.strip()] = shape
+    return shapes
+
+
+def _target_arg(text: str | None):
+    """--target: a JSON target dict, or a bare kind ("llvm")."""
+    if not text:
+        return None
+    if not text.lstrip().startswith("{"):
+        return {"kind": text.strip()}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise TirbyocError(f"--target {text!r} is not valid JSON ({err.msg} at character "
+                           f"{err.pos}); write it as '{{\"kind\": \"llvm\", \"mcpu\": "
+                           "\"cascadelake\"}' (keys and strings in double quotes), or give a "
+                           "bare kind such as llvm") from None
+    if not isinstance(value, dict):
+        raise TirbyocError(f"--target {text!r}: a JSON object is needed, e.g. '{{\"kind\": \"llvm\"}}'")
+    return value
+
+
+def cmd_run(args) -> int:
+
+
+    target = _target_arg(args.target)
+    inputs = load_inputs(args.inputs) if args.inputs else None
+    result = run_model(args.model, args.template, target=target, seed=args.seed,
+                       progress=Progress(enabled=not args.quiet), database=args.database,
+                       inputs=inputs, baseline=args.baseline, repeat=args.repeat,
+                       time_baseline=not args.no_baseline, obj=args.object,
+                       input_shapes=_shapes_arg(args.input_shape), profile=args.profile)
+    if args.json:
+        print(dumps(result.to_json()))
+    else:
+        print(f"{result.model} on {', '.join(result.templates)}\n")
+        print(result.table())
+    if args.report:
+
+        path = write(result, args.report)
+        print(f"report written to {path}", file=sys.stderr)
+    return 0 if result.verified is not False else 1
+
+
+def cmd_tune(args) -> int:
+
+
+    template = get_template(args.template or default_templates()[0])
+    if bool(args.rpc_tracker) != bool(args.rpc_key):
+        raise TirbyocError("give --rpc-tracker HOST:PORT and --rpc-key KEY together")
+    runner = rpc_runner(args.rpc_tracker, args.rpc_key) if args.rpc_tracker else None
+    work_dir = args.work_dir or tempfile.mkdtemp(prefix="tirbyoc-tune-")
+    os.makedirs(work_dir, exist_ok=True)
+    bar = Progress(enabled=not args.quiet, label="tune")
+    bar.phase(f"importing {args.model or 'the built-in model'}")
+    spec, mod, _, _ = legalized_model(args.model, [template], args.seed, obj=args.object,
+                                      input_shapes=_shapes_arg(args.input_shape))
+    bar.phase(f"tuning the PrimFuncs {template.name} can offload, {args.trials} trials")
+    result = tune(mod, template, trials=args.trials, work_dir=work_dir, runner=runner,
+                  target=_target_arg(args.target), progress=bar.step, seed=args.seed)
+    if args.json:
+        print(dumps({"model": spec, **result.to_json()}))
+        return 0 if result.tasks else 1
+    print(f"{spec} on {template.name}: {len(result.tasks)} tasks, {result.trials} candidates measured, "
+          f"{result.valid} valid ({result.valid_fraction:.0%}), {result.seconds:.0f} s\n")
+    print(result.table())
+    if not result.tasks:
+        print(f"\nnothing to tune: {template.name} offloads no PrimFunc of this model", file=sys.stderr)
+        return 1
+    print(f"\ndatabase in {work_dir}; apply it with: tirbyoc run -m {spec} -t {template.name} "
+          f"--database {work_dir}")
+    return 0
+
+
+def cmd_sweep(args) -> int:
+
+    grid = parse_params(args.param)
+    if not grid:
+        raise TirbyocError("give at least one --param NAME=V1,V2,... to sweep")
+    target = _target_arg(args.target)
+    bar = Progress(enabled=not args.quiet)
+    points = sweep(args.model, args.template, grid, target=target, seed=args.seed, progress=bar.step,
+                   obj=args.object, input_shapes=_shapes_arg(args.input_shape))
+    if args.json:
+        print(dumps({"model": args.model, "template": args.template,
+                      "points": [p.to_json() for p in points]}))
+    else:
+        print(f"{args.model or 'the built-in model'} on {args.template} variants\n")
+        print(table(points))
+    if args.plot:
+        plot(points, args.plot, title=f"{args.model or 'built-in model'} on {args.template}")
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    return 1 if any(p.verified is False for p in points) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+
+    args = build_parser().parse_args(argv)
+    commands = {"intrinsics": cmd_intrinsics, "match": cmd_match, "run": cmd_run, "tune": cmd_tune,
+                "sweep": cmd_sweep}
+    level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
+    logging.basicConfig(level=level, format="tirbyoc: %(message)s", stream=sys.stderr)
+    logging.getLogger("tirbyoc").setLevel(level)
+    try:
+        return commands[args.command](args)
+    except TirbyocError as err:
+        print(f"tirbyoc: error: {err}", file=sys.stderr)
+        return err.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

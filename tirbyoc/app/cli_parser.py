@@ -1,0 +1,159 @@
+"""The ``tirbyoc`` command line's arguments: one sub-command per job, with the exit codes and
+examples its help shows. `tirbyoc.app.cli.main` parses with `build_parser` and dispatches on
+``args.command``."""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+from importlib import metadata
+
+from tirbyoc.app.models import MODELS
+from tirbyoc.decl.registry import template_names
+
+EXIT_CODES = """exit status:
+  0  done (for run and sweep: the outputs match, or were not compared)
+  1  run / sweep: the offloaded model's outputs differ from TVM's build
+  2  usage error: bad arguments, model file, template or target
+  3  TVM could not import or build the model itself (not the offload)"""
+
+
+_EXAMPLES = {
+    "run": "tirbyoc run -m builtin:resnet18_int8 -t vta --json",
+    "tune": "tirbyoc tune -m builtin:mlp_int8 -t x86_vnni --trials 16 --work-dir /tmp/tw",
+    "sweep": "tirbyoc sweep -t vta -p BLOCK_OUT=8,16,32 -p ACC_KIB=64,128 -m builtin:cnn_int8",
+}
+
+
+def _epilog(command: str) -> str:
+    """What a user can name: built-in models, templates (and for sweep, vta's parameters),
+    an example, and the exit codes."""
+
+
+    lines = ["built-in models (--model builtin:NAME): " + ", ".join(sorted(MODELS)),
+             "templates (--template): " + ", ".join(template_names())]
+    if command == "sweep":
+        lines.append("sweep parameters: a template's factory arguments, e.g. vta's batch, block_in, "
+                     "block_out, inp_kib, wgt_kib, acc_kib, dma_bytes_per_cycle, dma_latency, clock_mhz")
+    text = "\n".join(textwrap.fill(ln, 88, subsequent_indent="  ") for ln in lines)
+    return f"{text}\n\nexample:\n  {_EXAMPLES[command]}\n\n{EXIT_CODES}"
+
+
+def _version() -> str:
+
+    try:
+        return metadata.version("tirbyoc")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _model_file_args(p) -> None:
+    """--object and --input-shape: how every command picks and shapes a model file."""
+    p.add_argument("--object", help="which object of a .py model file (or function inside its "
+                                    "module), when it defines several")
+    p.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...",
+                   help="an ONNX input's shape, fixing dynamic dimensions (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tirbyoc", description="Offload TensorIR blocks to accelerator intrinsics.",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"tirbyoc {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    noise = common.add_mutually_exclusive_group()
+    noise.add_argument("--verbose", "-v", action="store_true",
+                       help="also log each step (logging level DEBUG)")
+    noise.add_argument("--quiet", "-q", action="store_true",
+                       help="no progress on stderr, warnings and errors only")
+    _add_intrinsics(sub, common)
+    _add_match(sub, common)
+    _add_run(sub, common)
+    _add_tune(sub, common)
+    _add_sweep(sub, common)
+    return parser
+
+
+def _add_intrinsics(sub, common) -> None:
+    p = sub.add_parser("intrinsics", parents=[common], help="list templates and their intrinsics")
+    p.add_argument("--template", "-t", action="extend", nargs="+", metavar="T",
+                   help="only these templates (e.g. -t vta blas)")
+    p.add_argument("--json", action="store_true", help="print a JSON list of intrinsics")
+
+
+def _add_match(sub, common) -> None:
+    p = sub.add_parser("match", parents=[common], help="which blocks of a workload the templates' intrinsics match, or why not")
+    p.add_argument("file", help="a model or workload as --model takes it: builtin:NAME, an .onnx "
+                                "file, or a .py file (PrimFuncs, Relax module, torch or relax nn model)")
+    p.add_argument("--template", "-t", action="append", metavar="T",
+                   help="match against this template (repeatable; default all)")
+    _model_file_args(p)
+    p.add_argument("--json", action="store_true", help='print {"blocks": [...]} as JSON')
+
+
+def _add_run(sub, common) -> None:
+    p = sub.add_parser("run", parents=[common], epilog=_epilog("run"),
+                       formatter_class=argparse.RawDescriptionHelpFormatter, help="offload a model, build it and TVM's default build, run both, compare, report")
+    p.add_argument("--model", "-m", help="builtin:NAME (default: an MLP suited to the template), "
+                   "PATH.onnx, or PATH.py defining a Relax IRModule, a torch.nn.Module with "
+                   "example_inputs, or a relax.frontend.nn.Module with spec")
+    _model_file_args(p)
+    p.add_argument("--template", "-t", action="extend", nargs="+", metavar="T",
+                   help="templates to offload to, tried in order (default: x86_vnni if this CPU "
+                        "has VNNI, else blas)")
+    p.add_argument("--target", help='TVM target as JSON (e.g. \'{"kind": "llvm", "mcpu": "native"}\') '
+                                    "or a kind; default: the first template's")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs and weights")
+    p.add_argument("--inputs", metavar="FILE.npz",
+                   help="the model's inputs by name (a .npy for a one-input model); inputs not in "
+                        "the file are drawn in their domain (weights as torch.nn initialises them)")
+    p.add_argument("--report", metavar="PATH.html",
+                   help="also write a self-contained HTML page with the table and a coverage plot")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--database", metavar="DIR",
+                   help="apply the tuned schedules of a `tirbyoc tune` work directory")
+    p.add_argument("--baseline", choices=("default", "dlight"), default="default",
+                   help="how TVM builds the untouched model, for the same target: its default CPU "
+                        "pipeline (default) or with dlight's CPU schedules")
+    p.add_argument("--repeat", type=int, default=10, metavar="N",
+                   help="runs per timing measurement (default 10; the best of 3 is reported)")
+    p.add_argument("--no-baseline", action="store_true",
+                   help="do not time TVM's build (it is still built and run once to compare)")
+    p.add_argument("--profile", action="store_true",
+                   help="also time each offloaded PrimFunc alone, TVM's build and the offloaded one "
+                        "(ms per call, a column of the table)")
+
+
+def _add_tune(sub, common) -> None:
+    p = sub.add_parser("tune", parents=[common], epilog=_epilog("tune"),
+                       formatter_class=argparse.RawDescriptionHelpFormatter, help="tune a model's offloadable PrimFuncs with MetaSchedule into a database")
+    p.add_argument("--model", "-m", help="as for run (default: an MLP suited to the template)")
+    _model_file_args(p)
+    p.add_argument("--template", "-t", help="template to offload to (default as for run)")
+    p.add_argument("--trials", type=int, default=64, help="candidates to measure in all (default 64)")
+    p.add_argument("--work-dir", metavar="DIR", help="where the database and logs go (default: a new "
+                   "temporary directory)")
+    p.add_argument("--target", help="as for run (default: the template's)")
+    p.add_argument("--rpc-tracker", metavar="HOST:PORT",
+                   help="measure on devices behind this TVM RPC tracker instead of this machine")
+    p.add_argument("--rpc-key", metavar="KEY", help="the device key registered with the tracker")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def _add_sweep(sub, common) -> None:
+    p = sub.add_parser("sweep", parents=[common], epilog=_epilog("sweep"),
+                       formatter_class=argparse.RawDescriptionHelpFormatter, help="run a model on a grid of template variants (cycles, coverage, correctness)")
+    p.add_argument("--template", "-t", required=True, help="a template with a factory (e.g. vta)")
+    p.add_argument("--param", "-p", action="append", metavar="NAME=V1,V2,...",
+                   help="a template parameter and its values (repeatable; the grid is their product)")
+    p.add_argument("--model", "-m", help="as for run (default: an MLP suited to the template)")
+    _model_file_args(p)
+    p.add_argument("--target", help="as for run")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the points as JSON")
+    p.add_argument("--plot", metavar="PATH.png", help="also plot cycles and utilization per point")
+
+
+__all__ = ["EXIT_CODES", "build_parser"]

@@ -1,0 +1,351 @@
+"""Built-in model architectures, written with ``tvm.relax.frontend.nn``; nothing downloaded.
+
+Each builder returns a Relax IRModule (not yet legalized) whose weights are parameters of
+``forward``; the architectures are the published ones (layer counts, widths, strides), so the
+PrimFuncs they legalize to are those a real deployment sees. Batch norm is folded into the
+convolutions' bias, as an inference graph has it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import tvm
+from tvm import relax
+from tvm.relax.dpl import is_op, rewrite_call, wildcard
+from tvm.relax.frontend import nn
+
+
+def _nn():
+
+    return nn
+
+
+def _wrap(expr, name):
+    nn = _nn()
+    return nn.op.wrap_nested(expr, name)
+
+
+def _resnet(blocks_per_stage, bottleneck: bool, batch: int, image: int, classes: int, dtype: str):
+    """ResNet v1.5: 7x7 stem, max-pool, four stages (stride on the first block's 3x3), FC."""
+    nn = _nn()
+
+    class ConvAct(nn.Module):
+        def __init__(self, cin, cout, k, stride=1, act=True):
+            self.conv = nn.Conv2D(cin, cout, k, stride=stride, padding=k // 2, bias=True, dtype=dtype)
+            self.act = act
+
+        def forward(self, x):
+            y = self.conv(x)
+            return nn.op.relu(y) if self.act else y
+
+    class Block(nn.Module):
+        def __init__(self, cin, width, stride):
+            cout = width * 4 if bottleneck else width
+            if bottleneck:
+                self.body = nn.ModuleList([ConvAct(cin, width, 1), ConvAct(width, width, 3, stride),
+                                           ConvAct(width, cout, 1, act=False)])
+            else:
+                self.body = nn.ModuleList([ConvAct(cin, width, 3, stride), ConvAct(width, width, 3, act=False)])
+            self.down = ConvAct(cin, cout, 1, stride, act=False) if (stride != 1 or cin != cout) else None
+            self.cout = cout
+
+        def forward(self, x):
+            short = self.down(x) if self.down is not None else x
+            y = x
+            for layer in self.body:
+                y = layer(y)
+            return nn.op.relu(y + short)
+
+    class ResNet(nn.Module):
+        def __init__(self):
+            self.stem = ConvAct(3, 64, 7, 2)
+            blocks, cin = [], 64
+            for width, count, stride in zip((64, 128, 256, 512), blocks_per_stage, (1, 2, 2, 2)):
+                for i in range(count):
+                    blocks.append(Block(cin, width, stride if i == 0 else 1))
+                    cin = blocks[-1].cout
+            self.blocks = nn.ModuleList(blocks)
+            self.fc = nn.Linear(cin, classes, dtype=dtype)
+
+        def forward(self, x):
+            y = self.stem(x)
+            y = _wrap(relax.op.nn.max_pool2d(y._expr, pool_size=(3, 3), strides=(2, 2),
+                                             padding=(1, 1)), "maxpool")
+            for blk in self.blocks:
+                y = blk(y)
+            y = _wrap(relax.op.mean(y._expr, axis=[2, 3]), "avgpool")
+            return self.fc(y)
+
+    spec = {"forward": {"x": nn.spec.Tensor((batch, 3, image, image), dtype)}}
+    mod, _ = ResNet().export_tvm(spec)
+    return mod
+
+
+def resnet50(batch: int = 1, image: int = 224, classes: int = 1000, dtype: str = "float32"):
+    """ResNet-50 v1.5: 3-4-6-3 bottleneck blocks (1x1, 3x3 with the stride, 1x1 x4)."""
+    return _resnet((3, 4, 6, 3), True, batch, image, classes, dtype)
+
+
+def resnet18(batch: int = 1, image: int = 224, classes: int = 1000, dtype: str = "float32"):
+    """ResNet-18: 2-2-2-2 basic blocks (two 3x3 convs)."""
+    return _resnet((2, 2, 2, 2), False, batch, image, classes, dtype)
+
+
+def bert_base(batch: int = 1, seq: int = 128, layers: int = 12, hidden: int = 768, heads: int = 12,
+              ffn: int = 3072, dtype: str = "float32"):
+    """BERT-base encoder: 12 layers of self-attention (12 heads) and a 3072-wide GELU FFN."""
+    nn = _nn()
+    head = hidden // heads
+
+    class Layer(nn.Module):
+        def __init__(self):
+            self.qkv = nn.Linear(hidden, 3 * hidden, dtype=dtype)
+            self.proj = nn.Linear(hidden, hidden, dtype=dtype)
+            self.ln1 = nn.LayerNorm(hidden, dtype=dtype)
+            self.up = nn.Linear(hidden, ffn, dtype=dtype)
+            self.down = nn.Linear(ffn, hidden, dtype=dtype)
+            self.ln2 = nn.LayerNorm(hidden, dtype=dtype)
+
+        def forward(self, x):
+            qkv = nn.op.reshape(self.qkv(x), (batch, seq, 3, heads, head))
+            q, k, v = nn.op.split(qkv, 3, axis=2)
+            q, k, v = (nn.op.permute_dims(nn.op.reshape(t, (batch, seq, heads, head)), [0, 2, 1, 3])
+                       for t in (q, k, v))
+            scores = nn.op.matmul(q, nn.op.permute_dims(k, [0, 1, 3, 2])) / float(head) ** 0.5
+            ctx = nn.op.matmul(nn.op.softmax(scores, axis=-1), v)
+            ctx = nn.op.reshape(nn.op.permute_dims(ctx, [0, 2, 1, 3]), (batch, seq, hidden))
+            x = self.ln1(x + self.proj(ctx))
+            return self.ln2(x + self.down(nn.op.gelu(self.up(x))))
+
+    class Bert(nn.Module):
+        def __init__(self):
+            self.layers = nn.ModuleList([Layer() for _ in range(layers)])
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    spec = {"forward": {"x": nn.spec.Tensor((batch, seq, hidden), dtype)}}
+    mod, _ = Bert().export_tvm(spec)
+    return mod
+
+
+def mlp(batch: int = 16, sizes=(256, 512, 512, 128), dtype: str = "float32"):
+    """A float MLP: Linear + ReLU layers (the last without ReLU)."""
+    nn = _nn()
+
+    class MLP(nn.Module):
+        def __init__(self):
+            self.layers = nn.ModuleList([nn.Linear(a, b, dtype=dtype) for a, b in zip(sizes, sizes[1:])])
+
+        def forward(self, x):
+            for i, layer in enumerate(self.layers):
+                x = layer(x)
+                if i + 1 < len(self.layers):
+                    x = nn.op.relu(x)
+            return x
+
+    mod, _ = MLP().export_tvm({"forward": {"x": nn.spec.Tensor((batch, sizes[0]), dtype)}})
+    return mod
+
+
+def mlp_int8(act_dtype: str = "uint8", batch: int = 16, sizes=(256, 512, 512, 128)):
+    """A quantized MLP as a quantized model has it: ``act_dtype`` activations (uint8, or int8
+    for cores with signed inputs) x int8 weights -> int32 accumulators, dequantized
+    (per-channel scale, float bias), ReLU, requantized (x 1/4, rounded, clipped to the
+    activation range) for the next layer; float output."""
+    nn = _nn()
+
+    class QLinear(nn.Module):
+        def __init__(self, cin, cout):
+            self.weight = nn.Parameter((cout, cin), "int8")
+            self.scale = nn.Parameter((cout,), "float32")
+            self.bias = nn.Parameter((cout,), "float32")
+
+        def forward(self, x):
+            acc = nn.op.matmul(x, nn.op.permute_dims(self.weight), out_dtype="int32")
+            return nn.op.astype(acc, "float32") * self.scale + self.bias
+
+    def requantize(y):
+        lo, hi = (0, 255) if act_dtype == "uint8" else (-128, 127)
+        q = relax.op.clip(relax.op.round(relax.op.multiply(y._expr, relax.const(0.25, "float32"))), lo, hi)
+        return _wrap(relax.op.astype(q, act_dtype), "requantize")
+
+    class QMLP(nn.Module):
+        def __init__(self):
+            self.layers = nn.ModuleList([QLinear(a, b) for a, b in zip(sizes, sizes[1:])])
+
+        def forward(self, x):
+            for i, layer in enumerate(self.layers):
+                y = layer(x)
+                if i + 1 == len(self.layers):
+                    return y
+                x = requantize(nn.op.relu(y))
+
+    mod, _ = QMLP().export_tvm({"forward": {"x": nn.spec.Tensor((batch, sizes[0]), act_dtype)}})
+    return mod
+
+
+mlp_int8.quantized = True
+
+
+def mobilenet_v2(batch: int = 1, image: int = 224, classes: int = 1000, dtype: str = "float32"):
+    """MobileNetV2 (width 1.0): 3x3 stem, 17 inverted residual blocks (1x1 expand, 3x3
+    depthwise, 1x1 project; ReLU6), 1x1 conv to 1280, global pool, FC."""
+    nn = _nn()
+
+    def relu6(y):
+        return _wrap(relax.op.clip(y._expr, 0, 6), "relu6")
+
+    class ConvBN(nn.Module):
+        def __init__(self, cin, cout, k, stride=1, groups=1, act=True):
+            self.conv = nn.Conv2D(cin, cout, k, stride=stride, padding=k // 2, groups=groups,
+                                  bias=True, dtype=dtype)
+            self.act = act
+
+        def forward(self, x):
+            y = self.conv(x)
+            return relu6(y) if self.act else y
+
+    class InvertedResidual(nn.Module):
+        def __init__(self, cin, cout, stride, expand):
+            hidden = cin * expand
+            self.expand = ConvBN(cin, hidden, 1) if expand != 1 else None
+            self.depthwise = ConvBN(hidden, hidden, 3, stride, groups=hidden)
+            self.project = ConvBN(hidden, cout, 1, act=False)
+            self.residual = stride == 1 and cin == cout
+
+        def forward(self, x):
+            y = self.expand(x) if self.expand is not None else x
+            y = self.project(self.depthwise(y))
+            return x + y if self.residual else y
+
+    class MobileNetV2(nn.Module):
+        def __init__(self):
+            self.stem = ConvBN(3, 32, 3, 2)
+            blocks, cin = [], 32
+            for t, c, n, st in ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2),
+                                (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)):
+                for i in range(n):
+                    blocks.append(InvertedResidual(cin, c, st if i == 0 else 1, t))
+                    cin = c
+            self.blocks = nn.ModuleList(blocks)
+            self.head = ConvBN(320, 1280, 1)
+            self.fc = nn.Linear(1280, classes, dtype=dtype)
+
+        def forward(self, x):
+            y = self.stem(x)
+            for blk in self.blocks:
+                y = blk(y)
+            y = _wrap(relax.op.mean(self.head(y)._expr, axis=[2, 3]), "avgpool")
+            return self.fc(y)
+
+    spec = {"forward": {"x": nn.spec.Tensor((batch, 3, image, image), dtype)}}
+    mod, _ = MobileNetV2().export_tvm(spec)
+    return mod
+
+
+def small_cnn(batch: int = 1, image: int = 32, classes: int = 10, dtype: str = "float32"):
+    """A small CNN: three 3x3 / 1x1 conv + ReLU layers (one strided), global pool, FC."""
+    nn = _nn()
+
+    class CNN(nn.Module):
+        def __init__(self):
+            self.c1 = nn.Conv2D(3, 32, 3, padding=1, dtype=dtype)
+            self.c2 = nn.Conv2D(32, 64, 3, stride=2, padding=1, dtype=dtype)
+            self.c3 = nn.Conv2D(64, 64, 1, dtype=dtype)
+            self.fc = nn.Linear(64, classes, dtype=dtype)
+
+        def forward(self, x):
+            y = nn.op.relu(self.c3(nn.op.relu(self.c2(nn.op.relu(self.c1(x))))))
+            return self.fc(_wrap(relax.op.mean(y._expr, axis=[2, 3]), "avgpool"))
+
+    mod, _ = CNN().export_tvm({"forward": {"x": nn.spec.Tensor((batch, 3, image, image), dtype)}})
+    return mod
+
+
+def transformer_block(batch: int = 1, seq: int = 64, hidden: int = 256, heads: int = 4, ffn: int = 1024):
+    """One encoder block (self-attention + GELU FFN, post-norm), BERT's layer at a small size."""
+    return bert_base(batch, seq, layers=1, hidden=hidden, heads=heads, ffn=ffn)
+
+
+# ------------------------------------------------------------------ int8 variants
+ACT_SCALE = 32.0  # activations -> uint8: round(x * 32) clipped to [0, 255]
+WEIGHT_SCALE = 64.0  # second operands -> int8: round(w * 64) clipped to [-127, 127]
+
+
+def quantize(mod, act_dtype: str = "uint8"):
+    """The int8 variant of a float model, as a quantized model has it: every ``conv2d`` and
+    ``matmul`` of float tensors becomes ``act_dtype`` activations (uint8, or int8 for cores
+    that take signed inputs: VTA, tensor cores) x int8 weights -> int32 accumulators,
+    dequantized back to float32 (fixed per-tensor scales); the rest stays float. Templates
+    that are int8-only (x86_vnni, vta, hexagon_hvx) see the integer cores."""
+    if act_dtype not in ("uint8", "int8"):
+        raise ValueError(f"act_dtype must be uint8 or int8, got {act_dtype!r}")
+    act_lo, act_hi = (0, 255) if act_dtype == "uint8" else (-127, 127)
+
+    def q(expr, scale, lo, hi, dtype):
+        scaled = relax.op.multiply(expr, relax.const(scale, "float32"))
+        return relax.op.astype(relax.op.clip(relax.op.round(scaled), lo, hi), dtype)
+
+    x, w = wildcard(), wildcard()
+    patterns = [is_op("relax.nn.conv2d")(x, w), is_op("relax.matmul")(x, w)]
+
+    def rewriter(call, m):
+        a, b = m[x], m[w]
+        if str(a.ty.dtype) != "float32" or str(b.ty.dtype) != "float32":
+            return call
+        qa = q(a, ACT_SCALE, act_lo, act_hi, act_dtype)
+        qb = q(b, WEIGHT_SCALE, -127, 127, "int8")
+        if call.op.name == "relax.nn.conv2d":
+            at = call.attrs
+            acc = relax.op.nn.conv2d(qa, qb, at.strides, at.padding, at.dilation, at.groups,
+                                     at.data_layout, at.kernel_layout, at.out_layout, "int32")
+        else:
+            acc = relax.op.matmul(qa, qb, out_dtype="int32")
+        return relax.op.multiply(relax.op.astype(acc, "float32"),
+                                 relax.const(1.0 / (ACT_SCALE * WEIGHT_SCALE), "float32"))
+
+    out = {}
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            for pat in patterns:
+                func = rewrite_call(pat, rewriter, func)
+        out[gv] = func
+
+    return tvm.IRModule(out, attrs=mod.attrs)
+
+
+def _int8(builder: Callable) -> Callable:
+    def build(act_dtype: str = "uint8"):
+        return quantize(builder(), act_dtype)
+
+    build.__doc__ = (f"{builder.__name__} quantized with `quantize` (uint8 or int8 activations "
+                     "x int8 weights -> int32 cores).")
+    build.quantized = True
+    return build
+
+
+MODELS: dict[str, Callable] = {
+    "mlp": mlp, "mlp_int8": mlp_int8, "cnn": small_cnn, "cnn_int8": _int8(small_cnn),
+    "transformer": transformer_block, "transformer_int8": _int8(transformer_block),
+    "resnet18": resnet18, "resnet18_int8": _int8(resnet18),
+    "resnet50": resnet50, "resnet50_int8": _int8(resnet50),
+    "mobilenet_v2": mobilenet_v2, "mobilenet_v2_int8": _int8(mobilenet_v2),
+    "bert_base": bert_base, "bert_base_int8": _int8(bert_base),
+}
+
+
+def build_model(name: str, act_dtype: str | None = None):
+    """A built-in model by name (Relax IRModule, not legalized). ``act_dtype``: for the
+    ``_int8`` variants, the activations' dtype (uint8 for x86_vnni / Hexagon, int8 for VTA
+    and tensor cores)."""
+    try:
+        builder = MODELS[name]
+    except KeyError:
+        raise KeyError(f"unknown built-in model {name!r}; known: {sorted(MODELS)}") from None
+    if act_dtype is not None and getattr(builder, "quantized", False):
+        return builder(act_dtype)
+    return builder()

@@ -1,0 +1,45 @@
+"""`tirbyoc run --profile`: each offloaded PrimFunc built and timed alone, untouched and
+offloaded (TVM 0.27's Relax VM has no per-call profiler)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tirbyoc._tvm import tirx, tvm
+from tirbyoc.errors import TirbyocError
+from tirbyoc.offloading.verification import compile_func, concrete_params, make_inputs
+
+
+def time_function(func, target, repeat: int, seed: int = 0) -> float:
+    """Milliseconds per call of one PrimFunc built for ``target``, on seeded inputs in its
+    domain (the best of 3 measurements of ``repeat`` calls)."""
+    arrays = make_inputs(func, concrete_params(func), None, seed)
+    exe = compile_func(func, target, "timed")
+    name = str(func.attrs["global_symbol"]) if func.attrs and "global_symbol" in func.attrs else "main"
+    timer = exe.mod.time_evaluator(name, tvm.cpu(), number=max(1, repeat), repeat=3)
+    return float(np.min(timer(*[tvm.runtime.tensor(a) for a in arrays]).results)) * 1e3
+
+
+def profile_functions(mod, offloaded, report, target, repeat: int, progress=None) -> None:
+    """Per offloaded PrimFunc of ``report``: milliseconds per call of TVM's build of the
+    untouched function (in ``mod``) and of the offloaded one (in ``offloaded``), each built and
+    timed alone (``FunctionReport.ms``). A function that became a library call
+    (``call_dps_packed``) has no PrimFunc left to time alone."""
+    names = {g.name_hint for g in offloaded.get_global_vars()}
+    todo = [f for f in report.functions if f.offloaded and not f.extern]
+    for n, f in enumerate(todo):
+        if progress is not None:
+            progress(n, len(todo), f.name)
+        new = offloaded[f.name] if f.name in names else None
+        if not isinstance(new, tirx.PrimFunc):
+            continue
+        try:
+            f.ms = {"tvm": time_function(mod[f.name], target, repeat),
+                    "offloaded": time_function(new, target, repeat)}
+        except TirbyocError as err:
+            f.ms = {"error": str(err)}
+    if progress is not None:
+        progress(len(todo), len(todo), "")
+
+
+__all__ = ["profile_functions", "time_function"]

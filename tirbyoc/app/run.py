@@ -1,0 +1,394 @@
+"""`tirbyoc run`: a model in, its offloadable PrimFuncs offloaded, both builds run and compared.
+
+Import (built-in model), legalize (``LegalizeOps``), offload (`OffloadTIR`), build the
+offloaded and the untouched module with TVM's default pipeline, run both on the same seeded
+inputs, compare the outputs, time both, and report per PrimFunc what happened.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from tvm import relax
+
+from tirbyoc._tvm import is_host_target, relax_vm, tirx, tvm
+from tirbyoc.app.loaders import load_model_file
+from tirbyoc.app.model_inputs import model_inputs
+from tirbyoc.app.models import MODELS, build_model
+from tirbyoc.app.profiling import profile_functions
+from tirbyoc.app.targets import (
+    BASELINES,
+    baseline_module,
+    check_target,
+    check_templates_on_target,
+    complete_target,
+)
+from tirbyoc.decl.extern import check_loaded
+from tirbyoc.decl.registry import as_template, get_template
+from tirbyoc.errors import ModelError, TirbyocError, last_line
+from tirbyoc.offloading.table import group_repeats, render
+from tirbyoc.offloading.verification import compare_arrays
+from tirbyoc.relax.bridge import OffloadReport, offload_module
+from tirbyoc.tuning.apply import tuned_schedules
+
+DEFAULT_TEMPLATES = ("x86_vnni", "blas")  # the first that runs here is the default
+
+
+@dataclass
+class RunResult:
+    model: str
+    templates: list[str]
+    target: dict
+    report: OffloadReport
+    verified: bool | None  # None: not compared, or not meaningfully (see ``check_note``)
+    max_abs_err: float
+    latency_ms: dict = field(default_factory=dict)  # offloaded / baseline
+    seconds: dict = field(default_factory=dict)  # wall time per phase
+    not_run: str | None = None  # why the builds were not run and compared
+    simulation: dict = field(default_factory=dict)  # template -> tirbyoc.sim.SimStats of one run
+    comparison: object = None  # tirbyoc.offloading.verification.Comparison of the outputs, when compared
+    baseline: str = "default"  # how TVM built the untouched model (BASELINES)
+
+    def to_json(self) -> dict:
+        r = self.report
+        return {
+            "model": self.model, "template": ",".join(self.templates), "templates": self.templates,
+            "target": self.target, "baseline": {"name": self.baseline,
+                                                "what": BASELINES.get(self.baseline)},
+            "coverage": r.coverage, "offloaded_macs": r.offloaded_macs,
+            "total_macs": r.total_macs, "verified": self.verified, "max_abs_err": self.max_abs_err,
+            "comparison": None if self.comparison is None else {
+                "max_abs_err": self.comparison.abs_err, "max_rel_err": self.comparison.rel_err,
+                "tolerance": self.comparison.tolerance, "output_scale": self.comparison.scale,
+                "note": self.comparison.note},
+            "latency_ms": self.latency_ms, "seconds": self.seconds, "not_run": self.not_run,
+            "simulation": {t: st.to_json() for t, st in self.simulation.items()},
+            "functions": [{"name": f.name, "calls": f.calls, "macs": f.macs, "offloaded_macs": f.offloaded_macs,
+                           "template": f.template, "intrinsics": list(f.intrinsics),
+                           "extern": f.extern, "reason": f.reason, "verified": f.verified,
+                           "ms_per_call": f.ms}
+                          for f in r.functions],
+        }
+
+    def outcome(self) -> str:
+        """The output comparison in words, with the errors and the tolerance used."""
+        c = self.comparison
+        if c is None:
+            return "not compared"
+        word = {True: "match", False: "DIFFER", None: "not meaningfully checked"}[self.verified]
+        text = (f"{word} (max abs error {c.abs_err:.3g}, relative {c.rel_err:.3g} of the output "
+                f"scale {c.scale:.3g}; tolerance {c.tolerance:.3g})")
+        return f"{text}: {c.note}" if c.note else text
+
+    def table(self) -> str:
+
+        r = self.report
+        timed = any(f.ms for f in r.shown())
+        rows = [(f.name, str(f.calls), f"{f.total_macs:,}", f.kernel())
+                + ((_per_call(f.ms),) if timed else ()) + (f.note(),) for f in r.shown()]
+        rows, notes = group_repeats(rows, len(rows[0]) - 1 if rows else 0)
+        head = ("PrimFunc", "calls", "MACs", "intrinsic or library kernel")
+        head += (("ms/call TVM -> offloaded",) if timed else ()) + ("note",)
+        text = render(head, rows)
+        if notes:
+            text += "\n\n" + "\n".join(notes)
+        lat = self.latency_ms
+        text += (f"\n\n{len(r.functions)} PrimFuncs ({r.others} without multiply-accumulates, "
+                 "left to TVM)"
+                 f"\nMAC coverage: {r.coverage:.1%} ({r.offloaded_macs:,} of {r.total_macs:,})"
+                 f"\nlatency: offloaded {_ms(lat.get('offloaded'))}, "
+                 f"TVM baseline {_ms(lat.get('baseline'))}"
+                 f"\n  both built for {_target_words(self.target)}; baseline: "
+                 f"{BASELINES.get(self.baseline, self.baseline)}"
+                 f"\noutputs: {self.outcome()}")
+        for name, st in self.simulation.items():
+            u = st.utilization
+            text += (f"\nsimulated on {name}: {st.cycles:,} cycles ({st.seconds * 1e3:.3f} ms at "
+                     f"{st.config.clock_mhz} MHz), busy load {u['load']:.0%} / compute "
+                     f"{u['compute']:.0%} / store {u['store']:.0%}, DMA in "
+                     f"{sum(st.load_bytes.values()):,} B, out {st.store_bytes:,} B, "
+                     f"{st.tile_ops:,} tile operations, scratchpad high-water "
+                     + " / ".join(f"{k} {v:,} B" for k, v in st.high_water.items()))
+        if self.not_run:
+            text += f"\nnot run: {self.not_run}"
+        return text
+
+
+def _per_call(ms: dict | None) -> str:
+    if not ms:
+        return "-"
+    if "error" in ms:
+        return "not timed"
+    return f"{ms['tvm']:.3f} -> {ms['offloaded']:.3f}"
+
+
+def _ms(value) -> str:
+    return "-" if value is None else f"{value:.3f} ms"
+
+
+def _target_words(target: dict) -> str:
+    keys = ("kind", "mtriple", "mcpu", "mattr", "num-cores")
+    return " ".join(f"{k}={target[k]}" for k in keys if target.get(k) not in (None, "", []))
+
+
+class Progress:
+    """A one-line progress bar on a terminal (plain lines otherwise), on stderr."""
+
+    def __init__(self, enabled: bool = True, stream=None, label: str = "offload"):
+        self.stream = stream or sys.stderr
+        self.enabled = enabled
+        self.label = label
+        self.tty = self.stream.isatty()
+
+    def phase(self, text: str) -> None:
+        if self.enabled:
+            self._write(f"tirbyoc: {text}", end=True)
+        else:
+            logging.getLogger("tirbyoc.app.run").debug(text)
+
+    def step(self, done: int, total: int, name: str) -> None:
+        if not self.enabled or not total:
+            return
+        width = 24
+        fill = width * done // total
+        line = f"tirbyoc: {self.label} [{'#' * fill}{'.' * (width - fill)}] {done}/{total} {name}"
+        if self.tty:
+            self.stream.write("\r" + line[:100].ljust(100))
+            if done == total:
+                self.stream.write("\n")
+            self.stream.flush()
+        elif done == total or done % max(1, total // 4) == 0:
+            self._write(line, end=True)
+
+    def _write(self, text: str, end: bool) -> None:
+        self.stream.write(text + ("\n" if end else ""))
+        self.stream.flush()
+
+
+def default_templates() -> list[str]:
+
+    for name in DEFAULT_TEMPLATES:
+        if get_template(name).runs_here():
+            return [name]
+    raise TirbyocError("none of the default templates (x86_vnni, blas) runs on this machine; "
+                       "pass --template")
+
+
+def load_model(spec: str | None, templates, obj: str | None = None,
+               input_shapes: dict | None = None):
+    """A Relax IRModule from ``builtin:NAME`` (default: an MLP, quantized to the activation
+    dtype of an int8 template), an ``.onnx`` file or a ``.py`` file
+    (`tirbyoc.app.loaders.load_model_file`; ``obj`` picks an object of the file, ``input_shapes``
+    fixes an ONNX model's dynamic dimensions)."""
+
+    if spec in (None, "", "builtin"):
+        spec = "builtin:" + ("mlp_int8" if activation_dtype(templates) else "mlp")
+    if not spec.startswith("builtin:"):
+        if spec.endswith((".onnx", ".py")):
+            return spec, load_model_file(spec, obj, input_shapes=input_shapes)
+        raise TirbyocError(f"model {spec!r}: give builtin:NAME (NAME one of {sorted(MODELS)}), "
+                           "an .onnx file or a .py file")
+    if obj is not None or input_shapes:
+        raise TirbyocError("--object and --input-shape apply to model files, not built-in models")
+    name = spec.split(":", 1)[1]
+    if name not in MODELS:
+        raise TirbyocError(f"unknown built-in model {name!r}; known: {sorted(MODELS)}")
+    return spec, build_model(name, activation_dtype(templates))
+
+
+def activation_dtype(templates) -> str | None:
+    """The activation dtype the first template's GEMM takes (uint8 or int8), if any: the
+    quantized built-ins are quantized to it."""
+
+    for t in templates[:1]:
+        for g in as_template(t).groups:
+            dtype = str(g.compute.operands[0].dtype)
+            if dtype in ("uint8", "int8"):
+                return dtype
+    return None
+
+
+def legalized_model(model: str | None, templates, seed: int, inputs: dict | None = None, *,
+                    obj: str | None = None, input_shapes: dict | None = None):
+    """(spec, legalized module, entry function, inputs) of a model for ``templates``: the
+    user's ``inputs`` (name -> array) where given, else seeded data in each input's domain
+    (`tirbyoc.app.model_inputs`)."""
+
+
+    spec, mod = load_model(model, templates, obj, input_shapes)
+    mod = relax.transform.LegalizeOps()(mod)
+    entry = entry_function(mod)
+    return spec, mod, entry, model_inputs(mod, entry, seed, inputs)
+
+
+def entry_function(mod) -> str:
+    """The Relax function a run calls: ``forward`` (relax.frontend.nn, built-ins), ``main``
+    (ONNX, PyTorch), or the only one there is."""
+
+    names = [gv.name_hint for gv, f in mod.functions.items() if isinstance(f, relax.Function)]
+    for name in ("forward", "main"):
+        if name in names:
+            return name
+    if len(names) == 1:
+        return names[0]
+    if not names:
+        raise TirbyocError("the model has no Relax function to run (a TensorIR workload?); "
+                           "`tirbyoc match` explains it, tirbyoc.offload(func, template) offloads it")
+    raise TirbyocError(f"the model has Relax functions {sorted(names)}; name the entry forward or main")
+
+
+def _output(value) -> np.ndarray:
+    """One array of a model's result (a tuple's leaves flattened and concatenated, in the
+    widest of their dtypes)."""
+    if hasattr(value, "numpy"):
+        return value.numpy()
+    leaves = [_output(v) for v in value]
+    if not leaves:
+        return np.zeros(0, "float32")
+    return np.concatenate([l.ravel() for l in leaves]).astype(np.result_type(*leaves))
+
+
+def _build_and_time(mod, target, entry, arrays, repeat: int, simulators=(), *, twice: bool = False,
+                    timed: bool = True):
+    """(output, latency in ms or None when not ``timed``, simulator stats of the first run).
+    ``twice``: run once more and return None for the output if the two runs disagree (a build
+    that reads outside its inputs' domain gives what memory held)."""
+
+    if is_host_target(target):
+        for gv, func in mod.functions.items():
+            if isinstance(func, tirx.PrimFunc):
+                check_loaded(func, f"PrimFunc {gv.name_hint}")
+    exe = tvm.compile(mod, target=target)
+    dev = tvm.cpu()
+    vm = relax_vm(exe, dev)
+    args = [tvm.runtime.tensor(a, dev) for a in arrays]
+    for sim in simulators:
+        sim.configure()  # this template's timing, state cleared: the first run is measured
+    out = _output(vm[entry](*args))
+    stats = [sim.stats() for sim in simulators]
+    if twice and not np.array_equal(out, _output(vm[entry](*args)), equal_nan=True):
+        out = None
+    if not timed:
+        return out, None, stats
+    timer = vm.time_evaluator(entry, dev, number=max(1, repeat), repeat=3)
+    ms = float(np.min(timer(*args).results)) * 1e3
+    return out, ms, stats
+
+
+def build_reference(mod, tgt, entry, arrays, repeat: int, baseline: str, timed: bool = True):
+    """TVM's build of the untouched model, run (twice: it must agree with itself) and timed.
+    A failure here is TVM's own, before any offload: `ModelError`, with its last line."""
+
+    try:
+        return _build_and_time(baseline_module(mod, tgt, baseline), tgt, entry, arrays, repeat,
+                               twice=True, timed=timed)
+    except TirbyocError:
+        raise
+    except Exception as err:  # noqa: BLE001 - TVM raises many types; say whose failure it is
+        raise ModelError(f"TVM could not build or run the model itself (not the offload): "
+                         f"{type(err).__name__}: {last_line(err)}") from err
+
+
+UNSTABLE = ("TVM's build of the untouched model gives different outputs on the same inputs "
+            "(does it read outside its inputs' valid domain?); give inputs with --inputs")
+
+
+def compare(new_out: np.ndarray, ref_out: np.ndarray):
+    """The outputs compared (`tirbyoc.offloading.verification.Comparison`): relative to the reference's
+    scale; ``passed`` None where the reference is degenerate."""
+
+    return compare_arrays(ref_out, new_out)
+
+
+def run_offloaded(mod, tmpls, target, entry, arrays, ref_out, *, repeat: int = 10, progress=None,
+                  tuned=None, profile: bool = False):
+    """Offload ``mod`` (legalized) to ``tmpls`` (``tuned``: schedules to prefer, see
+    `offload`), build, run once (simulators measuring that run), time, compare with
+    ``ref_out``: (report, comparison or None, ms, simulation, missing). ``profile``: also
+    time each offloaded PrimFunc alone (`tirbyoc.app.profiling`)."""
+    offloaded, report = offload_module(mod, tmpls, progress=progress, tuned=tuned)
+    missing = [f"template {t.name} cannot run here: {t.unavailable_reason()}" for t in tmpls
+               if not t.runs_here()]
+    if missing or ref_out is None:
+        return report, None, None, {}, missing
+    if not any(f.offloaded for f in report.functions):
+        return report, None, None, {}, ["nothing was offloaded: the offloaded build would be "
+                                         "TVM's build again, so it was not built"]
+    sims = {t.name: t.simulator for t in tmpls if t.simulator is not None}
+    new_out, ms, stats = _build_and_time(offloaded, check_target(target), entry, arrays, repeat,
+                                         list(sims.values()))
+    comparison = compare(new_out, ref_out)
+    if profile:
+        profile_functions(mod, offloaded, report, target, repeat, progress=progress)
+    return report, comparison, ms, dict(zip(sims, stats)), missing
+
+
+def _templates_and_target(templates, target):
+    """The templates (default: `default_templates`) and the completed, checked target
+    (default: the first template's) they run on."""
+    tmpls = [as_template(t) for t in (list(templates) if templates else default_templates())]
+    tgt = check_target(complete_target(dict(tmpls[0].target) if target is None else target))
+    check_templates_on_target(tmpls, tgt)
+    return tmpls, tgt
+
+
+def run_model(model: str | None = None, templates: list | None = None, *, target=None,
+              seed: int = 0, repeat: int = 10, progress: Progress | None = None,
+              database: str | None = None, inputs: dict | None = None,
+              baseline: str = "default", time_baseline: bool = True, obj: str | None = None,
+              input_shapes: dict | None = None, profile: bool = False) -> RunResult:
+    """``templates``: names or Template objects (a variant from a template's factory).
+    ``database``: a `tirbyoc tune` work directory whose tuned schedules are applied.
+    ``inputs``: the model's inputs by name (the rest are drawn, see `legalized_model`).
+    ``baseline``: how TVM builds the untouched model (`BASELINES`), for the same target.
+    ``time_baseline``: False builds and runs the baseline for the comparison, untimed.
+    ``repeat``: runs per timing measurement (the minimum of 3 measurements is reported).
+    ``obj``, ``input_shapes``: which object of a model file; an ONNX model's input shapes.
+    ``profile``: also time each offloaded PrimFunc alone, untouched and offloaded."""
+
+    tuned = tuned_schedules(database) if database is not None else None
+    progress = progress or Progress(enabled=False)
+    tmpls, tgt = _templates_and_target(templates, target)
+    names = [t.name for t in tmpls]
+    seconds = {}
+    t0 = time.perf_counter()
+    progress.phase(f"importing {model or 'the built-in model'}")
+    spec, mod, entry, arrays = legalized_model(model, tmpls, seed, inputs, obj=obj,
+                                               input_shapes=input_shapes)
+    seconds["import"] = time.perf_counter() - t0
+
+    runnable = all(t.runs_here() for t in tmpls)
+    ref_out, latency, unstable = None, {}, False
+    if runnable:
+        t0 = time.perf_counter()
+        progress.phase("building and running TVM's build of the untouched model")
+        ref_out, ms, _ = build_reference(mod, tgt, entry, arrays, repeat, baseline, time_baseline)
+        if ms is not None:
+            latency["baseline"] = ms
+        unstable = ref_out is None
+        seconds["baseline"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    progress.phase(f"offloading to {', '.join(names)}, building and running")
+    report, comparison, ms, simulation, missing = run_offloaded(
+        mod, tmpls, tgt, entry, arrays, ref_out, repeat=repeat, progress=progress.step, tuned=tuned,
+        profile=profile)
+    if unstable:
+        missing.append(UNSTABLE)
+    verified = None if comparison is None else comparison.passed
+    err = float("nan") if comparison is None else comparison.abs_err
+    if ms is not None:
+        latency["offloaded"] = ms
+    seconds["offload_build_run"] = time.perf_counter() - t0  # with --profile, its timings too
+
+    target_json = json.loads(str(tgt))  # the target both builds really used
+    return RunResult(spec, names, target_json, report, verified, err, latency, seconds,
+                     "; ".join(missing) or None, simulation, comparison, baseline)
+
+
+__all__ = ["BASELINES", "Progress", "RunResult", "baseline_module", "check_target", "compare",
+           "complete_target", "run_model", "run_offloaded"]

@@ -1,0 +1,178 @@
+"""`tirbyoc sweep`: run one model on a grid of template variants and compare them.
+
+    tirbyoc sweep --template vta --param BLOCK_OUT=8,16,32 --param ACC_KIB=64,128 \\
+                  --model builtin:cnn_int8 [--json] [--plot out.png]
+
+Each grid point re-declares the template with `Template.variant` (its factory validates the
+parameters; an invalid point becomes a row saying why), offloads the legalized model, builds
+and runs it once - simulated templates report cycles and utilization - and compares it with
+TVM's default build, which runs once per activation dtype for the whole grid.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from tirbyoc.app.run import (
+    UNSTABLE,
+    activation_dtype,
+    build_reference,
+    check_target,
+    check_templates_on_target,
+    complete_target,
+    legalized_model,
+    run_offloaded,
+)
+from tirbyoc.decl.registry import as_template
+from tirbyoc.errors import TirbyocError
+from tirbyoc.offloading.table import render
+
+
+@dataclass
+class SweepPoint:
+    params: dict
+    coverage: float | None = None
+    verified: bool | None = None
+    max_abs_err: float | None = None
+    cycles: int | None = None
+    utilization: dict = field(default_factory=dict)
+    dma_bytes: int | None = None
+    error: str | None = None  # why this point has no figures
+    seconds: float = 0.0
+
+    def label(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.params.items())
+
+    def to_json(self) -> dict:
+        return {"params": self.params, "coverage": self.coverage, "verified": self.verified,
+                "max_abs_err": self.max_abs_err, "cycles": self.cycles,
+                "utilization": self.utilization, "dma_bytes": self.dma_bytes, "error": self.error,
+                "seconds": round(self.seconds, 2)}
+
+
+def _value(text: str):
+    text = text.strip()
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def parse_params(specs) -> dict[str, list]:
+    """``["BLOCK_OUT=8,16,32", "acc_kib=64"]`` -> ``{"block_out": [8, 16, 32], "acc_kib": [64]}``."""
+    grid: dict[str, list] = {}
+    for spec in specs or ():
+        name, sep, values = spec.partition("=")
+        if not sep or not name.strip() or not values.strip():
+            raise TirbyocError(f"--param {spec!r}: write NAME=V1,V2,... (e.g. BLOCK_OUT=8,16,32)")
+        grid[name.strip().lower()] = [_value(v) for v in values.split(",") if v.strip()]
+    return grid
+
+
+def grid_points(grid: dict[str, list]) -> list[dict]:
+    names = list(grid)
+    return [dict(zip(names, combo)) for combo in itertools.product(*(grid[n] for n in names))]
+
+
+def sweep(model: str | None, template, grid: dict[str, list], *, target=None, seed: int = 0,
+          progress=None, obj: str | None = None, input_shapes: dict | None = None) -> list[SweepPoint]:
+    """One `SweepPoint` per grid point (in grid order)."""
+
+    base = as_template(template)
+    for name in grid:  # unknown names fail before anything is built
+        if name not in base.params:
+            raise TirbyocError(f"template {base.name!r} has no parameter {name!r}; its parameters "
+                               f"are {sorted(k for k in base.params if k != 'name')}")
+    tgt = check_target(complete_target(dict(base.target) if target is None else target))
+    check_templates_on_target([base], tgt)
+    references: dict = {}
+    points = []
+    todo = grid_points(grid)
+    for n, params in enumerate(todo):
+        t0 = time.perf_counter()
+        point = SweepPoint(params)
+        if progress is not None:
+            progress(n, len(todo), point.label())
+        try:
+            variant = base.variant(**params)
+            act = activation_dtype([variant])
+            if act not in references:
+                _, mod, entry, arrays = legalized_model(model, [variant], seed, obj=obj,
+                                                        input_shapes=input_shapes)
+                ref, _, _ = build_reference(mod, tgt, entry, arrays, 1, "default", timed=False)
+                references[act] = (mod, entry, arrays, ref)
+            mod, entry, arrays, ref = references[act]
+            report, comparison, _, simulation, missing = run_offloaded(
+                mod, [variant], tgt, entry, arrays, ref, repeat=1)
+            point.coverage = report.coverage
+            if ref is None:
+                missing.append(UNSTABLE)
+            if comparison is not None:
+                point.verified, point.max_abs_err = comparison.passed, comparison.abs_err
+                if comparison.note:
+                    missing.append(f"not meaningfully checked: {comparison.note}")
+            if missing:
+                point.error = "; ".join(missing)
+            st = simulation.get(variant.name)
+            if st is not None:
+                point.cycles, point.utilization = st.cycles, st.utilization
+                point.dma_bytes = sum(st.load_bytes.values()) + st.store_bytes
+        except TirbyocError as err:
+            point.error = str(err)
+        point.seconds = time.perf_counter() - t0
+        points.append(point)
+    if progress is not None:
+        progress(len(todo), len(todo), "")
+    return points
+
+
+def table(points: list[SweepPoint]) -> str:
+
+    rows = []
+    for p in points:
+        if p.error and p.coverage is None:
+            rows.append((p.label(), "-", "-", "-", "-", p.error))
+            continue
+        util = p.utilization.get("compute")
+        rows.append((p.label(), f"{p.coverage:.1%}", "-" if p.cycles is None else f"{p.cycles:,}",
+                     "-" if util is None else f"{util:.0%}",
+                     {True: "yes", False: "NO", None: "-"}[p.verified], p.error or ""))
+    return render(("parameters", "coverage", "cycles", "compute busy", "verified", "note"), rows)
+
+
+def plot(points: list[SweepPoint], path: str, title: str = "") -> None:
+    """Cycles per grid point (bars; unverified points hatched) with compute utilization."""
+    try:
+        # deferred: optional dependency
+        import matplotlib
+
+        matplotlib.use("Agg")
+        # deferred: optional dependency
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise TirbyocError("--plot needs matplotlib: pip install 'tirbyoc[plot]'") from None
+    shown = [p for p in points if p.cycles is not None]
+    if not shown:
+        raise TirbyocError("no grid point has simulated cycles to plot")
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(shown) + 2), 4.5))
+    xs = range(len(shown))
+    bars = ax.bar(xs, [p.cycles for p in shown], color=["#2e7d32" if p.verified else "#c62828" for p in shown])
+    for bar, p in zip(bars, shown):
+        bar.set_hatch("" if p.verified else "//")
+        ax.annotate(f"{p.coverage:.0%}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(xs), [p.label().replace(", ", "\n") for p in shown], fontsize=8)
+    ax.set_ylabel("simulated cycles (bars; label: MAC coverage)")
+    ax2 = ax.twinx()
+    ax2.plot(list(xs), [p.utilization.get("compute", 0) * 100 for p in shown], "o-", color="#1565c0")
+    ax2.set_ylabel("compute unit busy (%)", color="#1565c0")
+    ax2.set_ylim(0, 100)
+    ax.set_title(title or "template sweep")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+__all__ = ["SweepPoint", "grid_points", "parse_params", "plot", "sweep", "table"]

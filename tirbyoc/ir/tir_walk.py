@@ -1,0 +1,84 @@
+"""Small read-only walks over TensorIR statements.
+
+TVM 0.27 exposes no Python statement visitor for TIR, so this walks the few statement
+kinds that hold other statements. Nothing here rewrites IR.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from tirbyoc._tvm import PrimExpr, child_stmts, root_block, s_tir, tirx
+
+
+def perfect_nest(stmt):
+    """(loops outer to inner, leaf SBlockRealize) of a perfect loop nest - each loop's body is
+    the next loop or the realize; no loops: a bare realize - or None."""
+    loops = []
+    while isinstance(stmt, tirx.For):
+        loops.append(stmt)
+        stmt = stmt.body
+    return (loops, stmt) if isinstance(stmt, s_tir.SBlockRealize) else None
+
+
+def with_loop_body(loop, body):
+    """``loop`` (a ``For``) around ``body`` instead of its own body, all else kept."""
+    return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding,
+                    loop.annotations)
+
+
+def always_true(predicate) -> bool:
+    """Whether a block realize's predicate is absent or the constant true."""
+    return predicate is None or bool(getattr(predicate, "value", 0))
+
+
+def with_root_body(func, body):
+    """``func`` with its root block's body replaced by ``body`` (everything else kept): how
+    the IR normalisations hand back a rewritten function."""
+    root = root_block(func)
+    new_root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, body,
+                            root.init, root.alloc_buffers, root.match_buffers, root.annotations)
+    realize = func.body
+    return func.with_body(s_tir.SBlockRealize(realize.iter_values, realize.predicate, new_root))
+
+
+_EXPR_FIELDS = ("a", "b", "value", "condition", "true_value", "false_value", "args", "indices",
+                "base", "stride", "min", "extent")
+
+
+def _nodes(value) -> list:
+    """The IR nodes in a field's value (one node, or an array of them)."""
+    if isinstance(value, (PrimExpr, tirx.Stmt)):
+        return [value]
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        return []
+    try:
+        return [v for v in value if isinstance(v, (PrimExpr, tirx.Stmt))]
+    except TypeError:
+        return []
+
+
+def iter_exprs(node) -> Iterator:
+    """Every expression node under ``node`` (a statement or an expression), parents before
+    children: loop bounds, stored values and their indices, conditions, call arguments, the
+    body of a ``Let``."""
+    stack = [node]
+    while stack:
+        cur = stack.pop()
+        children = child_stmts(cur) if isinstance(cur, tirx.Stmt) else []
+        if isinstance(cur, PrimExpr):
+            yield cur
+            children += _nodes(getattr(cur, "body", None))  # tirx.Let
+        for name in _EXPR_FIELDS:
+            children += _nodes(getattr(cur, name, None))
+        stack.extend(reversed(children))
+
+
+def iter_stores(stmt) -> Iterator:
+    """Every ``BufferStore`` under ``stmt`` (block inits included)."""
+    stack = [stmt]
+    while stack:
+        cur = stack.pop()
+        if isinstance(cur, tirx.BufferStore):
+            yield cur
+        stack.extend(reversed(child_stmts(cur)))

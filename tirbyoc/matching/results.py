@@ -1,0 +1,269 @@
+"""What matching gives: `Match` (with its `AxisMap`s and `OperandMap`s), `Mismatch` (why
+not, as fields a report, the fuzzer's grouping and ``tirbyoc match --json`` read), and
+`BlockResult` (one block's matches or mismatches). Plain data; nothing here reads IR.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from math import prod
+
+from tirbyoc._tvm import tirx
+from tirbyoc.decl.intrinsic import Intrinsic, IntrinsicGroup
+
+
+class MatchStage(enum.IntEnum):
+    """How far a comparison got before failing; a report shows the mismatch that got furthest
+    (an operation that differs is less specific than a dtype that differs)."""
+
+    NONE = 0
+    STRUCTURE = 1
+    OPERATION = 2
+    DTYPE = 3
+    ITERATORS = 4
+    EXTENT = 5
+    LAYOUT = 6
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """Why an intrinsic does not match a block: the stage it failed at, what it concerns
+    (the intrinsic operand, the workload iterator, what was expected and found, where known)
+    and the sentence a person reads."""
+
+    stage: MatchStage
+    message: str
+    operand: str | None = None  # the intrinsic operand concerned
+    iterator: str | None = None  # the workload iterator or intrinsic axis concerned
+    expected: str | None = None
+    found: str | None = None
+    intrinsic: str | None = None  # set by `explain`
+    compute: bool = False  # whether the intrinsic is a compute one (its reasons rank first)
+
+    def __str__(self) -> str:
+        return self.message
+
+    @property
+    def kind(self) -> str:
+        """A short, stable name of the reason (the stage, refined by what was compared):
+        what groups mismatches in a summary."""
+        what = "dtype" if self.stage is MatchStage.DTYPE else (
+            "operand" if self.operand else "iterator" if self.iterator else "")
+        return self.stage.name.lower() + (f":{what}" if what and what != "dtype" else "")
+
+    def to_json(self) -> dict:
+        return {"stage": self.stage.name.lower(), "kind": self.kind, "message": self.message,
+                "intrinsic": self.intrinsic, "operand": self.operand, "iterator": self.iterator,
+                "expected": self.expected, "found": self.found}
+
+
+class Staging(str, enum.Enum):
+    """What the rewrite must do to an operand before the intrinsic can read it (besides a
+    copy into the intrinsic's scope, recorded as ``copy to SCOPE``)."""
+
+    PAD = "pad"
+    REINDEX = "reindex"
+    TRANSPOSE = "transpose"
+    PACK = "pack"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class AxisMap:
+    """One intrinsic axis and the workload iterators that play its role."""
+
+    axis: str
+    kind: str  # "S" or "R"
+    size: int  # the intrinsic's extent
+    iters: tuple[str, ...]  # workload iterators fused into it, outer to inner; () if absent
+    extent: int  # their combined extent (1 when absent)
+
+    @property
+    def padded(self) -> int:
+        return -(-self.extent // self.size) * self.size
+
+    @property
+    def padding(self) -> int:
+        return self.padded - self.extent
+
+    @property
+    def fused(self) -> bool:
+        return len(self.iters) > 1
+
+    def describe(self) -> str:
+        src = "*".join(self.iters) if self.iters else "(none)"
+        pad = f" pad {self.extent}->{self.padded}" if self.padding else ""
+        return f"{self.axis}={src}{pad}"
+
+
+@dataclass(frozen=True)
+class OperandMap:
+    """How one intrinsic operand is fed from the workload.
+
+    ``direct``: the implementation can address the workload's window in place (shape,
+    order, strides and alignment all fit its declared layout). Otherwise ``staging`` lists
+    what the rewrite must do first, ``reason`` says why, and ``pack`` tells whether the
+    operand must be packed into intrinsic-sized tiles (`layout_map` gives the IndexMap).
+    """
+
+    operand: str
+    buffer: str
+    access: str
+    is_output: bool
+    view_axes: tuple[str, ...]  # the intrinsic axes of this operand, in its dimension order
+    view_extents: tuple[int, ...]  # their padded extents
+    tile: tuple[int, ...]  # the intrinsic's extents for those axes
+    direct: bool
+    staging: tuple[str, ...] = ()
+    reason: str | None = None
+    pack: bool = False
+    scope: str = "global"  # the intrinsic's scope for it
+    workload_scope: str = "global"
+
+    def layout_map(self):
+        """IndexMap from the operand's view (its axes in intrinsic order, padded extents) to
+        the layout the implementation reads: identity, or tile-packed
+        ``(x, y) -> (x // tx, y // ty, x % tx, y % ty)`` (VNNI's [N/16, K/4, 16, 4])."""
+
+        tiles = self.tile
+
+        def fn(*xs):
+            if not self.pack:
+                return list(xs)
+            return [x // t for x, t in zip(xs, tiles)] + [x % t for x, t in zip(xs, tiles)]
+
+        return tirx.IndexMap.from_func(fn, ndim=len(tiles), index_dtype="int32")
+
+    def describe(self) -> str:
+        how = "in place" if self.direct else "+".join(self.staging)
+        return f"{self.operand}<-{self.access} ({how})"
+
+
+@dataclass(frozen=True)
+class Match:
+    """A block that an intrinsic (or a group led by it) can compute: plain data."""
+
+    function: str
+    block: str
+    intrinsic: Intrinsic
+    group: IntrinsicGroup | None
+    template: str | None
+    iters: tuple[str, ...]  # the block's iterators, in order
+    iter_extents: tuple[int | None, ...]
+    axes: tuple[AxisMap, ...]
+    outer: tuple[str, ...]  # workload iterators left as loops around the intrinsic
+    operands: tuple[OperandMap, ...]
+    macs: int | None  # multiply-accumulates (compute) or elements (others) the block performs
+    init: str | None = None  # "in-block", the name of a separate init block, or None
+    chain: tuple[str, ...] = ()  # for a multi-block match: the blocks after this one
+
+    @property
+    def padding(self) -> dict[str, tuple[int, int]]:
+        return {a.axis: (a.extent, a.padded) for a in self.axes if a.padding}
+
+    @property
+    def direct(self) -> bool:
+        return all(o.direct for o in self.operands)
+
+    @property
+    def calls(self) -> int:
+        outer = prod(e for n, e in zip(self.iters, self.iter_extents) if n in self.outer and e)
+        return outer * prod(a.padded // a.size for a in self.axes)
+
+    @property
+    def padded_macs(self) -> int:
+        return self.calls * prod(a.size for a in self.axes)
+
+    @property
+    def mapping(self) -> dict[str, tuple[str, ...]]:
+        return {a.axis: a.iters for a in self.axes}
+
+    def operand(self, name: str) -> OperandMap:
+        for o in self.operands:
+            if o.operand == name:
+                return o
+        raise KeyError(name)
+
+    def score(self) -> tuple:
+        """Smaller is better: fewer operands to stage, fewer heavy staging steps (transpose,
+        pack, reindex) than mere padding, less padding waste, fewer loops around the call.
+        A group re-declared for any size (``resize``: a library call) needs no padding, so
+        its padding costs nothing here, and the number of loops around the call comes first:
+        one large GEMM (after an im2col copy) beats thousands of small calls - but an axis the
+        workload lacks counts first, as the exact-size call would have a unit extent there."""
+        resizable = self.group is not None and self.group.resize is not None
+        waste = 1.0 if resizable or not self.macs else self.padded_macs / self.macs
+        staged = sum(1 for o in self.operands
+                     if not o.direct and not (resizable and set(o.staging) <= {"pad"}))
+        heavy = sum(1 for o in self.operands for s in o.staging if s in ("transpose", "pack", "reindex"))
+        if resizable:
+            absent = sum(1 for a in self.axes if not a.iters)
+            return (absent + len(self.outer), staged, heavy, round(waste, 6))
+        return (staged, heavy, round(waste, 6), len(self.outer))
+
+    def block_index_map(self):
+        """IndexMap from the block's iterators to ``(outer..., axis values...)``: the view
+        in which the block is one loop nest of intrinsic calls (for
+        ``Schedule.transform_block_layout``). Fused axes are row-major over their iterators."""
+
+        extents = dict(zip(self.iters, self.iter_extents))
+
+        def fn(*vs):
+            env = dict(zip(self.iters, vs))
+            out = [env[n] for n in self.outer]
+            for a in self.axes:
+                value = tirx.const(0, "int32")
+                for it in a.iters:
+                    value = value * extents[it] + env[it]
+                out.append(value)
+            return out
+
+        return tirx.IndexMap.from_func(fn, ndim=len(self.iters), index_dtype="int32")
+
+    def describe(self) -> str:
+        parts = [", ".join(a.describe() for a in self.axes)]
+        if self.outer:
+            parts.append("outer " + ",".join(self.outer))
+        staged = [o.describe() for o in self.operands if not o.direct]
+        if staged:
+            parts.append("; ".join(staged))
+        return " | ".join(parts)
+
+
+@dataclass(frozen=True)
+class BlockResult:
+    """What the matcher found for one block: its matches (best first) or the reasons."""
+
+    function: str
+    block: str
+    macs: int  # multiply-accumulates (`tirbyoc.ir.pattern.block_macs`; 0 for other blocks)
+    matches: tuple[Match, ...]
+    mismatches: tuple[Mismatch, ...]  # one per candidate that did not match
+
+    @property
+    def reasons(self) -> tuple[tuple[str, str, int, bool], ...]:
+        """(intrinsic, reason, stage, is compute) per mismatch."""
+        return tuple((m.intrinsic, m.message, int(m.stage), m.compute) for m in self.mismatches)
+
+    @property
+    def mismatch(self) -> Mismatch | None:
+        """The most specific mismatch (None if a candidate matched)."""
+        if self.matches or not self.mismatches:
+            return None
+        return max(self.mismatches, key=lambda m: (m.stage, m.compute))
+
+    @property
+    def best(self) -> Match | None:
+        return self.matches[0] if self.matches else None
+
+    @property
+    def reason(self) -> str | None:
+        """The most specific reason no candidate matched (None if one did)."""
+        top = self.mismatch
+        return None if top is None else f"{top.intrinsic}: {top.message}"
+
+
+__all__ = ["AxisMap", "BlockResult", "Match", "MatchStage", "Mismatch", "OperandMap", "Staging"]

@@ -1,0 +1,280 @@
+"""`offload`: apply every match of a template in a PrimFunc, verify, leave the rest to TVM.
+
+For each block the matcher can compute, a policy picks one of its matches, the rewrite
+engine applies it, and (by default) `tirbyoc.verify` proves the new function computes what
+the old one did. A block whose rewrite TVM refuses, or whose result does not verify, stays
+as it was - with the reason recorded - so the function always builds with TVM's default
+lowering for whatever was not offloaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from math import prod
+from typing import Callable, Sequence
+
+from tirbyoc._tvm import is_host_target
+from tirbyoc.decl.intrinsic import Role
+from tirbyoc.decl.registry import as_template
+from tirbyoc.decl.template import Template
+from tirbyoc.dtypes import dtype_bytes
+from tirbyoc.errors import RewriteError, TirbyocError
+from tirbyoc.ir.normalize import simplify_indices
+from tirbyoc.ir.pattern import function_blocks
+from tirbyoc.matching.candidates import Candidate
+from tirbyoc.matching.matcher import explain, match_block
+from tirbyoc.matching.results import Match, Mismatch
+from tirbyoc.offloading.table import render
+from tirbyoc.offloading.verification import Verification
+from tirbyoc.offloading.verification import verify as run_verify
+from tirbyoc.rewrite.steps import DECISIONS, Step, StepKind
+from tirbyoc.rewrite.tensorize import Rewritten, tensorize
+
+
+@dataclass(frozen=True)
+class BlockOutcome:
+    """What happened to one block: offloaded with an intrinsic, or kept and why."""
+
+    block: str
+    macs: int | None
+    intrinsic: str | None  # the intrinsic it now calls, None if it stayed
+    reason: str | None  # why it stayed (no match, rewrite refused, verification failed)
+    steps: tuple[str, ...] = ()
+    mismatch: Mismatch | None = None  # when no intrinsic matched: the most specific reason
+    refused: bool = False  # when TVM refused every rewrite that matched
+
+    @property
+    def offloaded(self) -> bool:
+        return self.intrinsic is not None
+
+
+@dataclass(frozen=True)
+class Offloaded:
+    """The result of `offload`: the new PrimFunc and one outcome per block."""
+
+    func: object
+    original: object
+    template: str
+    blocks: tuple[BlockOutcome, ...]
+    verification: object = None  # tirbyoc.Verification of the whole function, if run
+    rewrites: tuple[Rewritten, ...] = field(default=(), repr=False)
+
+    @property
+    def offloaded(self) -> tuple[BlockOutcome, ...]:
+        return tuple(b for b in self.blocks if b.offloaded)
+
+    @property
+    def coverage(self) -> float:
+        """Fraction of the function's multiply-accumulates now offloaded (0 without any)."""
+        total = sum(b.macs or 0 for b in self.blocks)
+        done = sum(b.macs or 0 for b in self.blocks if b.offloaded)
+        return done / total if total else 0.0
+
+    def table(self) -> str:
+
+        rows = [(b.block, f"{b.macs:,}" if b.macs else "-", b.intrinsic or "-",
+                 _how(b.steps) if b.offloaded else (b.reason or "")) for b in self.blocks]
+        return render(("block", "MACs", "intrinsic", "how / why not"), rows)
+
+
+def _how(steps) -> str:
+    """The decisions among a rewrite's steps (padding, layouts, tiles, schedule), for a table
+    cell; the full list stays in ``steps``."""
+    picked = [s.split(" (")[0] if s.kind is StepKind.SCRATCHPAD_PLAN else str(s)
+              for s in steps if s.kind in DECISIONS]
+    return "; ".join(picked) or (str(steps[-1]) if steps else "")
+
+
+# -------------------------------------------------------------------------- policies
+Policy = Callable[[Sequence[Match]], Match]
+
+
+def first_match(matches: Sequence[Match]) -> Match:
+    """The matcher's own order: fewest operands to stage, least padding."""
+    return matches[0]
+
+
+def estimated_cycles(m: Match) -> float:
+    """Calls x the intrinsic's declared cycles, plus the bytes staging copies move (at one
+    64-byte line per cycle) - a cheap, monotone stand-in for measuring."""
+    compute = m.calls * m.intrinsic.cost.cycles
+    staged = 0
+    for op in m.operands:
+        if op.direct:
+            continue
+        spec = next(o for o in m.intrinsic.operands if o.name == op.operand)
+        staged += prod(op.view_extents) * dtype_bytes(spec.dtype)
+    return compute + staged / 64.0
+
+
+def lowest_cost(matches: Sequence[Match]) -> Match:
+    """The match with the lowest `estimated_cycles`."""
+    return min(matches, key=estimated_cycles)
+
+
+POLICIES: dict[str, Policy] = {"first": first_match, "cost": lowest_cost}
+
+
+def _policy(policy) -> Policy:
+    if callable(policy):
+        return policy
+    try:
+        return POLICIES[policy]
+    except KeyError:
+        raise TirbyocError(f"unknown offload policy {policy!r}; use one of {sorted(POLICIES)} "
+                           "or a callable(matches) -> match") from None
+
+
+# ----------------------------------------------------------------------- resizing
+def exact_size(func, m: Match) -> Match:
+    """For a group that can be re-declared for any size (a library call), the match of the
+    exact-size group: one call per block, no padding. Other matches are returned as is."""
+    group = m.group
+    if group is None or group.resize is None or m.intrinsic is not group.compute:
+        return m
+    if all(not a.padding and a.extent == a.size for a in m.axes):
+        return m
+    extents = {a.axis: a.extent for a in m.axes}
+    if any(e == 1 for e in extents.values()):
+        return m  # TVM cannot tensorize a unit-extent description loop: keep the tile match
+    try:
+        exact = group.resize(extents)
+    except TirbyocError as err:
+        raise RewriteError(f"{m.function}/{m.block}: {group.name} cannot be declared for "
+                           f"{extents}: {err}") from err
+    wpat = next(p for p in function_blocks(func) if p.name == m.block)
+    new = match_block(Candidate(exact.compute, exact, None), wpat, m.function)
+    if isinstance(new, Mismatch) or new.padding:
+        why = new.message if isinstance(new, Mismatch) else "it does not cover the block exactly"
+        raise RewriteError(f"{m.function}/{m.block}: the {exact.name} group does not fit: {why}")
+    return replace(new, template=m.template, init=m.init)
+
+
+# --------------------------------------------------------------------------- offload
+def offload(func, template, policy="first", *, verify: bool = True, target=None,
+            schedule=True, tuned=None) -> Offloaded:
+    """Offload every block of ``func`` that ``template`` can compute.
+
+    ``template``: a Template or its name. ``policy``: ``"first"`` (the matcher's best),
+    ``"cost"`` (lowest estimated cycles) or a callable choosing among a block's matches.
+    ``verify``: build and compare the result with ``func`` (blocks are rewritten one by one;
+    if the whole does not verify, each block is re-checked and the culprit dropped).
+    """
+
+    tmpl = as_template(template)
+    choose = _policy(policy)
+    target = target if target is not None else tmpl.target
+    name = getattr(tmpl, "name", str(template))
+    simplified = simplify_indices(func)  # matched and rewritten with indices simplified
+    results = explain(simplified, tmpl)
+    if tuned is not None:
+        hit = _from_tuned(func, tmpl, name, results, tuned, target, verify)
+        if hit is not None:
+            return hit
+    current, outcomes, rewrites = _apply(simplified, results, choose, target, schedule, tmpl,
+                                         check_each=False)
+    current = current if rewrites else func  # verified against the function as given
+    current = _account_scratchpads(current, tmpl, rewrites)
+    verification = None
+    unavailable = tmpl.unavailable_reason() if isinstance(tmpl, Template) else None
+    if verify and rewrites and unavailable and is_host_target(target):
+        # verify would run this on the CPU, but the template's runtime is missing (e.g. a
+        # simulator not there yet): the IR is the result. Device code (CUDA) is left to
+        # verify, which still builds what it cannot run.
+        verification = Verification(None, float("nan"), reason=f"template {name} cannot run here: "
+                                                               f"{unavailable}")
+    elif verify and rewrites:
+        verification = _verify_on(tmpl, func, current, target)
+        if verification.passed is False:
+            # Find the culprit: redo block by block, keeping only rewrites that verify.
+            current, outcomes, rewrites = _apply(simplified, results, choose, target, schedule, tmpl,
+                                                 check_each=True)
+            current = current if rewrites else func
+            current = _account_scratchpads(current, tmpl, rewrites)
+            verification = _verify_on(tmpl, func, current, target) if rewrites else None
+    return Offloaded(current, func, name, tuple(outcomes), verification, tuple(rewrites))
+
+
+def _verify_on(template, original, new, target):
+    """`tirbyoc.verify` with ``template``'s runtime active (its simulator configured with its
+    own capacities), so the outcome does not depend on what ran before in the process."""
+
+    if isinstance(template, Template):
+        template.activate()
+    return run_verify(original, new, target)
+
+
+TUNED_STEP = Step(StepKind.TUNED, "tuned schedule (MetaSchedule database)")
+
+
+def _from_tuned(func, tmpl, name, results, tuned, target, verify):
+    """`offload`'s result from a tuned schedule, or None (no record, or it did not verify)."""
+
+    found = tuned(func, tmpl)
+    if found is None or not found[1]:
+        return None
+    new, blocks = found
+    new = _account_scratchpads(new, tmpl, blocks)
+    verification = None
+    if verify and not (tmpl.unavailable_reason() and is_host_target(target)):
+        verification = _verify_on(tmpl, func, new, target)
+        if verification.passed is False:
+            return None
+    outcomes = tuple(BlockOutcome(r.block, r.macs, blocks.get(r.block),
+                                  None if r.block in blocks else (r.reason or "not in the tuned schedule"),
+                                  (TUNED_STEP,) if r.block in blocks else ())
+                     for r in results)
+    return Offloaded(new, func, name, outcomes, verification)
+
+
+def _account_scratchpads(func, template, rewrites):
+    """For a simulated template: the function tells the simulator what it allocates."""
+    sim = getattr(template, "simulator", None)
+    return sim.annotate(func) if sim is not None and rewrites else func
+
+
+MAX_FALLBACK_MATCHES = 3
+
+
+def _apply(func, results, choose, target, schedule, template, *, check_each: bool):
+    current = func
+    outcomes: list[BlockOutcome] = []
+    rewrites: list[Rewritten] = []
+    for result in results:
+        compute = [m for m in result.matches if m.intrinsic.role is Role.COMPUTE]
+        if not compute:
+            outcomes.append(BlockOutcome(result.block, result.macs, None,
+                                         result.reason or "no compute intrinsic matches",
+                                         mismatch=result.mismatch))
+            continue
+        chosen = choose(compute)
+        rw, failures = None, []
+        # the policy's choice first; if TVM refuses that rewrite, the next candidates in the
+        # matcher's order (a GEMV where a batched GEMM lacks an axis), a few at most
+        for candidate in [chosen] + [m for m in compute if m is not chosen][:MAX_FALLBACK_MATCHES]:
+            try:
+                candidate = exact_size(current, candidate)
+                rw = tensorize(current, candidate, target=target, schedule=schedule,
+                               template=template if isinstance(template, Template) else None)
+                chosen = candidate
+                break
+            except RewriteError as err:
+                failures.append(str(err))
+        if rw is None:
+            outcomes.append(BlockOutcome(result.block, result.macs, None, failures[0], refused=True))
+            continue
+        if check_each:
+            check = _verify_on(template, current, rw.func, target)
+            if check.passed is False:
+                outcomes.append(BlockOutcome(
+                    result.block, result.macs, None,
+                    f"rewrite with {chosen.intrinsic.name} did not verify ({check.describe()}); kept"))
+                continue
+        current = rw.func
+        rewrites.append(rw)
+        outcomes.append(BlockOutcome(result.block, result.macs, ", ".join(rw.intrinsics), None, rw.steps))
+    return current, outcomes, rewrites
+
+
+__all__ = ["BlockOutcome", "Offloaded", "POLICIES", "estimated_cycles", "exact_size",
+           "first_match", "lowest_cost", "offload"]

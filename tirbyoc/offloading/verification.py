@@ -1,0 +1,343 @@
+"""Numerical proof of a rewrite: build both functions, run them on the same inputs, compare.
+
+Every offload tirbyoc makes is checked this way. Inputs are seeded, drawn in the domain the
+function's own use of each buffer implies (`tirbyoc.ir.domains`: gather indices inside the
+table, shift amounts below the width, non-zero divisors), and otherwise suited to the dtype
+(full range for 8-bit integers, so a saturating instruction shows; small values for wider
+integers so sums do not overflow; uniform in [-1, 1] for floats). Integers must agree
+exactly; floats within a tolerance relative to the reference's own scale that grows with the
+reduction length. A reference that cannot tell a right result from a wrong one (non-finite,
+all zero, one constant) is "not meaningfully checked", and a reference build that disagrees
+with itself on the same inputs is never blamed on the rewrite.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tirbyoc._tvm import (
+    build,
+    cuda_available,
+    host_cpu_features,
+    host_target,
+    is_host_target,
+    isa_features,
+    iter_blocks,
+    make_target,
+    tirx,
+    to_tensor,
+    tvm,
+)
+from tirbyoc.decl.extern import check_loaded
+from tirbyoc.dtypes import is_float
+from tirbyoc.errors import TirbyocError, VerificationError, last_line
+from tirbyoc.ir.domains import buffer_domains, draw
+
+# Relative tolerance per float dtype, scaled by sqrt(reduction length) in `tolerance`.
+_FLOAT_RTOL = {"float16": 2e-3, "bfloat16": 1e-2, "float32": 2e-6, "float64": 1e-13}
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The outcome of `verify`.
+
+    ``passed`` is True when every output agreed within its tolerance, False when one did not,
+    and None when nothing meaningful was compared: the rewritten code could not run here (no
+    device for its target), or the reference output is degenerate (non-finite, all zero or
+    constant) so that agreeing with it proves nothing. ``reason`` then says which.
+    """
+
+    passed: bool | None
+    max_abs_err: float
+    outputs: dict[str, float] = field(default_factory=dict)  # per written buffer: max |diff|
+    tolerance: dict[str, float] = field(default_factory=dict)  # per written buffer: abs tolerance
+    reason: str | None = None
+    max_rel_err: float = float("nan")  # max |diff| / max |reference| over the outputs
+
+    def __bool__(self) -> bool:
+        return bool(self.passed)
+
+    def describe(self) -> str:
+        if self.passed is None:
+            return f"not meaningfully checked: {self.reason}" if self.outputs else f"not run: {self.reason}"
+        word = "verified" if self.passed else "MISMATCH"
+        note = f", {self.reason}" if self.reason else ""
+        tol = max(self.tolerance.values(), default=0.0)
+        return (f"{word} (max |err| {self.max_abs_err:.3g}, relative {self.max_rel_err:.3g}, "
+                f"tolerance {tol:.3g}{note})")
+
+
+def tolerance(dtype: str, reduction: int, scale: float) -> float:
+    """Absolute tolerance for one output: 0 for integers, else rtol(dtype) *
+    sqrt(reduction) * 4 * ``scale``, where ``scale`` is the reference's largest magnitude.
+
+    Relative to the output's own scale, never to 1: outputs of 1e-14 are compared at their
+    scale, not waved through by an absolute floor.
+    """
+    if not is_float(dtype):
+        return 0.0
+    rtol = _FLOAT_RTOL.get(dtype, 1e-5)
+    return float(rtol * max(1.0, np.sqrt(reduction)) * 4 * scale)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One output compared with its reference.
+
+    ``passed`` is None when the reference is degenerate (``note`` says how): non-finite
+    values, all zero, or one constant value - agreeing with it would prove nothing.
+    """
+
+    passed: bool | None
+    abs_err: float
+    rel_err: float  # abs_err / scale
+    tolerance: float  # absolute
+    scale: float  # largest |reference| value
+    note: str | None = None
+
+
+def degenerate(ref: np.ndarray) -> str | None:
+    """Why ``ref`` cannot meaningfully check anything (None if it can)."""
+    if ref.size == 0:
+        return "the output is empty"
+    if ref.dtype.kind == "f" or ref.dtype.kind == "c":
+        bad = int(np.size(ref) - np.count_nonzero(np.isfinite(ref)))
+        if bad:
+            return f"the reference has {bad:,} non-finite values of {ref.size:,} (NaN/Inf)"
+    if not np.any(ref):
+        return "the reference is all zero"
+    if ref.size > 1 and np.all(ref == ref.flat[0]):
+        return f"the reference is one constant value ({ref.flat[0]!r}) everywhere"
+    return None
+
+
+def compare_arrays(ref: np.ndarray, new: np.ndarray, dtype: str | None = None,
+                   reduction: int = 1) -> Comparison:
+    """``new`` against ``ref``: integers exactly, floats within `tolerance` of the
+    reference's scale. A non-finite value where the reference is finite is an infinite
+    error; a degenerate reference (see `degenerate`) gives ``passed=None``."""
+    dtype = dtype or str(ref.dtype)
+    if ref.shape != new.shape:
+        return Comparison(False, float("inf"), float("inf"), 0.0, 0.0,
+                          f"shape {new.shape} where the reference has {ref.shape}")
+    ref64, new64 = ref.astype(np.float64), new.astype(np.float64)
+    finite = np.isfinite(ref64)
+    scale = float(np.abs(ref64[finite]).max()) if finite.any() else 0.0
+    diff = np.abs(ref64 - new64)
+    err = float(diff[finite].max()) if finite.any() else 0.0
+    if not np.isfinite(new64[finite]).all():
+        err = float("inf")
+    tol = tolerance(dtype, reduction, scale)
+    rel = err / scale if scale else (0.0 if err == 0 else float("inf"))
+    why = degenerate(ref)
+    if why is not None:
+        return Comparison(None if err <= tol or not finite.all() else False, err, rel, tol, scale, why)
+    return Comparison(bool(err <= tol), err, rel, tol, scale)
+
+
+def concrete_params(func):
+    """(buffer, static shape) per parameter; a clear error for a non-buffer or symbolic one."""
+    out = []
+    for buf in func.params:
+        if not isinstance(buf, tirx.Buffer):
+            raise VerificationError(f"parameter {buf} is not a buffer; verify needs a "
+                                    "PrimFunc whose parameters are all tensors")
+        shape = []
+        for s in buf.shape:
+            if not hasattr(s, "value"):
+                raise VerificationError(
+                    f"buffer {buf.name} has symbolic shape {list(buf.shape)}; pass concrete "
+                    "`inputs` or specialise the function first")
+            shape.append(int(s.value))
+        out.append((buf.name, tuple(shape), str(buf.dtype)))
+    return out
+
+
+SYMBOLIC_EXTENT = 17  # what a symbolic extent is bound to for a check: prime, off every tile
+
+
+def _specialize_symbolic(funcs):
+    """``funcs`` with every symbolic extent of their parameters (a bare size variable, as
+    ``T.int32()`` or a Relax ``n`` makes) bound to `SYMBOLIC_EXTENT` by name, and the bindings;
+    functions without symbolic parameters come back as they are."""
+
+    names = sorted({str(d.name) for f in funcs for p in f.params
+                    for d in getattr(p, "shape", ()) if isinstance(d, tirx.Var)})
+    if not names:
+        return list(funcs), {}
+    values = dict.fromkeys(names, SYMBOLIC_EXTENT)
+    out = []
+    for f in funcs:
+        binds = {}
+        for p in f.params:
+            shape = list(getattr(p, "shape", ()))
+            if not any(isinstance(d, tirx.Var) for d in shape):
+                continue
+            if any(not isinstance(d, (tirx.Var, tirx.IntImm)) for d in shape):
+                raise VerificationError(f"buffer {p.name} has shape {shape}; only extents that are a "
+                                        "single size variable can be bound for a check")
+            concrete = [values[str(d.name)] if isinstance(d, tirx.Var) else int(d) for d in shape]
+            binds[p] = tirx.decl_buffer(concrete, str(p.dtype), str(p.name))
+        out.append(f.specialize(binds) if binds else f)
+    return out, values
+
+
+def _written(func) -> set[str]:
+
+    names = set()
+    for block in iter_blocks(func.body):
+        for region in block.writes:
+            names.add(str(region.source.name))
+    return names
+
+
+def reduction_length(func) -> int:
+
+    longest = 1
+    for block in iter_blocks(func.body):
+        n = 1
+        for iv in block.iter_vars:
+            if int(iv.iter_type) == 2 and hasattr(iv.dom.extent, "value"):  # CommReduce
+                n *= int(iv.dom.extent.value)
+        longest = max(longest, n)
+    return longest
+
+
+def compile_func(func, target, what: str):
+
+    if is_host_target(target):
+        try:
+            check_loaded(func, f"the {what} function")
+        except TirbyocError as err:
+            raise VerificationError(str(err)) from None
+    if func.attrs is None or "global_symbol" not in func.attrs:
+        func = func.with_attr("global_symbol", "main")  # e.g. a private PrimFunc from Relax
+    try:
+        return build(func, target)
+    except Exception as err:  # TVM raises many types; say which build failed
+        raise VerificationError(f"building the {what} function for {target} failed: "
+                                f"{last_line(err)}") from err
+
+
+def run_executable(executable, arrays, device=None):
+    """Run a built function once on copies of ``arrays`` (on ``device``, default the CPU);
+    return them all afterwards (outputs included)."""
+    tensors = [to_tensor(a, device) for a in arrays]
+    executable(*tensors)
+    return [t.numpy() for t in tensors]
+
+
+def _cannot_run_here(rewritten, target) -> str | None:
+    """Why code for ``target`` cannot run on this machine (built first where building is
+    safe, so a build error still shows), or None."""
+    kind = str(target.kind.name)
+    if kind == "cuda" and not cuda_available():
+        compile_func(rewritten, target, "rewritten")
+        return "built for CUDA; no GPU here to run it"
+    if kind not in ("llvm", "cuda", "c"):
+        # Not even built here: cross-compiling some device intrinsics aborts LLVM in-process
+        # (Hexagon vrmpy), which no exception handler can catch.
+        return f"{kind} code cannot run on this machine"
+    if kind == "llvm":
+        mcpu = target.attrs.get("mcpu")
+        if mcpu is not None and str(mcpu) != str(host_target().attrs.get("mcpu")):
+            missing = _missing_features(target)
+            if missing:
+                compile_func(rewritten, target, "rewritten")
+                return f"built for {mcpu}; this CPU lacks {', '.join(missing)}"
+    return None
+
+
+def verify(original, rewritten, target=None, inputs=None, *, seed: int = 0,
+           reference_target=None) -> Verification:
+    """Build ``original`` and ``rewritten`` (PrimFuncs with the same signature), run both on
+    the same seeded inputs, and compare every buffer the original writes.
+
+    ``target``: where the rewritten function runs (a Target, a target dict, or a template's
+    target); default the host CPU. ``reference_target``: where the original runs (default:
+    the host CPU, TVM's default lowering). ``inputs``: optional dict buffer name -> array.
+    """
+
+    if inputs is None:  # symbolic extents: check at a concrete size (named in the result)
+        (original, rewritten), bound = _specialize_symbolic([original, rewritten])
+    else:
+        bound = {}
+    params = concrete_params(original)
+    other = concrete_params(rewritten)
+    if [(s, d) for _, s, d in params] != [(s, d) for _, s, d in other]:
+        raise VerificationError(
+            f"signatures differ: original {params} vs rewritten {other}; a rewrite must keep "
+            "the function's parameters")
+    target = make_target(target) if target is not None else host_target()
+    reference_target = make_target(reference_target) if reference_target is not None else host_target()
+    kind = str(target.kind.name)
+    cannot_run = _cannot_run_here(rewritten, target)
+    if cannot_run is not None:
+        return Verification(None, float("nan"), reason=cannot_run)
+    arrays = make_inputs(original, params, inputs, seed)
+    ref_exe = compile_func(original, reference_target, "original")
+    new_exe = compile_func(rewritten, target, "rewritten")
+    device = tvm.cuda(0) if kind == "cuda" else tvm.cpu()
+    ref_out = run_executable(ref_exe, [a.copy() for a in arrays], tvm.cpu())
+    new_out = run_executable(new_exe, [a.copy() for a in arrays], device)
+
+    written = _written(original)
+    red = reduction_length(original)
+    results = {name: compare_arrays(ref, new, dtype, red)
+               for (name, _, dtype), ref, new in zip(params, ref_out, new_out) if name in written}
+    if not results:
+        raise VerificationError("the original function writes none of its parameters; nothing to compare")
+    notes = ["checked with " + ", ".join(f"{k}={v}" for k, v in bound.items())] if bound else []
+    if any(c.passed is False for c in results.values()):
+        again = run_executable(ref_exe, [a.copy() for a in arrays], tvm.cpu())
+        unstable = [name for (name, _, _), a, b in zip(params, ref_out, again)
+                    if name in results and not np.array_equal(a, b, equal_nan=True)]
+        passed = None if unstable else False
+        if unstable:
+            notes.append(f"TVM's build of the untouched function disagrees with itself on "
+                         f"{', '.join(unstable)} (does it read outside its inputs' valid "
+                         "domain?); give inputs in their domain")
+    elif any(c.passed is None for c in results.values()):
+        passed = None
+        notes += [f"{name}: {c.note}" for name, c in results.items() if c.passed is None]
+    else:
+        passed = True
+    return Verification(passed, max(c.abs_err for c in results.values()),
+                        {k: c.abs_err for k, c in results.items()},
+                        {k: c.tolerance for k, c in results.items()},
+                        reason="; ".join(notes) or None,
+                        max_rel_err=max(c.rel_err for c in results.values()))
+
+
+def make_inputs(func, params, inputs, seed: int) -> list[np.ndarray]:
+    """One array per parameter: the caller's where given (a 0-d buffer takes a scalar),
+    else seeded data drawn from the domain the function's own use of the buffer implies
+    (`tirbyoc.ir.domains`: gather indices within the table, shift amounts below the width,
+    non-zero divisors), else `random_array`."""
+
+    domains = buffer_domains(func)
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for name, shape, dtype in params:
+        if inputs and name in inputs:
+            arr = np.ascontiguousarray(np.asarray(inputs[name], dtype=dtype))
+            if arr.shape != shape and arr.size == int(np.prod(shape)) == 1:
+                arr = arr.reshape(shape)
+            if arr.shape != shape:
+                raise VerificationError(f"input {name!r} has shape {arr.shape}, the function wants {shape}")
+        else:
+            arr = draw(shape, dtype, rng, domains.get(name))
+        arrays.append(arr)
+    return arrays
+
+
+def _missing_features(target) -> list[str]:
+    """CPU features ``target`` assumes that this CPU lacks (empty if it can run here)."""
+
+    return sorted(isa_features(target) - host_cpu_features())
+
+
+__all__ = ["Comparison", "Verification", "compare_arrays", "degenerate", "make_inputs",
+           "tolerance", "verify"]

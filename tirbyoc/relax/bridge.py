@@ -1,0 +1,300 @@
+"""The Relax bridge: offload the PrimFuncs a Relax module calls through ``R.call_tir``.
+
+`OffloadTIR` is an IRModule => IRModule pass. Run it after ``LegalizeOps`` (and, if you
+like, ``FuseOps`` / ``FuseTIR``): each PrimFunc is matched against the templates in order and
+rewritten with `tirbyoc.offload` (so every rewrite is verified where the template runs);
+the rewritten PrimFunc replaces the original under the same name, the ``call_tir`` stays.
+Where it goes in TVM's CPU pipeline::
+
+    LegalizeOps -> [AnnotateTIROpPattern -> FuseOps -> FuseTIR] -> OffloadTIR -> tvm.compile
+
+Offloaded PrimFuncs are marked opaque (``op_pattern`` = kOpaque) so a later FuseOps does
+not merge them into their neighbours; running the pass again (another template) only
+looks at blocks still left.
+
+A PrimFunc that is nothing but one library kernel (a group with a `PackedFunction`, e.g.
+blas's whole matmul; see `tirbyoc.offloading.whole_function`) is not tensorized: its ``call_tir`` calls
+become ``R.call_dps_packed("<symbol>", inputs, out)``, the PrimFunc is dropped, and the
+kernel's library (a TVM runtime module) is appended to the module's ``external_mods``
+attribute, which ``tvm.compile`` links so the Relax VM finds the symbol. Such a module runs
+in this process; ``export_library`` cannot serialize a loaded shared library.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from tirbyoc._tvm import tirx, tvm, with_external_mods
+from tirbyoc.decl.registry import as_template
+from tirbyoc.ir.pattern import block_macs
+from tirbyoc.matching.matcher import match
+from tirbyoc.offloading.offloader import TUNED_STEP, offload
+from tirbyoc.offloading.whole_function import find_whole_call, verify_whole_call
+
+OPAQUE = 8  # relay/relax OpPatternKind::kOpaque
+log = logging.getLogger("tirbyoc.offload")
+
+
+@dataclass
+class FunctionReport:
+    """What became of one PrimFunc: its compute blocks, MACs, and the rewrite or reason."""
+
+    name: str
+    macs: int  # multiply-accumulates of one call (0 for elementwise work, sums, means)
+    offloaded_macs: int
+    template: str | None
+    intrinsics: tuple[str, ...]
+    reason: str | None  # why (some of) it stayed, for functions with MACs
+    verified: bool | None
+    extern: str | None = None  # the packed function it became (R.call_dps_packed), if any
+    calls: int = 1  # call sites in the model (coverage weighs each function by them)
+    tuned: bool = False  # its schedule came from a tuning database
+    check_note: str | None = None  # why verified is None (not run here, not meaningfully checked)
+    ms: dict | None = None  # `tirbyoc run --profile`: ms per call, {"tvm": .., "offloaded": ..}
+
+    @property
+    def offloaded(self) -> bool:
+        return bool(self.intrinsics)
+
+    @property
+    def total_macs(self) -> int:
+        """MACs over all call sites."""
+        return self.macs * self.calls
+
+    def kernel(self) -> str:
+        """The intrinsics or library kernel it now calls, for a report ("-" if none)."""
+        if self.extern:
+            return f"{self.extern} (call_dps_packed)"
+        return ", ".join(dict.fromkeys(self.intrinsics)) if self.offloaded else "-"
+
+    def note(self) -> str:
+        """Why (part of) it stayed, else whether the rewrite was verified."""
+        unchecked = self.check_note or "not run here"
+        note = self.reason or ("verified" if self.verified else unchecked if self.offloaded else "")
+        return f"tuned, {note}" if self.tuned and note else note
+
+
+@dataclass
+class OffloadReport:
+    """Per-function outcomes of one or more OffloadTIR runs over a module."""
+
+    functions: list[FunctionReport] = field(default_factory=list)
+
+    def shown(self) -> list[FunctionReport]:
+        """The functions a report lists - with MACs or offloaded - most MACs first."""
+        return sorted((f for f in self.functions if f.macs or f.offloaded),
+                      key=lambda f: (-f.total_macs, f.name))
+
+    @property
+    def others(self) -> int:
+        """Functions without multiply-accumulates, left to TVM."""
+        return len(self.functions) - len(self.shown())
+
+    @property
+    def total_macs(self) -> int:
+        return sum(f.total_macs for f in self.functions)
+
+    @property
+    def offloaded_macs(self) -> int:
+        return sum(f.offloaded_macs * f.calls for f in self.functions)
+
+    @property
+    def coverage(self) -> float:
+        return self.offloaded_macs / self.total_macs if self.total_macs else 0.0
+
+
+# the one definition of MACs, shared with the matcher (kept under the name callers know)
+mac_blocks = block_macs
+
+
+def call_counts(mod) -> dict[str, int]:
+    """How many ``call_tir`` sites name each PrimFunc (LegalizeOps shares one PrimFunc
+    between equal operators: ResNet-50's repeated blocks)."""
+
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    counts: dict[str, int] = {}
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and expr.op.same_as(call_tir):
+            name = expr.args[0].name_hint
+            counts[name] = counts.get(name, 0) + 1
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return counts
+
+
+def _keep_identity(original, rewritten):
+    """The rewritten PrimFunc with the original's attributes (global symbol, op pattern...),
+    marked opaque so fusion leaves the offloaded code alone."""
+    func = rewritten
+    for key, value in (original.attrs or {}).items():
+        if key != "op_pattern":
+            func = func.with_attr(key, value)
+    return func.with_attr("op_pattern", OPAQUE)
+
+
+def _whole_call(func, templates, verify: bool):
+    """(WholeCall, template, verified) for the first template whose library kernel computes
+    ``func`` whole (and, where it runs here, agrees with TVM's build), else None."""
+
+    for tmpl in templates:
+        if not any(g.packed is not None for g in tmpl.groups):
+            continue
+        try:
+            call, _ = find_whole_call(func, match(func, [tmpl]))
+        except Exception:  # noqa: BLE001 - not matchable here: the tensorize path reports why
+            continue
+        if call is None:
+            continue
+        verified = None
+        if verify and tmpl.runs_here():
+            tmpl.activate()
+            verified = verify_whole_call(func, call).passed
+            if not verified:
+                continue  # a kernel that disagrees is not used; tensorizing may still work
+        return call, tmpl, verified
+    return None
+
+
+def _call_packed_instead(mod, calls: dict):
+    """Every ``R.call_tir(gv, args, out)`` with ``gv`` in ``calls`` rewritten to
+    ``R.call_dps_packed(symbol, kernel inputs, out)``; the PrimFuncs dropped, the kernels'
+    libraries appended to ``external_mods``."""
+
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+
+    @mutator
+    class _ToPacked(PyExprMutator):
+        def visit_call_(self, op):
+            op = super().visit_call_(op)
+            if op.op.same_as(call_tir) and len(op.args) == 2 and op.args[0] in calls:
+                wc = calls[op.args[0]]
+                args = list(op.args[1].fields)
+                if len(op.ty_args) == 1 and wc.output == len(args):
+                    return relax.call_dps_packed(
+                        relax.ExternFunc(wc.symbol), relax.Tuple([args[i] for i in wc.inputs]),
+                        op.ty_args[0])
+            return op
+
+    rewriter = _ToPacked(mod)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
+    new = rewriter.builder_.get()
+    for gv in calls:
+        if not any(v.same_as(gv) for f in new.functions.values() if isinstance(f, relax.Function)
+                   for v in relax.analysis.all_global_vars(f)):
+            new = _without(new, gv)
+    return with_external_mods(new, [lib.runtime_module() for lib in
+                                    dict.fromkeys(wc.packed.library for wc in calls.values())])
+
+
+def _without(mod, gv):
+
+    return tvm.IRModule({g: f for g, f in mod.functions.items() if not g.same_as(gv)},
+                        attrs=mod.attrs)
+
+
+def _offload_function(name: str, func, templates, policy, verify: bool, tuned):
+    """(the function offloaded block by block, template after template; its report)."""
+    current, intrinsics, used, reasons, verified, was_tuned = func, [], None, [], None, False
+    check_note = None
+    reductions = mac_blocks(func)
+    total, done = sum(reductions.values()), 0
+    for tmpl in templates:
+        try:
+            out = offload(current, tmpl, policy, verify=verify, tuned=tuned)
+        except Exception as err:  # noqa: BLE001 - one function must not stop the model
+            reasons.append(f"{tmpl.name}: {type(err).__name__}: {err}")
+            continue
+        if out.offloaded:
+            current, used = out.func, tmpl.name
+            intrinsics += [b.intrinsic for b in out.offloaded]
+            done += sum(reductions.get(b.block, 0) for b in out.offloaded)
+            v = out.verification
+            verified = None if v is None else v.passed
+            check_note = v.describe() if v is not None and v.passed is None else None
+            was_tuned = was_tuned or any(b.steps[:1] == (TUNED_STEP,) for b in out.offloaded)
+        reasons += [f"{b.block}: {b.reason}" for b in out.blocks
+                    if not b.offloaded and b.block in reductions]
+    log.debug("%s: %s", name, f"offloaded to {used} ({', '.join(dict.fromkeys(intrinsics))}), "
+              f"{done:,} of {total:,} MACs" if intrinsics else
+              f"kept ({'; '.join(dict.fromkeys(reasons)) or 'no multiply-accumulates'})")
+    return current, FunctionReport(
+        name, total, done, used, tuple(intrinsics),
+        None if not total or done == total else "; ".join(dict.fromkeys(reasons)) or None,
+        verified, tuned=was_tuned, check_note=check_note)
+
+
+def offload_module(mod, templates: Sequence, *, policy="first", verify: bool = True,
+                   report: OffloadReport | None = None, progress=None, whole_calls: bool = True,
+                   tuned=None):
+    """``mod`` with every PrimFunc offloaded where a template can; returns (mod, report).
+
+    ``templates``: Template objects or names, tried in order for the blocks still left.
+    ``progress``: optional callable ``(done, total, name)`` called per PrimFunc.
+    ``whole_calls``: call a library kernel through ``R.call_dps_packed`` where a PrimFunc is
+    nothing but that kernel (False: always tensorize inside the PrimFunc).
+    ``tuned``: tuned schedules to prefer (`tirbyoc.tuning.tuned_schedules`; see `offload`).
+    """
+
+    templates = [as_template(t) for t in templates]
+    report = report if report is not None else OffloadReport()
+    funcs = [(gv, f) for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)]
+    counts = call_counts(mod)
+    updates, whole = {}, {}
+    for n, (gv, func) in enumerate(sorted(funcs, key=lambda p: p[0].name_hint)):
+        name = gv.name_hint
+        if progress is not None:
+            progress(n, len(funcs), name)
+        packed = _whole_call(func, templates, verify) if whole_calls else None
+        if packed is not None:
+            wc, tmpl, verified = packed
+            macs = sum(mac_blocks(func).values())
+            whole[gv] = wc
+            log.debug("%s: the library kernel %s, called whole (call_dps_packed)", name, wc.symbol)
+            report.functions.append(FunctionReport(name, macs, macs, tmpl.name, (wc.symbol,),
+                                                   None, verified, extern=wc.symbol,
+                                                   calls=counts.get(name, 1)))
+            continue
+        current, function_report = _offload_function(name, func, templates, policy, verify, tuned)
+        function_report = replace(function_report, calls=counts.get(name, 1))
+        if function_report.intrinsics:
+            updates[gv] = _keep_identity(func, current)
+        report.functions.append(function_report)
+    if progress is not None:
+        progress(len(funcs), len(funcs), "")
+    if updates:
+        mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+        for gv, func in updates.items():
+            mod[gv] = func
+    if whole:
+        mod = _call_packed_instead(mod, whole)
+    return mod, report
+
+
+def OffloadTIR(templates: Sequence, *, policy="first", verify: bool = True,
+               report: OffloadReport | None = None, whole_calls: bool = True, tuned=None):
+    """The pass form of `offload_module`: ``OffloadTIR(["x86_vnni"])(mod)``. Pass a
+    `OffloadReport` to collect what happened to each PrimFunc."""
+
+    report = report if report is not None else OffloadReport()
+
+    @tvm.transform.module_pass(opt_level=0, name="tirbyoc.OffloadTIR")
+    def _pass(mod, _ctx):
+        new, _ = offload_module(mod, templates, policy=policy, verify=verify, report=report,
+                                whole_calls=whole_calls, tuned=tuned)
+        return new
+
+    _pass.report = report
+    return _pass
+
+
+__all__ = ["FunctionReport", "OffloadReport", "OffloadTIR", "offload_module"]

@@ -1,0 +1,175 @@
+"""The default outer-loop schedule on CPUs: register-blocked accumulators and parallel tiles.
+
+(The whole-buffer staging copies that feed the block - packed weights, transposes, padding -
+are first turned to iterate in the order they write and run in parallel: `schedule_copies`.)
+
+A tensorized loop nest is only fast if the accumulator stays in registers across the
+reduction. Around the intrinsic this schedule keeps an ``mr x nr`` block of output tiles
+(rows of the innermost loop around the intrinsic x tiles of its innermost spatial axis) in a
+small accumulator buffer, runs the whole reduction over it, then writes it back once:
+
+    parallel for (outer spatial tiles):           # fused, split over the cores
+        acc[mr, nr x tile] = 0                    # the init intrinsic
+        for (outer reductions, e.g. conv's kh, kw, and K / k_tile):
+            for mr rows, nr tiles (unrolled):     # mr * nr independent accumulators
+                intrinsic(acc[row, tile], A[row, k], B_packed[tile, k])
+        write acc back (vectorised)
+
+LLVM keeps ``acc`` in registers only if TVM gives it a stack slot, which TVM does for
+buffers under 1 KiB (``kMaxStackAlloca``); ``mr x nr`` is chosen within that budget as the
+largest block whose sizes divide the loop extents (16 zmm accumulators for int32 x 16 lanes).
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+from tirbyoc._tvm import s_tir, tirx
+from tirbyoc.dtypes import dtype_bytes
+
+STACK_BYTES = 1024  # TVM allocates constant buffers smaller than this on the stack
+MAX_ACCUMULATORS = 16  # leave registers for the operands (32 zmm on AVX-512)
+
+
+def loop_extent(sch, loop) -> int | None:
+    ext = sch.get(loop).extent
+    return int(ext.value) if hasattr(ext, "value") else None
+
+
+def _divisors(n: int | None, limit: int) -> list[int]:
+    if not n:
+        return [1]
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+def register_block(m_extent: int | None, n_extent: int | None, tile_bytes: int) -> tuple[int, int]:
+    """(mr, nr): the largest mr * nr output tiles that fit the stack budget and divide the
+    extents; among equals, fewer loads per step (smaller mr + nr), then more rows (a
+    narrower weight panel stays in L1 while the rows are reused)."""
+    best = (1, 1)
+    best_key = (1, -2, 1)
+    for mr in _divisors(m_extent, MAX_ACCUMULATORS):
+        for nr in _divisors(n_extent, MAX_ACCUMULATORS):
+            count = mr * nr
+            if count > MAX_ACCUMULATORS or count * tile_bytes >= STACK_BYTES:
+                continue
+            key = (count, -(mr + nr), mr)
+            if key > best_key:
+                best, best_key = (mr, nr), key
+    return best
+
+
+def _output_tile_bytes(match) -> int:
+    """Bytes of one intrinsic call's output tile (the accumulator it updates)."""
+    out = next(o.operand for o in match.operands if o.is_output)
+    spec = next(op for op in match.intrinsic.operands if op.name == out)
+    return prod(spec.shape) * dtype_bytes(spec.dtype)
+
+
+def _heuristic_block(sch, mloop, nloop, tile_bytes):
+    """`register_block`'s (mr, nr) for the loops' extents."""
+    return register_block(loop_extent(sch, mloop) if mloop is not None else None,
+                          loop_extent(sch, nloop) if nloop is not None else None, tile_bytes)
+
+
+def sampled_block(sch, mloop, nloop, tile_bytes):
+    """(mr, nr) as MetaSchedule decisions (``sample_perfect_tile``), bounded so the block
+    can stay within the register budget: what `tirbyoc.tuning` searches over."""
+    rows = max(1, min(MAX_ACCUMULATORS, STACK_BYTES // max(tile_bytes, 1) - 1))
+    mr = sch.sample_perfect_tile(mloop, n=2, max_innermost_factor=rows)[1] if mloop is not None else 1
+    nr = sch.sample_perfect_tile(nloop, n=2, max_innermost_factor=max(1, min(8, rows)))[1] \
+        if nloop is not None else 1
+    return mr, nr
+
+
+PARALLEL_COPY_ELEMENTS = 4096  # a smaller staging copy is not worth a parallel launch
+
+
+def schedule_copies(sch, block) -> int:
+    """Schedule the whole-buffer staging copies that feed ``block`` (packing, transposes,
+    padding): each is made to iterate in the order of the buffer it writes
+    (``transform_block_layout``: a packed weight is then written contiguously, instead of
+    scattered bytes that LLVM may even turn into per-lane extracts), and its outer loops run
+    in parallel. A copy computed inside ``block``'s loops (a scratchpad tile) is left alone.
+    Returns how many copies it scheduled."""
+
+
+    main_loops = [sch.get(l) for l in sch.get_loops(block)]
+    done = 0
+    for producer in sch.get_producers(block):
+        stmt = sch.get(producer)
+        loops = sch.get_loops(producer)
+        if (len(stmt.writes) != 1 or stmt.init is not None or not loops
+                or any(int(iv.iter_type) != 0 for iv in stmt.iter_vars)
+                or any(sch.get(l).same_as(m) for l in loops for m in main_loops)):
+            continue
+        ivars = [iv.var for iv in stmt.iter_vars]
+        indices = [r.min for r in stmt.writes[0].region]
+        if len(indices) != len(ivars) or not all(i.same_as(v) for i, v in zip(indices, ivars)):
+            try:
+                sch.transform_block_layout(producer, tirx.IndexMap(ivars, indices, None))
+                loops = sch.get_loops(producer)
+            except s_tir.schedule.ScheduleError:
+                pass  # not a bijection TVM can prove: keep the source order
+        if prod(loop_extent(sch, loop) or 1 for loop in loops) < PARALLEL_COPY_ELEMENTS:
+            continue
+        outer = loops[:-1] if len(loops) > 1 else loops
+        sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+        done += 1
+    return done
+
+
+def default_schedule(sch, block, loops, match, target, choose=None) -> str | None:
+    """Arrange the loops around the intrinsic for ``target`` (CPU targets only; others are
+    left as tiled). ``choose(sch, mloop, nloop, tile_bytes) -> (mr, nr)`` picks the
+    register block: `register_block`'s heuristic by default, `sampled_block` when tuning.
+    Returns a one-line note of what it did."""
+    if target is None or str(target.kind.name) != "llvm":
+        return None
+    copies = schedule_copies(sch, block)
+    tile_bytes = _output_tile_bytes(match)
+    mloop = loops.outer_spatial[-1] if loops.outer_spatial else None
+    nloop = loops.axis_spatial[-1] if loops.axis_spatial else None
+    reductions = loops.outer_reduce + loops.axis_reduce
+    # A block that accumulates into values a separate init block wrote has no T.init: its
+    # accumulator cannot start from zero in registers, and TVM will not parallelise it.
+    has_init = sch.get(block).init is not None
+    blocked = reductions and tile_bytes < STACK_BYTES and has_init
+    mr, nr = (choose or _heuristic_block)(sch, mloop, nloop, tile_bytes) if blocked else (1, 1)
+    head = list(loops.outer_spatial[:-1] if mloop is not None else loops.outer_spatial)
+    others = [l for l in loops.axis_spatial if l is not nloop]
+    inner_block = []
+    if blocked:
+        if mloop is not None:
+            mo, mi = sch.split(mloop, [None, mr])
+        if nloop is not None:
+            no, ni = sch.split(nloop, [None, nr])
+        outer = head + others + ([no] if nloop is not None else []) + ([mo] if mloop is not None else [])
+        inner_block = ([mi] if mloop is not None else []) + ([ni] if nloop is not None else [])
+        sch.reorder(*outer, *reductions, *inner_block, *loops.inner)
+    else:
+        outer = head + ([mloop] if mloop is not None else []) + others + ([nloop] if nloop is not None else [])
+    parallel = None
+    if outer and has_init:
+        parallel = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+        sch.parallel(parallel)
+    staged = f", {copies} staging cop{'y' if copies == 1 else 'ies'} in parallel" if copies else ""
+    if not blocked:
+        return ("parallel outer tiles" + staged) if parallel is not None else (staged[2:] or None)
+    acc = sch.cache_write(block, 0, "global")  # the block's one output
+    if parallel is not None:
+        # unit loops kept: a trace replayed with other sampled factors sees the same loops
+        sch.reverse_compute_at(acc, parallel, preserve_unit_loops=True)
+    for loop in inner_block:
+        sch.unroll(loop)
+    acc_loops = sch.get_loops(acc)
+    last = acc_loops[-1]
+    if (loop_extent(sch, last) or 0) * 4 <= 256:
+        sch.vectorize(last)
+    if choose is not None and choose is not _heuristic_block:
+        return "register-blocked accumulator tiles (sampled), parallel outer loops" + staged
+    return (f"register-blocked {mr}x{nr} accumulator tiles ({mr * nr * tile_bytes} B), "
+            f"parallel outer loops" + staged)
+
+
+__all__ = ["default_schedule", "register_block", "sampled_block", "schedule_copies"]

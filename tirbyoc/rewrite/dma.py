@@ -1,0 +1,222 @@
+"""Stages for scratchpad templates (VTA-style): scratchpad tiles, DMA per tile, DMA intrinsics.
+
+``scratchpad`` groups intrinsic tiles (and rows of the loops around the intrinsic) into
+scratchpad tiles that fit (`tirbyoc.rewrite.scratchpad.rank_tiles`), loads each input's tile
+into its scratchpad at the innermost loop around it, keeps the output tile in its scratchpad
+across the reduction and stores it after, and lays every scratchpad tile out as dense
+intrinsic tiles. The allocation TVM will make is measured (`scratchpad_usage`); a plan whose
+real windows overflow a scope gives way to the next. ``dma copies`` then tensorizes each tile
+copy with the template's DMA intrinsics where one fits (the rest stay copy loops): last,
+because a tensorized window copy ends TVM's stage-pipeline analysis of the scope, which
+``compute_at`` on the other operands needs.
+"""
+
+from __future__ import annotations
+
+from tirbyoc._tvm import s_tir, tirx
+from tirbyoc.errors import RewriteError
+from tirbyoc.ir.pattern import expr_vars
+from tirbyoc.matching.results import OperandMap
+from tirbyoc.rewrite import staging  # noqa: F401 - registers the stages these run among
+from tirbyoc.rewrite.cpu import loop_extent
+from tirbyoc.rewrite.pipeline import stage
+from tirbyoc.rewrite.scratchpad import TileAxis, TileOperand, rank_tiles, scratchpad_usage
+from tirbyoc.rewrite.staging import index_map, relayout
+from tirbyoc.rewrite.state import Loops, RewriteState
+from tirbyoc.rewrite.steps import Step, StepKind
+
+
+@stage("scratchpad", after="tile")
+def stage_scratchpads(state: RewriteState) -> RewriteState | None:
+    spad = state.scratchpad_operands
+    if not spad:
+        return None
+    m = state.match
+    dtypes = {o.name: o.dtype for o in m.intrinsic.operands}
+    scopes = {op.scope: state.template.scope(op.scope) for op in spad.values()}
+    kinds = {it.name: it.kind for it in state.pattern.iters}
+    # keyed "loop NAME": a workload iterator may share its name with an intrinsic axis
+    outer = [(f"loop {name}", loop, loop_extent(state.sch, loop) or 1, kinds[name] == "R")
+             for name, loop in zip(m.outer, _outer_loops(state))]
+    axes = [TileAxis(n, 1, e, r) for n, _, e, r in outer]
+    axes += [TileAxis(a.axis, a.size, a.padded // a.size, a.kind == "R") for a in m.axes]
+    tile_ops = []
+    for op in spad.values():
+        uses = {f"loop {v}" for v in state.access(op).vars}
+        tile_ops.append(TileOperand(op.operand, op.scope,
+                                    tuple(n for n, *_ in outer if n in uses) + op.view_axes,
+                                    dtypes[op.operand], op.is_output))
+    capacity = {s: sc.capacity for s, sc in scopes.items()}
+    plans = rank_tiles(axes, tile_ops, capacity, {s: sc.alignment for s, sc in scopes.items()},
+                       state.where)
+    return _first_fitting(state, plans, outer, capacity)
+
+
+def _first_fitting(state: RewriteState, plans, outer: list, capacity: dict) -> RewriteState:
+    """Carry out the ranked plans on copies of the schedule until ``state.plan + 1`` of them
+    fit once TVM has allocated their windows; the last of those is the result."""
+    base, steps, loops = state.sch, list(state.steps), state.loops
+    tried, fitting = [], 0
+    for plan in plans[:8 + state.plan]:
+        state.sch, state.steps, state.copies = base.copy(), list(steps), []
+        state.loops = _split_for(state, plan, outer, loops)
+        used = scratchpad_usage(state.sch.mod["main"], list(capacity))
+        if all(used[s] <= capacity[s] for s in capacity):
+            fitting += 1
+            if fitting > state.plan:
+                state.steps.insert(len(steps), Step(StepKind.SCRATCHPAD_PLAN, plan.describe(used)))
+                return state
+            continue
+        tried.append(", ".join(f"{s} {used[s]} > {capacity[s]} B" for s in capacity if used[s] > capacity[s]))
+    if fitting:
+        raise RewriteError(f"{state.where}: only {fitting} scratchpad tilings fit "
+                           f"(asked for tiling {state.plan})")
+    raise RewriteError(f"{state.where}: the {len(tried)} best scratchpad tilings overflow once "
+                       f"TVM allocates their windows ({'; '.join(tried)})")
+
+
+def _outer_loops(state: RewriteState) -> list:
+    """The loops around the intrinsic in the order of ``Match.outer``."""
+    kinds = {it.name: it.kind for it in state.pattern.iters}
+    spatial, reduce = iter(state.loops.outer_spatial), iter(state.loops.outer_reduce)
+    return [next(reduce) if kinds[n] == "R" else next(spatial) for n in state.match.outer]
+
+
+def _split_for(state: RewriteState, plan, outer: list, loops: Loops) -> Loops:
+    """Cut every loop by the plan, order tile loops outside, then stage each operand."""
+    sch, m = state.sch, state.match
+    so, ro, si, ri = [], [], [], []
+    with state.step(StepKind.SPLIT, "split into scratchpad tiles"):
+        cut = [(n, loop, r) for n, loop, _, r in outer]
+        tile_loops = iter(loops.axis_spatial), iter(loops.axis_reduce)
+        cut += [(a.axis, next(tile_loops[a.kind == "R"]), a.kind == "R") for a in m.axes]
+        for name, loop, reduce in cut:
+            o, i = sch.split(loop, [None, plan.factors[name]])
+            (ro if reduce else so).append(o)
+            (ri if reduce else si).append(i)
+        sch.reorder(*so, *ro, *si, *ri, *loops.inner)
+    load_at = (so + ro)[-1:] or [None]
+    store_at = so[-1:] or [None]
+    for op in state.scratchpad_operands.values():
+        _dma(state, op, store_at[0] if op.is_output else load_at[0])
+    n_out_s = sum(1 for *_, r in outer if not r)
+    n_out_r = len(outer) - n_out_s
+    return Loops(so + si[:n_out_s], ro + ri[:n_out_r], si[n_out_s:], ri[n_out_r:], loops.inner,
+                 loops.outer_names)
+
+
+def _dma(state: RewriteState, op: OperandMap, at) -> None:
+    """Stage one operand's scratchpad tile at loop ``at``; its copy is tensorized later."""
+    sch, blk = state.sch, state.block
+    kind = "write" if op.is_output else "read"
+    src = state.feeding(op, kind)
+    ndim, view = state.dims_of(src, kind, op)
+    rest = [d for d in range(ndim) if d not in view]
+    verb = "store" if op.is_output else "load"
+    with state.step(StepKind.DMA, f"DMA {verb} {op.operand} tiles of {src} in {op.scope}", op.operand):
+        idx = state.region(kind, src)
+        if op.is_output:
+            copy = sch.cache_write(blk, idx, op.scope)
+            if at is not None:
+                sch.reverse_compute_at(copy, at, preserve_unit_loops=True)
+        else:
+            copy = sch.cache_read(blk, idx, op.scope)
+            if at is not None:
+                sch.compute_at(copy, at, preserve_unit_loops=True)
+        staged = state.staged_buffer(copy, kind)
+        sch.transform_layout(blk, (kind, state.region(kind, staged)),
+                             index_map(relayout(rest + view, len(rest), op.tile), ndim))
+        # the copy's own loops run over the source region: cut them into intrinsic tiles
+        copy_loops = sch.get_loops(copy)[-ndim:]
+        outs, ins = [], []
+        for d, t in zip(view, op.tile):
+            o, i = sch.split(copy_loops[d], [None, t])
+            outs.append(o)
+            ins.append(i)
+        sch.reorder(*[copy_loops[d] for d in rest], *outs, *ins)
+    state.copies.append((op, copy, ins, kind))
+
+
+@stage("dma copies", after="schedule")
+def tensorize_dma_copies(state: RewriteState) -> RewriteState | None:
+    if not state.copies:
+        return None
+    for copy in state.copies:
+        _tensorize_copy(state, *copy)
+    return state
+
+
+def _tensorize_copy(state: RewriteState, op: OperandMap, copy, loops: list, kind: str) -> None:
+    block = state.sch.get(copy)
+    read, write = block.reads[0].source, block.writes[0].source
+    role = "store" if kind == "write" else "load"
+    candidates = [i for i in state.template.intrinsics()
+                  if i.role.value == role and len(i.operands) == 2
+                  and (i.operands[0].scope, i.operands[1].scope) == (str(read.scope()), str(write.scope()))
+                  and (i.operands[0].dtype, i.operands[1].dtype) == (str(read.dtype), str(write.dtype))]
+    for intrin in candidates:
+        intrin.register()
+        for loop in loops:
+            trial = state.sch.copy()
+            try:
+                trial.tensorize(blockize_exact(trial, loop, state.traced), intrin.name)
+            except Exception:  # noqa: BLE001 - the next candidate may fit
+                continue
+            with state.step(StepKind.DMA, f"tensorize the {role} of {op.operand} with {intrin.name}",
+                            op.operand):
+                state.sch.tensorize(blockize_exact(state.sch, loop, state.traced), intrin.name)
+            state.copy_intrinsics.append(intrin.name)
+            return
+    tile = "x".join(map(str, op.tile))
+    state.record(StepKind.COPY_LOOP,
+                 f"{role} of {op.operand} ({read.dtype} {read.scope()} -> {write.dtype} "
+                 f"{write.scope()}, {tile} tiles) left as a copy loop: no DMA intrinsic of "
+                 f"the template fits ({len(candidates)} tried)", op.operand)
+
+
+def blockize_exact(sch, loop, traced: bool = False):
+    """``sch.blockize(loop)`` with the outer block's bindings taken from the original block.
+
+    TVM 0.27's blockize mis-divides a binding that adds two overlapping loops — a
+    convolution window copied per tile, row = tile_row + kernel_row — into a fused one
+    (``ax2_0 + ax1`` becomes ``ax2_0 * 12 + ax1`` under a predicate), which would copy the
+    wrong rows. A binding that uses no loop inside ``loop`` belongs wholly to the outer block,
+    so it is put back as it was, with the original predicate. That repair is not a schedule
+    primitive, so with ``traced`` (a MetaSchedule trace must replay the same IR) a blockize
+    that needs it is refused instead.
+    """
+    inner, node = set(), sch.get(loop)
+    while isinstance(node, tirx.For):
+        inner.add(str(node.loop_var.name))
+        node = node.body
+    if not isinstance(node, s_tir.SBlockRealize):
+        raise RewriteError("blockize: the loop does not hold one block")
+    original = node
+    if expr_vars(original.predicate) & inner:
+        raise RewriteError("blockize: the block's predicate depends on the blockized loops")
+    outer_block = sch.blockize(loop)
+    parents = sch.get_loops(outer_block)
+    if not parents:
+        return outer_block
+    parent = sch.get(parents[-1])
+    realize = parent.body
+    if not isinstance(realize, s_tir.SBlockRealize) or \
+            len(realize.iter_values) != len(original.iter_values):
+        raise RewriteError("blockize: the outer block does not keep one iterator per original one")
+    values = [orig if not expr_vars(orig) & inner else new
+              for orig, new in zip(original.iter_values, realize.iter_values)]
+    if all(v.same_as(n) or str(v) == str(n) for v, n in zip(values, realize.iter_values)) and \
+            str(original.predicate) == str(realize.predicate):
+        return outer_block  # TVM's own blockize was exact
+    if traced:
+        raise RewriteError("blockize of a window copy needs tirbyoc's repair, which a "
+                           "MetaSchedule trace cannot replay")
+    fixed = s_tir.SBlockRealize(values, original.predicate, realize.block)
+    sch.state.replace(sch.get_sref(parents[-1]),
+                      tirx.For(parent.loop_var, parent.min, parent.extent, parent.kind, fixed,
+                               parent.thread_binding, parent.annotations),
+                      {realize.block: realize.block})
+    return outer_block
+
+
+__all__ = ["blockize_exact", "stage_scratchpads", "tensorize_dma_copies"]

@@ -1,0 +1,199 @@
+"""Stages that move operands into the layout the intrinsic reads: staging copies, padding,
+packing.
+
+The matcher decided per operand whether the implementation can read the workload in place
+or what must happen first (`OperandMap.staging`). A transposed or tile-packed operand is
+copied whole (``cache_read`` / ``cache_write``) and its copy re-laid-out with
+``transform_layout`` (the intrinsic's dimensions innermost, packed into tiles where the
+implementation reads a dense tile: VNNI's weights become [N/16, K/4, 16, 4] once per call,
+not per tile). An operand seen through a fused axis (implicit GEMM) gets a
+``reindex_cache_read`` / ``reindex_cache_write`` copy laid out by the intrinsic's axes.
+Padding (``pad_einsum``) comes after staging, which it needs plain iterator indices for, and
+packing of reindexed copies after padding.
+"""
+
+from __future__ import annotations
+
+from tirbyoc._tvm import tirx
+from tirbyoc.errors import RewriteError
+from tirbyoc.ir.pattern import Access
+from tirbyoc.matching.results import OperandMap
+from tirbyoc.rewrite import stages as core  # noqa: F401 - registers the stages these run among
+from tirbyoc.rewrite.pipeline import stage
+from tirbyoc.rewrite.state import RewriteState
+from tirbyoc.rewrite.steps import StepKind
+
+
+def pure(acc: Access) -> bool:
+    """Every index is a plain iterator or a constant (``pad_einsum``'s requirement)."""
+    for form in acc.indices:
+        if form is None:
+            return False
+        if form.terms and (len(form.terms) != 1 or form.terms[0][1] != 1 or form.const):
+            return False
+    return True
+
+
+def packing(lead: int, tiles: tuple[int, ...]):
+    """(lead dims..., view dims...) -> (lead..., view // tile..., view % tile...)."""
+
+    def layout(*xs):
+        head, tail = list(xs[:lead]), list(xs[lead:])
+        return head + [x // t for x, t in zip(tail, tiles)] + [x % t for x, t in zip(tail, tiles)]
+
+    return layout
+
+
+def relayout(order: list[int], lead: int, tiles: tuple[int, ...] | None):
+    """Dimensions permuted to ``order``, then the last ones packed into ``tiles``."""
+    pack = packing(lead, tiles) if tiles else None
+
+    def layout(*xs):
+        xs = [xs[d] for d in order]
+        return pack(*xs) if pack else xs
+
+    return layout
+
+
+def index_map(fn, ndim: int):
+    return tirx.IndexMap.from_func(fn, ndim=ndim, index_dtype="int32")
+
+
+def _dma_ready(state: RewriteState, acc: Access, op: OperandMap) -> bool:
+    """A DMA copies a tile as rows with a stride: the operand's axes must index the buffer's
+    dimensions in order, the last one its innermost (contiguous) dimension."""
+    try:
+        view = state.view_dims(acc, op)
+    except StopIteration:
+        return False
+    return view == sorted(view) and view[-1] == len(acc.indices) - 1
+
+
+def _packs(state: RewriteState, op: OperandMap) -> bool:
+    return op.pack and op.operand not in state.tiled
+
+
+@stage("stage", after="canonicalize")
+def stage_operands(state: RewriteState) -> RewriteState | None:
+    """Copy every operand that cannot be read in place (whole, or reindexed by the
+    intrinsic's axes)."""
+    tiled, axes, changed = state.tiled, state.axes, False
+    for op in state.match.operands:
+        acc = state.access(op)
+        scope = op.scope
+        staged = not op.direct or scope != op.workload_scope
+        if op.operand in tiled:
+            # Only re-order it in its own memory here; DMA (or the warp's copies) move tiles
+            # later (and lay them out, so no packing now).
+            scope = op.workload_scope
+            staged = "reindex" in op.staging or "transpose" in op.staging or \
+                not _dma_ready(state, acc, op)
+        if state.padded and not pure(acc):
+            staged = True
+        if not staged:
+            continue
+        kind = "write" if op.is_output else "read"
+        # A padded block stages through reindex and packs after padding.
+        whole = not state.padded and "reindex" not in op.staging and \
+            all(len(axes[a].iters) == 1 for a in op.view_axes)
+        (_stage_whole if whole else _stage_reindex)(state, op, kind, scope)
+        changed = True
+    return state if changed else None
+
+
+def _stage_whole(state: RewriteState, op: OperandMap, kind: str, scope: str) -> None:
+    """Copy the whole buffer and move the intrinsic's dimensions innermost (transpose),
+    packed into tiles if the implementation reads dense tiles."""
+    sch, blk = state.sch, state.block
+    acc = state.access(op)
+    view = state.view_dims(acc, op)
+    ndim = len(acc.indices)
+    rest = [d for d in range(ndim) if d not in view]
+    order = rest + view
+    what = f"stage {op.operand}: {'cache_write' if kind == 'write' else 'cache_read'} " \
+           f"{op.buffer} into {scope}"
+    with state.step(StepKind.STAGE, what, op.operand):
+        idx = state.region(kind, op.buffer)
+        copy = sch.cache_write(blk, idx, scope) if kind == "write" else sch.cache_read(blk, idx, scope)
+    pack = _packs(state, op)
+    if order != list(range(ndim)) or pack:
+        desc = "pack " + "x".join(map(str, op.tile)) + " tiles" if pack else "transpose"
+        with state.step(StepKind.PACK if pack else StepKind.TRANSPOSE,
+                        f"{desc} {op.operand} ({op.buffer}) with transform_layout", op.operand):
+            region = state.region(kind, state.staged_buffer(copy, kind))
+            sch.transform_layout(blk, (kind, region),
+                                 index_map(relayout(order, len(rest), op.tile if pack else None), ndim))
+
+
+def _stage_reindex(state: RewriteState, op: OperandMap, kind: str, scope: str) -> None:
+    """Copy the operand into a buffer indexed by the canonical iterators (im2col for an
+    implicit GEMM): [loops around the intrinsic that the access uses..., the operand's
+    intrinsic axes]."""
+    m, sch = state.match, state.sch
+    acc = state.access(op)
+    # positions in the canonical iterators (workload and intrinsic names may clash)
+    others = [i for i, it in enumerate(m.outer) if it in acc.vars]
+    axis_pos = {a.axis: len(m.outer) + i for i, a in enumerate(m.axes)}
+    ndim = len(m.outer) + len(m.axes)
+
+    def by_axes(*vs):
+        return [vs[i] for i in others] + [vs[axis_pos[a]] for a in op.view_axes]
+
+    fn = sch.reindex_cache_write if kind == "write" else sch.reindex_cache_read
+    with state.step(StepKind.STAGE, f"stage {op.operand}: reindex {op.buffer} by the intrinsic's "
+                                     f"axes into {scope}", op.operand):
+        copy = fn(state.block, state.region(kind, op.buffer), scope, index_map(by_axes, ndim))
+    state.reindexed.append((copy, kind))
+    if _packs(state, op):
+        state.packs.append((op, kind, len(others)))
+
+
+@stage("pad", after="stage")
+def pad_and_pack(state: RewriteState) -> RewriteState | None:
+    """``pad_einsum`` to multiples of the intrinsic's widths, then pack the reindexed copies
+    that the implementation reads as dense tiles."""
+    if not state.padded and not state.packs:
+        return None
+    m, sch = state.match, state.sch
+    if state.padded:
+        factors = [1] * len(m.outer) + [a.size if a.padding else 1 for a in m.axes]
+        pads = ", ".join(f"{a.axis} {a.extent}->{a.padded}" for a in m.axes if a.padding)
+        with state.step(StepKind.PAD, f"pad_einsum ({pads})"):
+            sch.pad_einsum(state.block, factors)
+        _fold_reindex_copies(state)
+    for op, kind, lead in state.packs:
+        block = sch.get(state.block)
+        regions = block.writes if kind == "write" else block.reads
+        idx = _staged_region(state, regions, op)
+        with state.step(StepKind.PACK, f"pack {op.operand} into {'x'.join(map(str, op.tile))} tiles",
+                        op.operand):
+            ndim = len(regions[idx].region)
+            sch.transform_layout(state.block, (kind, idx), index_map(packing(lead, op.tile), ndim))
+    return state
+
+
+def _fold_reindex_copies(state: RewriteState) -> None:
+    """Fold each reindex copy into the pad copy that now reads it: one staging pass, not two."""
+    sch = state.sch
+    block = sch.get(state.block)
+    touched = {str(r.source.name) for r in list(block.reads) + list(block.writes)}
+    for copy, kind in state.reindexed:
+        if state.staged_buffer(copy, kind) in touched:
+            continue  # not padded: the compute still reads this copy itself
+        try:
+            if kind == "read":
+                sch.compute_inline(copy)
+            else:
+                sch.reverse_compute_inline(copy)
+        except Exception:  # noqa: BLE001 - keeping both copies is still correct
+            pass
+
+
+def _staged_region(state: RewriteState, regions, op: OperandMap) -> int:
+    hits = [i for i, r in enumerate(regions) if str(r.source.name).startswith(op.buffer + "_")]
+    if len(hits) != 1:
+        raise RewriteError(f"{state.where}: cannot find the staged copy of {op.buffer}")
+    return hits[0]
+
+
+__all__ = ["index_map", "packing", "pad_and_pack", "pure", "relayout", "stage_operands"]
