@@ -53,6 +53,11 @@ IRModule = tvm.IRModule
 Target = tvm.target.Target
 
 
+def structural_hash(node) -> int:
+    """``tvm.ir.structural_hash`` under its 0.27 name."""
+    return int(tvm_ffi.structural_hash(node))
+
+
 def structural_equal(a, b, map_free_vars: bool = True) -> bool:
     """``tvm.ir.structural_equal`` under its 0.27 name."""
     return bool(tvm_ffi.structural_equal(a, b, map_free_vars))
@@ -172,8 +177,9 @@ def with_external_mods(mod, modules):
 
 
 # -- TVM 0.27's statement tree (blocks are ``s_tir.SBlock``; 0.26 called them ``tir.Block``) --
-# No Python statement visitor exists for TIR in 0.27: these walk the few statement kinds that
-# hold other statements. Declarations (intrinsic checks) and the IR readers both use them.
+# Walks use tvm_ffi.structural_walk (typed callbacks over the object graph); `child_stmts` names
+# the statement kinds that hold other statements. Declarations (intrinsic checks) and the IR
+# readers both use them.
 _CHILD_FIELDS = ("body", "then_case", "else_case", "init")
 
 
@@ -195,14 +201,11 @@ def child_stmts(stmt) -> list:
 
 def iter_blocks(stmt, *, include_self: bool = True) -> Iterator["s_tir.SBlock"]:
     """Every ``SBlock`` under ``stmt`` in pre-order (the block's init included)."""
-    stack = [stmt]
-    first = True
-    while stack:
-        node = stack.pop()
-        if isinstance(node, s_tir.SBlock) and (include_self or not first):
-            yield node
-        first = False
-        stack.extend(reversed(child_stmts(node)))
+    found: list = []
+    tvm_ffi.structural_walk(stmt, (s_tir.SBlock, found.append), order="pre")
+    if found and not include_self and found[0].same_as(stmt):
+        found = found[1:]
+    return iter(found)
 
 
 def root_block(func) -> "s_tir.SBlock | None":
@@ -215,15 +218,21 @@ def root_block(func) -> "s_tir.SBlock | None":
 
 def child_blocks(block) -> list:
     """Blocks directly nested in ``block``'s body (not in deeper blocks)."""
-    out = []
-    stack = list(reversed(child_stmts(block.body)))
-    while stack:
-        node = stack.pop()
-        if isinstance(node, s_tir.SBlock):
-            out.append(node)
-            continue
-        stack.extend(reversed(child_stmts(node)))
+    out: list = []
+
+    def visit(node):
+        out.append(node)
+        return tvm_ffi.WalkResult.SKIP  # a deeper block belongs to this one
+
+    tvm_ffi.structural_walk(block.body, (s_tir.SBlock, visit), order="pre")
     return out
+
+
+def iter_stores(stmt) -> Iterator:
+    """Every ``BufferStore`` under ``stmt`` (block inits included), in pre-order."""
+    found: list = []
+    tvm_ffi.structural_walk(stmt, (tirx.BufferStore, found.append), order="pre")
+    return iter(found)
 
 
 # -- compiling and loading C code for extern libraries ---------------------------------------

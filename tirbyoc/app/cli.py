@@ -9,6 +9,7 @@ import sys
 import tempfile
 
 from tirbyoc.app.cli_parser import build_parser
+from tirbyoc.app.deploy import build_library
 from tirbyoc.app.html_report import write
 from tirbyoc.app.jsonout import dumps
 from tirbyoc.app.loaders import legalize
@@ -235,11 +236,39 @@ def cmd_sweep(args) -> int:
     return 1 if any(p.verified is False for p in points) else 0
 
 
+def cmd_build(args) -> int:
+    built = build_library(args.model, args.template, output=args.output, target=_target_arg(args.target),
+                          database=args.database, seed=args.seed, obj=args.object,
+                          input_shapes=_shapes_arg(args.input_shape), whole_calls=not args.no_whole_calls,
+                          progress=Progress(enabled=not args.quiet), run_check=False)
+    if args.json:
+        print(dumps(built.to_json()))
+        return 0
+    r = built.report
+    inputs = ", ".join(f"{i['name']}: {i['dtype']}{i['shape']}" for i in built.inputs)
+    done = [f for f in r.functions if f.offloaded]
+    verified = sum(1 for f in done if f.verified is True)
+    print(f"{built.model} on {', '.join(built.templates)}: {r.offloaded_macs:,} of {r.total_macs:,} MACs "
+          f"offloaded; {verified} of {len(done)} offloaded functions verified on this machine")
+    for f in done:
+        if f.verified is not True:
+            print(f"  {f.name}: {'DISAGREES with TVM' if f.verified is False else 'not verified'}"
+                  f"{' - ' + f.check_note if f.check_note else ''}")
+    print(f"wrote {built.path} (entry {built.entry}({inputs}); weights inside)")
+    if built.linked:
+        print(f"  linked in: {', '.join(built.linked)}")
+    for lib in built.shipped:
+        print(f"  ships with: {lib} (keep it beside the library)")
+    print(f"  manifest: {built.path.with_suffix('.json')}")
+    print(f"run it with TVM alone: python -m tirbyoc.app.runner {built.path} --input x.npy")
+    return 0 if all(f.verified is not False for f in r.functions) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     commands = {"intrinsics": cmd_intrinsics, "match": cmd_match, "run": cmd_run, "tune": cmd_tune,
-                "sweep": cmd_sweep}
+                "sweep": cmd_sweep, "build": cmd_build}
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
     logging.basicConfig(level=level, format="tirbyoc: %(message)s", stream=sys.stderr)
     logging.getLogger("tirbyoc").setLevel(level)

@@ -22,6 +22,7 @@ _EXAMPLES = {
     "run": "tirbyoc run -m builtin:resnet18_int8 -t vta --json",
     "tune": "tirbyoc tune -m builtin:mlp_int8 -t x86_vnni --trials 16 --work-dir /tmp/tw",
     "sweep": "tirbyoc sweep -t vta -p BLOCK_OUT=8,16,32 -p ACC_KIB=64,128 -m builtin:cnn_int8",
+    "build": "tirbyoc build -m builtin:cnn_int8 -t vta -o dist/cnn.so",
 }
 
 
@@ -72,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(sub, common)
     _add_tune(sub, common)
     _add_sweep(sub, common)
+    _add_build(sub, common)
     return parser
 
 
@@ -154,6 +156,24 @@ def _add_sweep(sub, common) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the points as JSON")
     p.add_argument("--plot", metavar="PATH.png", help="also plot cycles and utilization per point")
+
+
+
+def _add_build(sub, common) -> None:
+    p = sub.add_parser("build", parents=[common], epilog=_epilog("build"),
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       help="offload a model and write one shared library that TVM alone loads and runs")
+    p.add_argument("--output", "-o", required=True, metavar="PATH.so",
+                   help="the library (its manifest PATH.json and shared libraries it needs go beside it)")
+    p.add_argument("--model", "-m", help="as for run (default: an MLP suited to the template)")
+    _model_file_args(p)
+    p.add_argument("--template", "-t", action="extend", nargs="+", metavar="T", help="as for run")
+    p.add_argument("--target", help="as for run (a CPU target: kind llvm)")
+    p.add_argument("--database", metavar="DIR", help="apply the tuned schedules of a `tirbyoc tune` work directory")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights a built-in model is built with")
+    p.add_argument("--no-whole-calls", action="store_true",
+                   help="call library kernels from inside PrimFuncs, never as whole Relax calls")
+    p.add_argument("--json", action="store_true", help="print the manifest as JSON")
 
 
 __all__ = ["EXIT_CODES", "build_parser"]

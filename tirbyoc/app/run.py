@@ -68,11 +68,7 @@ class RunResult:
                 "note": self.comparison.note},
             "latency_ms": self.latency_ms, "seconds": self.seconds, "not_run": self.not_run,
             "simulation": {t: st.to_json() for t, st in self.simulation.items()},
-            "functions": [{"name": f.name, "calls": f.calls, "macs": f.macs, "offloaded_macs": f.offloaded_macs,
-                           "template": f.template, "intrinsics": list(f.intrinsics),
-                           "extern": f.extern, "reason": f.reason, "verified": f.verified,
-                           "ms_per_call": f.ms}
-                          for f in r.functions],
+            "functions": [f.to_json() for f in r.functions],
         }
 
     def outcome(self) -> str:
@@ -242,12 +238,12 @@ def entry_function(mod) -> str:
     raise TirbyocError(f"the model has Relax functions {sorted(names)}; name the entry forward or main")
 
 
-def _output(value) -> np.ndarray:
+def model_output(value) -> np.ndarray:
     """One array of a model's result (a tuple's leaves flattened and concatenated, in the
     widest of their dtypes)."""
     if hasattr(value, "numpy"):
         return value.numpy()
-    leaves = [_output(v) for v in value]
+    leaves = [model_output(v) for v in value]
     if not leaves:
         return np.zeros(0, "float32")
     return np.concatenate([l.ravel() for l in leaves]).astype(np.result_type(*leaves))
@@ -269,9 +265,9 @@ def _build_and_time(mod, target, entry, arrays, repeat: int, simulators=(), *, t
     args = [tvm.runtime.tensor(a, dev) for a in arrays]
     for sim in simulators:
         sim.configure()  # this template's timing, state cleared: the first run is measured
-    out = _output(vm[entry](*args))
+    out = model_output(vm[entry](*args))
     stats = [sim.stats() for sim in simulators]
-    if twice and not np.array_equal(out, _output(vm[entry](*args)), equal_nan=True):
+    if twice and not np.array_equal(out, model_output(vm[entry](*args)), equal_nan=True):
         out = None
     if not timed:
         return out, None, stats
@@ -328,7 +324,7 @@ def run_offloaded(mod, tmpls, target, entry, arrays, ref_out, *, repeat: int = 1
     return report, comparison, ms, dict(zip(sims, stats)), missing
 
 
-def _templates_and_target(templates, target):
+def templates_and_target(templates, target):
     """The templates (default: `default_templates`) and the completed, checked target
     (default: the first template's) they run on."""
     tmpls = [as_template(t) for t in (list(templates) if templates else default_templates())]
@@ -353,7 +349,7 @@ def run_model(model: str | None = None, templates: list | None = None, *, target
 
     tuned = tuned_schedules(database) if database is not None else None
     progress = progress or Progress(enabled=False)
-    tmpls, tgt = _templates_and_target(templates, target)
+    tmpls, tgt = templates_and_target(templates, target)
     names = [t.name for t in tmpls]
     seconds = {}
     t0 = time.perf_counter()

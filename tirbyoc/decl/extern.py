@@ -24,9 +24,10 @@ import hashlib
 import os
 import re
 import shutil
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from tirbyoc.errors import ExternLibraryError
 
@@ -79,6 +80,9 @@ class ExternLibrary:
     libraries: PathsFn = lambda: ()
     defines: Sequence[str] = ()
     ffi: bool = False
+    # ffi=True: the global names its packed functions are called by (name -> symbol; default
+    # each symbol under its own name) - what a deployed library registers when it loads
+    globals: Mapping[str, str] | None = None
     _path: Path | None = field(default=None, init=False, repr=False)
     _handle: ctypes.CDLL | None = field(default=None, init=False, repr=False)
     _module: object = field(default=None, init=False, repr=False)
@@ -91,6 +95,49 @@ class ExternLibrary:
         for d in self.defines:
             if not _IDENT.match(d.split("=", 1)[0]) or not _SAFE_NAME.match(d.replace("=", "")):
                 raise ExternLibraryError(f"library {self.name!r}: unsafe define {d!r}")
+
+    def global_names(self) -> dict[str, str]:
+        """Global function name -> C symbol (``__tvm_ffi_<symbol>``) of an ``ffi=True`` library."""
+        return dict(self.globals) if self.globals else {s: s for s in self.symbols}
+
+    def compile_options(self, defines: Sequence[str] = ()) -> list[str]:
+        """Flags that compile one source to a position-independent object."""
+        opts = ["-O3", "-std=c11", "-fPIC", *(f"-D{d}" for d in (*self.defines, *defines))]
+        includes = list(self.include_dirs())
+        if self.ffi:
+            # deferred: `import tirbyoc` stays free of TVM (importing it costs ~1.3 s)
+            from tirbyoc._tvm import ffi_build_paths
+
+            includes += [str(Path(__file__).parent / "include"), *ffi_build_paths()[0]]
+        return opts + [f"-I{self._existing_dir(d)}" for d in includes]
+
+    def objects(self, workdir: Path, defines: Sequence[str] = ()) -> list[Path]:
+        """The sources compiled to objects in ``workdir`` (for linking into a deployed
+        library; ``defines`` adds -D flags, e.g. a simulator's configuration)."""
+        opts = self.compile_options(defines)
+        out = []
+        for src in self.sources:
+            obj = Path(workdir) / f"{self.name}.{src.stem}.o"
+            run = subprocess.run([c_compiler(), "-c", str(src), "-o", str(obj), *opts],
+                                 capture_output=True, text=True)
+            if run.returncode != 0:
+                raise ExternLibraryError(f"library {self.name!r}: compiling {src.name} failed:\n"
+                                         f"{run.stderr.strip()}")
+            out.append(obj)
+        return out
+
+    def dependencies(self) -> list[Path]:
+        """The shared libraries it links (``libraries`` found in ``library_dirs``): what a
+        deployed library must ship beside it. TVM FFI is not one: the process that loads a
+        TVM module has it already."""
+        found = []
+        for lib in self.libraries():
+            hits = [Path(d) / f"lib{lib}.so" for d in self.library_dirs() if (Path(d) / f"lib{lib}.so").exists()]
+            if not hits:
+                raise ExternLibraryError(f"library {self.name!r}: lib{lib}.so is in none of "
+                                         f"{list(self.library_dirs())}")
+            found.append(hits[0].resolve())
+        return found
 
     def _options(self) -> list[str]:
         opts = ["-O3", "-std=c11", "-fPIC"]

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tirbyoc._tvm import PrimCall, TensorLoad, expr_dtype, prim_expr, tirx
+from tirbyoc._tvm import PrimCall, TensorLoad, expr_dtype, iter_stores, prim_expr, tirx
 from tirbyoc.dtypes import parse_dtype
 from tirbyoc.errors import VerificationError
-from tirbyoc.ir.tir_walk import iter_exprs, iter_stores
+from tirbyoc.ir.tir_walk import iter_exprs
 
 _SHIFT_CALLS = ("tirx.shift_left", "tirx.shift_right")
 _SHIFTS = (prim_expr.LShift, prim_expr.RShift)

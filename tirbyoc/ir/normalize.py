@@ -15,11 +15,10 @@ as ``co // 64 * 64 + rc`` that are plain ``rc`` within the iterators' bounds (TV
 
 from __future__ import annotations
 
-from tirbyoc._tvm import TensorLoad, prim_expr, root_block, s_tir, structural_equal, sym, tirx, tvm
+from tirbyoc._tvm import TensorLoad, iter_stores, prim_expr, root_block, s_tir, structural_equal, sym, tirx, tvm
 from tirbyoc.ir.tir_walk import (
     always_true,
     iter_exprs,
-    iter_stores,
     perfect_nest,
     with_loop_body,
     with_root_body,

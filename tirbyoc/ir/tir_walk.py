@@ -72,13 +72,3 @@ def iter_exprs(node) -> Iterator:
         for name in _EXPR_FIELDS:
             children += _nodes(getattr(cur, name, None))
         stack.extend(reversed(children))
-
-
-def iter_stores(stmt) -> Iterator:
-    """Every ``BufferStore`` under ``stmt`` (block inits included)."""
-    stack = [stmt]
-    while stack:
-        cur = stack.pop()
-        if isinstance(cur, tirx.BufferStore):
-            yield cur
-        stack.extend(reversed(child_stmts(cur)))

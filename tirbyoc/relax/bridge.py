@@ -57,6 +57,12 @@ class FunctionReport:
     check_note: str | None = None  # why verified is None (not run here, not meaningfully checked)
     ms: dict | None = None  # `tirbyoc run --profile`: ms per call, {"tvm": .., "offloaded": ..}
 
+    def to_json(self) -> dict:
+        return {"name": self.name, "calls": self.calls, "macs": self.macs,
+                "offloaded_macs": self.offloaded_macs, "template": self.template,
+                "intrinsics": list(self.intrinsics), "extern": self.extern, "reason": self.reason,
+                "verified": self.verified, "ms_per_call": self.ms}
+
     @property
     def offloaded(self) -> bool:
         return bool(self.intrinsics)

@@ -31,6 +31,7 @@ LIBRARY = ExternLibrary(
     sources=[Path(__file__).parent / "csrc" / "accel_sim.c"],
     symbols=[f"tirbyoc_sim_{op}" for op in OPS + CONTROL],
     ffi=True,
+    globals={f"tirbyoc.sim.{op}": f"tirbyoc_sim_{op}" for op in OPS + CONTROL},
 )
 _STATS = ("cycles", "busy_load", "busy_compute", "busy_store", "load_bytes_input",
           "load_bytes_weight", "load_bytes_accumulator", "store_bytes", "tile_bytes_input",
@@ -46,8 +47,8 @@ def load():
     module = LIBRARY.runtime_module()
     if not _registered:
 
-        for op in OPS + CONTROL:
-            tvm.register_global_func(f"tirbyoc.sim.{op}", module[f"tirbyoc_sim_{op}"], override=True)
+        for name, symbol in LIBRARY.global_names().items():
+            tvm.register_global_func(name, module[symbol], override=True)
         _registered = True
     return module
 
@@ -152,10 +153,19 @@ class Simulator:
         """Load the simulator, set this template's timing, clear all state."""
 
         load()
-        c = self.config
-        values = np.array([c.core_macs, c.alu_lanes, c.dma_bytes_per_cycle, c.dma_latency, *c.capacities],
-                          dtype="int64")
+        values = np.array(self.config_values(), dtype="int64")
         tvm.get_global_func("tirbyoc.sim.configure")(tvm.runtime.tensor(values))
+
+    def config_values(self) -> list[int]:
+        """The configuration vector `configure` passes (and a deployed library is compiled
+        with): core MACs, ALU lanes, DMA bytes per cycle, DMA latency, three capacities."""
+        c = self.config
+        return [c.core_macs, c.alu_lanes, c.dma_bytes_per_cycle, c.dma_latency, *c.capacities]
+
+    def deploy_defines(self) -> list[str]:
+        """-D flags that build the simulator with this configuration (no configure() call
+        in a deployed library)."""
+        return ["TIRBYOC_SIM_CONFIG=" + ",".join(str(int(v)) for v in self.config_values())]
 
     def reset(self) -> None:
 

@@ -47,7 +47,12 @@ typedef struct {
   int scope;        /* scratchpad scope, or -1 for DRAM */
 } Tile;
 
-static int64_t cfg[N_CFG] = {256, 16, 8, 64, 32768, 262144, 131072};
+/* A deployed library is compiled with its template's configuration (-DTIRBYOC_SIM_CONFIG=...);
+ * in-process runs call configure() instead. */
+#ifndef TIRBYOC_SIM_CONFIG
+#define TIRBYOC_SIM_CONFIG 256, 16, 8, 64, 32768, 262144, 131072
+#endif
+static int64_t cfg[N_CFG] = {TIRBYOC_SIM_CONFIG};
 static int64_t stats[N_STATS];
 static int64_t held[N_SCOPES]; /* scratchpad bytes held by the programs running now */
 static int64_t unit_free[N_UNITS];

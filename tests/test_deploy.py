@@ -1,0 +1,120 @@
+"""`tirbyoc build`: the library it writes runs in a process that cannot import tirbyoc, from
+another folder, and gives the output the offloaded model gives in this process."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tirbyoc
+from tirbyoc.app.deploy import build_library
+from tirbyoc.errors import TirbyocError
+
+RUNNER = Path(tirbyoc.__file__).parent / "app" / "runner.py"
+
+# A process with TVM but no tirbyoc: importing it (or OpenBLAS's Python package) fails.
+FRESH = """
+import sys
+sys.modules["tirbyoc"] = None
+sys.modules["scipy_openblas32"] = None
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+import runner
+outs = runner.run(sys.argv[2], [np.load(sys.argv[3])], sys.argv[4])
+np.save(sys.argv[5], outs[0])
+assert not any(m == "tirbyoc" or m.startswith("tirbyoc.") for m in sys.modules if sys.modules[m] is not None)
+"""
+
+
+def run_fresh(built, tmp_path: Path) -> np.ndarray:
+    """Move the library (and what ships with it) to a new folder, run it in a fresh process
+    with a copy of the runner, return its output."""
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for f in [built.path, built.path.with_suffix(".json"), *built.shipped]:
+        shutil.copy2(f, moved / Path(f).name)
+    shutil.copy2(RUNNER, moved / "runner.py")
+    x, y = tmp_path / "x.npy", tmp_path / "y.npy"
+    np.save(x, built.sample_inputs[0])
+    proc = subprocess.run([sys.executable, "-c", FRESH, str(moved), str(moved / built.path.name), str(x),
+                           built.entry, str(y)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return np.load(y)
+
+
+def check(built, tmp_path):
+    assert built.report.offloaded_macs > 0
+    assert all(f.verified is not False for f in built.report.functions)
+    out = run_fresh(built, tmp_path)
+    assert out.shape == built.output.shape
+    np.testing.assert_array_equal(out, built.output)  # the same code on the same inputs
+    manifest = json.loads(built.path.with_suffix(".json").read_text())
+    assert manifest["entry"] == built.entry and [i["name"] for i in manifest["inputs"]] == ["x"]
+
+
+def test_blas_whole_calls_are_linked_and_registered_on_load(tmp_path):
+    built = build_library("builtin:mlp", ["blas"], output=tmp_path / "out" / "mlp.so")
+    assert built.linked == ["tirbyoc_blas_packed"]
+    assert [p.name for p in built.shipped] == ["libscipy_openblas.so"]
+    assert len(built.inputs) == 1  # the weights are constants inside
+    check(built, tmp_path)
+
+
+def test_blas_extern_calls_inside_primfuncs_are_linked(tmp_path):
+    built = build_library("builtin:mlp", ["blas"], output=tmp_path / "out" / "mlp.so", whole_calls=False)
+    assert built.linked == ["tirbyoc_blas_shim"]
+    check(built, tmp_path)
+
+
+def test_vta_model_carries_its_simulator(tmp_path):
+    built = build_library("builtin:cnn_int8", ["vta"], output=tmp_path / "out" / "cnn.so")
+    assert built.linked == ["tirbyoc_accel_sim"] and not built.shipped
+    assert built.report.offloaded_macs == built.report.total_macs
+    check(built, tmp_path)
+
+
+def test_x86_vnni_int8_model(tmp_path):
+    vnni = tirbyoc.get_template("x86_vnni")
+    if not vnni.runs_here():
+        pytest.skip(f"x86_vnni cannot run here: {vnni.unavailable_reason()}")
+    built = build_library("builtin:mlp_int8", ["x86_vnni"], output=tmp_path / "out" / "mlp.so")
+    assert built.linked == []
+    check(built, tmp_path)
+
+
+def test_onnx_model_with_blas_through_the_command_line(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.uniform(-0.1, 0.1, (64, 48)).astype("float32"), "w1")
+    w2 = numpy_helper.from_array(rng.uniform(-0.1, 0.1, (48, 16)).astype("float32"), "w2")
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 16])], [w1, w2])
+    model = tmp_path / "two.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model))
+    out = tmp_path / "dist" / "two.so"
+    proc = subprocess.run([sys.executable, "-m", "tirbyoc", "build", "-q", "-t", "blas", "-m", str(model),
+                           "-o", str(out)], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 of 2 offloaded functions verified" in proc.stdout and "ships with" in proc.stdout
+    x = rng.uniform(-1, 1, (8, 64)).astype("float32")
+    np.save(tmp_path / "x.npy", x)
+    run = subprocess.run([sys.executable, "-m", "tirbyoc.app.runner", str(out), "--input", "x.npy",
+                          "--output", "y.npy"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    want = np.maximum(x @ numpy_helper.to_array(w1), 0) @ numpy_helper.to_array(w2)
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=1e-4, atol=1e-5)
+
+
+def test_bad_requests_say_what_to_do(tmp_path):
+    with pytest.raises(TirbyocError, match="PATH.so"):
+        build_library("builtin:mlp", ["blas"], output=tmp_path / "mlp.tar")
+    with pytest.raises(TirbyocError, match="cross targets"):
+        build_library("builtin:mlp", ["blas"], output=tmp_path / "m.so", target={"kind": "cuda", "arch": "sm_80"})

@@ -1,0 +1,239 @@
+"""`tirbyoc build`: an offloaded model as one shared library that a process with TVM alone
+loads (``tvm.runtime.load_module``) and runs (``relax.VirtualMachine``).
+
+What `tirbyoc run` keeps in its own process has to travel inside the artifact:
+
+* weights are bound as constants, so the library's entry function takes only the model's
+  inputs (``num_input`` of a ``relax.frontend.nn`` export; an ONNX or PyTorch import has its
+  weights bound already);
+* the C code of every extern library the offloaded functions call is compiled to objects and
+  linked in: shims called through ``T.call_extern`` resolve at link time, and the packed
+  functions of TVM FFI libraries (``R.call_dps_packed`` kernels, the accelerator simulator)
+  register under their global names when the library loads (a generated constructor), which is
+  where the Relax VM looks them up;
+* a simulated template's simulator is compiled with that template's configuration;
+* shared libraries those objects link (OpenBLAS) are copied beside the artifact, which finds
+  them through ``$ORIGIN``.
+
+A manifest (``PATH.json``) says what the library takes and gives and how it was made;
+`tirbyoc.app.runner` reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tirbyoc._tvm import make_target, relax_vm, tirx, tvm
+from tirbyoc.app.jsonout import dumps
+from tirbyoc.app.run import Progress, legalized_model, model_output, templates_and_target
+from tirbyoc.decl.extern import ExternLibrary, c_compiler
+from tirbyoc.errors import TirbyocError
+from tirbyoc.relax.bridge import offload_module
+from tirbyoc.sim import LIBRARY as SIM_LIBRARY
+from tirbyoc.tuning.apply import tuned_schedules
+
+
+@dataclass
+class Built:
+    """A deployed library and what it was made from."""
+
+    path: Path
+    shipped: list[Path]  # shared libraries copied beside it
+    model: str
+    templates: list[str]
+    target: dict
+    entry: str
+    inputs: list[dict]  # name, shape, dtype of each parameter of the entry function
+    report: object  # OffloadReport
+    linked: list[str]  # extern libraries linked in
+    output: np.ndarray | None = field(default=None, repr=False)  # on the seeded inputs, if run
+    sample_inputs: list = field(default_factory=list, repr=False)
+
+    def to_json(self) -> dict:
+        return {"path": str(self.path), "shipped": [str(p) for p in self.shipped], "model": self.model,
+                "templates": self.templates, "target": self.target, "entry": self.entry,
+                "inputs": self.inputs, "linked": self.linked,
+                "offloaded_macs": self.report.offloaded_macs, "macs": self.report.total_macs,
+                "functions": [f.to_json() for f in self.report.functions]}
+
+
+def bind_weights(mod, entry: str, arrays: list):
+    """(``mod`` with the entry's parameters after ``num_input`` bound to ``arrays``' values,
+    the arrays the bound entry still takes)."""
+    func = mod[entry]
+    attrs = func.attrs or {}
+    n = int(attrs["num_input"]) if "num_input" in attrs else len(func.params)
+    if n >= len(func.params):
+        return mod, list(arrays)
+    weights = {p.name: tvm.runtime.tensor(a) for p, a in zip(func.params[n:], arrays[n:])}
+    bound = tvm.relax.transform.BindParams(entry, weights)(mod)
+    new = bound[entry]
+    bound[entry] = new.with_attr("num_input", n) if "num_input" in attrs else new
+    return bound, list(arrays[:n])
+
+
+def _templates_libraries(tmpls) -> tuple[dict, dict]:
+    """(packed symbol -> its FFI library, built shared-object path -> plain C library) of the
+    templates' extern code."""
+    packed, plain = {}, {}
+    for t in tmpls:
+        for lib in t.libraries:
+            plain[str(lib.path)] = lib
+        for g in t.groups:
+            if g.packed is not None:
+                packed[g.packed.symbol] = g.packed.library
+    return packed, plain
+
+
+def needed_libraries(mod, tmpls) -> list[tuple[ExternLibrary, list[str]]]:
+    """(library, extra -D flags) for every extern library the offloaded ``mod`` calls."""
+    packed, plain = _templates_libraries(tmpls)
+    out: dict[str, tuple] = {}
+    text = mod.script(show_meta=False)
+    for gv, func in mod.functions.items():
+        if isinstance(func, tirx.PrimFunc) and func.attrs is not None and "tirbyoc.libraries" in func.attrs:
+            for path in func.attrs["tirbyoc.libraries"]:
+                lib = plain.get(str(path))
+                if lib is None:
+                    raise TirbyocError(f"PrimFunc {gv.name_hint} calls {path}, which none of the "
+                                       "templates declares; it cannot be linked into the library")
+                out.setdefault(lib.name, (lib, []))
+    for symbol, lib in packed.items():
+        if f'"{symbol}"' in text:
+            out.setdefault(lib.name, (lib, []))
+    for t in tmpls:
+        sim = t.simulator
+        if sim is not None and "tirbyoc.sim." in text:
+            out[SIM_LIBRARY.name] = (SIM_LIBRARY, sim.deploy_defines())
+    return list(out.values())
+
+
+def _registration_source(libs: list[ExternLibrary]) -> str:
+    """C code whose constructor registers every packed function of ``libs`` under its global
+    name when the library loads (where the Relax VM and ``call_packed`` look them up)."""
+    pairs = [(name, symbol) for lib in libs for name, symbol in lib.global_names().items()]
+    decls = "".join(f"int __tvm_ffi_{s}(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);\n"
+                    for s in dict.fromkeys(s for _, s in pairs))
+    body = "".join(
+        f'  {{ TVMFFIByteArray n = {{"{name}", {len(name)}}};\n'
+        f"    if (TVMFFIFunctionCreate(NULL, __tvm_ffi_{symbol}, NULL, &f) == 0) {{\n"
+        f"      TVMFFIFunctionSetGlobal(&n, f, 1); TVMFFIObjectDecRef(f); }} }}\n"
+        for name, symbol in pairs)
+    return ("#include <tvm/ffi/c_api.h>\n" + decls +
+            "__attribute__((constructor)) static void tirbyoc_register_packed(void) {\n"
+            "  TVMFFIObjectHandle f;\n" + body + "}\n")
+
+
+def link_inputs(libs, workdir: Path, out_dir: Path) -> tuple[list[str], list[str], list[Path]]:
+    """(objects, linker options, shared libraries copied into ``out_dir``) that put ``libs``
+    inside a deployed library."""
+    objects, options, shipped = [], [], []
+    ffi_libs = [lib for lib, _ in libs if lib.ffi]
+    for lib, defines in libs:
+        objects += [str(o) for o in lib.objects(workdir, defines)]
+        for dep in lib.dependencies():
+            target = out_dir / dep.name
+            if not target.exists() or target.stat().st_size != dep.stat().st_size:
+                shutil.copy2(dep, target)
+            if target not in shipped:
+                shipped.append(target)
+            options += [f"-L{out_dir}", f"-l:{dep.name}"]
+    if ffi_libs:
+        reg = workdir / "tirbyoc_register.c"
+        reg.write_text(_registration_source(ffi_libs))
+        obj = workdir / "tirbyoc_register.o"
+        flags = ffi_libs[0].compile_options()
+        run = subprocess.run([c_compiler(), "-c", str(reg), "-o", str(obj), *flags],
+                             capture_output=True, text=True)
+        if run.returncode != 0:
+            raise TirbyocError(f"compiling the packed-function registration failed: {run.stderr.strip()}")
+        objects.append(str(obj))
+    if shipped:
+        options = ["-Wl,--no-as-needed", *dict.fromkeys(options), "-Wl,-rpath,$ORIGIN"]
+    return objects, options, shipped
+
+
+def _without_tirbyoc_modules(mod, libs):
+    """``mod`` without the loaded FFI libraries tirbyoc attached as ``external_mods`` (they are
+    linked in instead); any other loaded library is an error that says what to do."""
+    attached = list((mod.attrs or {}).get("external_mods", []))
+    if not attached:
+        return mod
+    foreign = [m for m in attached if not any(m.implements_function(s) for lib, _ in libs if lib.ffi
+                                               for s in lib.symbols)]
+    if foreign:
+        raise TirbyocError(
+            f"the module carries {len(foreign)} external module(s) that are loaded shared libraries "
+            "tirbyoc did not make; TVM cannot save a loaded library into another. Link its C code "
+            "into the export instead (declare it as a tirbyoc ExternLibrary, or pass the object files "
+            "to export_library(addons=[...]))")
+    return mod.without_attr("external_mods")
+
+
+def _cpu_only(target) -> None:
+    kind = str(target.kind.name)
+    if kind != "llvm":
+        raise TirbyocError(f"target {kind}: tirbyoc build writes libraries for CPU targets (kind "
+                           "llvm); cross targets (CUDA, Hexagon) are not supported yet")
+
+
+def build_library(model: str | None, templates=None, *, output, target=None, database=None,
+                  seed: int = 0, inputs: dict | None = None, obj: str | None = None,
+                  input_shapes: dict | None = None, progress: Progress | None = None,
+                  run_check: bool = True, whole_calls: bool = True) -> Built:
+    """Legalize ``model``, bind its weights, offload it (each function verified), compile it
+    for the target and export one shared library (see the module's docstring), with its
+    manifest beside it. ``run_check``: also run the model offloaded the same way in this
+    process, on the seeded inputs (``Built.sample_inputs``), and keep its output - what a
+    process that loads the artifact must reproduce. ``whole_calls``: as `offload_module`'s
+    (False: library kernels are called from inside PrimFuncs, never whole)."""
+    progress = progress or Progress(enabled=False)
+    output = Path(output)
+    if output.suffix != ".so":
+        raise TirbyocError(f"{output}: the library is a shared object; name it PATH.so")
+    if target is not None:
+        _cpu_only(make_target(target))
+    tmpls, tgt = templates_and_target(templates, target)
+    _cpu_only(tgt)
+    progress.phase(f"importing {model or 'the built-in model'}")
+    spec, mod, entry, arrays = legalized_model(model, tmpls, seed, inputs, obj=obj, input_shapes=input_shapes)
+    mod, arrays = bind_weights(mod, entry, arrays)
+    progress.phase(f"offloading to {', '.join(t.name for t in tmpls)}")
+    tuned = tuned_schedules(database) if database is not None else None
+    offloaded, report = offload_module(mod, tmpls, progress=progress.step, tuned=tuned,
+                                       whole_calls=whole_calls)
+    libs = needed_libraries(offloaded, tmpls)
+    progress.phase("compiling and linking")
+    exe = tvm.compile(_without_tirbyoc_modules(offloaded, libs), target=tgt)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="tirbyoc-build-") as work:
+        objects, options, shipped = link_inputs(libs, Path(work), output.parent.resolve())
+        exe.export_library(str(output), addons=objects, options=options)
+    params = offloaded[entry].params
+    built = Built(output, shipped, spec, [t.name for t in tmpls], json.loads(str(tgt)), entry,
+                  [{"name": p.name, "shape": [int(d) for d in p.ty.shape.values], "dtype": str(p.ty.dtype)}
+                   for p in params], report, [lib.name for lib, _ in libs], None, arrays)
+    if run_check and all(t.runs_here() for t in tmpls):
+        built.output = _run_in_process(offloaded, tgt, entry, arrays, tmpls)
+    output.with_suffix(".json").write_text(dumps(built.to_json()) + "\n")
+    return built
+
+
+def _run_in_process(mod, target, entry, arrays, tmpls) -> np.ndarray:
+    """The offloaded model's output here, as `tirbyoc run` computes it (its libraries
+    loaded into this process)."""
+    for t in tmpls:
+        if t.simulator is not None:
+            t.simulator.configure()
+    vm = relax_vm(tvm.compile(mod, target=target), tvm.cpu())
+    return model_output(vm[entry](*[tvm.runtime.tensor(a) for a in arrays]))
+
+
+__all__ = ["Built", "bind_weights", "build_library", "link_inputs", "needed_libraries"]
