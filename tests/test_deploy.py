@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tvm
 
 import tirbyoc
 from tirbyoc.app.deploy import build_library
@@ -118,3 +119,25 @@ def test_bad_requests_say_what_to_do(tmp_path):
         build_library("builtin:mlp", ["blas"], output=tmp_path / "mlp.tar")
     with pytest.raises(TirbyocError, match="cross targets"):
         build_library("builtin:mlp", ["blas"], output=tmp_path / "m.so", target={"kind": "cuda", "arch": "sm_80"})
+
+
+def test_export_module_saves_what_offload_tir_made(tmp_path):
+    """The Python route: OffloadTIR's output (a loaded library in external_mods, which TVM's
+    export_library cannot save) exported with its C code linked in, weights as inputs."""
+    from tvm import relax
+
+    from tirbyoc.app.deploy import export_module
+    from tirbyoc.app.run import legalized_model, model_output
+    from tirbyoc.relax import OffloadTIR
+
+    _, mod, entry, arrays = legalized_model("builtin:mlp", ["blas"], 0)
+    offloaded = OffloadTIR(["blas"])(mod)
+    assert "external_mods" in offloaded.attrs
+    shipped, linked = export_module(offloaded, ["blas"], tmp_path / "mlp.so")
+    assert linked == ["tirbyoc_blas_packed"] and [p.name for p in shipped] == ["libscipy_openblas.so"]
+    args = [tvm.runtime.tensor(a) for a in arrays]
+    exe = tvm.compile(offloaded, target=tvm.target.Target({"kind": "llvm", "num-cores": 2}))
+    want = model_output(tirbyoc.relax_vm(exe, tvm.cpu())[entry](*args))
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "mlp.so")), tvm.cpu())
+    np.testing.assert_array_equal(model_output(vm[entry](*args)), want)
+

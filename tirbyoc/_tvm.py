@@ -53,11 +53,6 @@ IRModule = tvm.IRModule
 Target = tvm.target.Target
 
 
-def structural_hash(node) -> int:
-    """``tvm.ir.structural_hash`` under its 0.27 name."""
-    return int(tvm_ffi.structural_hash(node))
-
-
 def structural_equal(a, b, map_free_vars: bool = True) -> bool:
     """``tvm.ir.structural_equal`` under its 0.27 name."""
     return bool(tvm_ffi.structural_equal(a, b, map_free_vars))

@@ -177,6 +177,24 @@ def _without_tirbyoc_modules(mod, libs):
     return mod.without_attr("external_mods")
 
 
+def export_module(mod, templates, output, target=None) -> tuple[list[Path], list[str]]:
+    """Compile ``mod`` (a Relax module `OffloadTIR` or `offload_module` offloaded to
+    ``templates``) for ``target`` (default: the first template's) and export it as the shared
+    library ``output``, its extern code linked in (``exe.export_library`` of such a module
+    fails: it cannot save the libraries loaded into this process). Returns (the shared
+    libraries copied beside it, the extern libraries linked in)."""
+    tmpls, tgt = templates_and_target(templates, target)
+    _cpu_only(tgt)
+    output = Path(output)
+    libs = needed_libraries(mod, tmpls)
+    exe = tvm.compile(_without_tirbyoc_modules(mod, libs), target=tgt)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="tirbyoc-build-") as work:
+        objects, options, shipped = link_inputs(libs, Path(work), output.parent.resolve())
+        exe.export_library(str(output), addons=objects, options=options)
+    return shipped, [lib.name for lib, _ in libs]
+
+
 def _cpu_only(target) -> None:
     kind = str(target.kind.name)
     if kind != "llvm":
@@ -209,17 +227,12 @@ def build_library(model: str | None, templates=None, *, output, target=None, dat
     tuned = tuned_schedules(database) if database is not None else None
     offloaded, report = offload_module(mod, tmpls, progress=progress.step, tuned=tuned,
                                        whole_calls=whole_calls)
-    libs = needed_libraries(offloaded, tmpls)
     progress.phase("compiling and linking")
-    exe = tvm.compile(_without_tirbyoc_modules(offloaded, libs), target=tgt)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="tirbyoc-build-") as work:
-        objects, options, shipped = link_inputs(libs, Path(work), output.parent.resolve())
-        exe.export_library(str(output), addons=objects, options=options)
+    shipped, libs = export_module(offloaded, tmpls, output, tgt)
     params = offloaded[entry].params
     built = Built(output, shipped, spec, [t.name for t in tmpls], json.loads(str(tgt)), entry,
                   [{"name": p.name, "shape": [int(d) for d in p.ty.shape.values], "dtype": str(p.ty.dtype)}
-                   for p in params], report, [lib.name for lib, _ in libs], None, arrays)
+                   for p in params], report, libs, None, arrays)
     if run_check and all(t.runs_here() for t in tmpls):
         built.output = _run_in_process(offloaded, tgt, entry, arrays, tmpls)
     output.with_suffix(".json").write_text(dumps(built.to_json()) + "\n")
@@ -236,4 +249,4 @@ def _run_in_process(mod, target, entry, arrays, tmpls) -> np.ndarray:
     return model_output(vm[entry](*[tvm.runtime.tensor(a) for a in arrays]))
 
 
-__all__ = ["Built", "bind_weights", "build_library", "link_inputs", "needed_libraries"]
+__all__ = ["Built", "bind_weights", "build_library", "export_module", "link_inputs", "needed_libraries"]

@@ -13,7 +13,6 @@ with itself on the same inputs is never blamed on the rewrite.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,8 +26,6 @@ from tirbyoc._tvm import (
     isa_features,
     iter_blocks,
     make_target,
-    structural_equal,
-    structural_hash,
     tirx,
     to_tensor,
     tvm,
@@ -208,31 +205,11 @@ def reduction_length(func) -> int:
     return longest
 
 
-# TVM's builds of the functions verified in this process, by (function, target): a model
-# repeats layers of one shape, and `run` / `build` verify each offloaded function against the
-# same untouched one. A hit is confirmed by structural equality, never by the hash alone.
-_BUILDS: "OrderedDict[tuple, list]" = OrderedDict()
-_MAX_BUILDS = 64
-
-
 def compile_func(func, target, what: str):
-    """TVM's build of ``func`` for ``target`` (reused within the process for an unchanged
-    function); a `VerificationError` that says which build failed."""
+    """TVM's build of ``func`` for ``target``; a `VerificationError` that says which build
+    failed."""
     if func.attrs is None or "global_symbol" not in func.attrs:
         func = func.with_attr("global_symbol", "main")  # e.g. a private PrimFunc from Relax
-    key = (structural_hash(func), str(target))
-    for cached, built in _BUILDS.get(key, []):
-        if structural_equal(cached, func, map_free_vars=False):
-            _BUILDS.move_to_end(key)
-            return built
-    built = _compile_now(func, target, what)
-    _BUILDS.setdefault(key, []).append((func, built))
-    while len(_BUILDS) > _MAX_BUILDS:
-        _BUILDS.popitem(last=False)
-    return built
-
-
-def _compile_now(func, target, what: str):
     if is_host_target(target):
         try:
             check_loaded(func, f"the {what} function")
