@@ -53,6 +53,14 @@ IRModule = tvm.IRModule
 Target = tvm.target.Target
 
 
+def const_value(expr):
+    """A Relax constant's value as a numpy array, or None for any other expression (TVM 0.27:
+    a constant is an ``ir.expr.GenericConst`` holding its tensor in ``.value``)."""
+    if isinstance(expr, tvm.ir.expr.GenericConst):
+        return expr.value.numpy()
+    return None
+
+
 def structural_equal(a, b, map_free_vars: bool = True) -> bool:
     """``tvm.ir.structural_equal`` under its 0.27 name."""
     return bool(tvm_ffi.structural_equal(a, b, map_free_vars))

@@ -172,7 +172,8 @@ def cmd_run(args) -> int:
                        progress=Progress(enabled=not args.quiet), database=args.database,
                        inputs=inputs, baseline=args.baseline, repeat=args.repeat,
                        time_baseline=not args.no_baseline, obj=args.object,
-                       input_shapes=_shapes_arg(args.input_shape), profile=args.profile)
+                       input_shapes=_shapes_arg(args.input_shape), profile=args.profile,
+                       reference=args.reference)
     if args.json:
         print(dumps(result.to_json()))
     else:

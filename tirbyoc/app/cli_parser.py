@@ -122,6 +122,9 @@ def _add_run(sub, common) -> None:
                    help="runs per timing measurement (default 10; the best of 3 is reported)")
     p.add_argument("--no-baseline", action="store_true",
                    help="do not time TVM's build (it is still built and run once to compare)")
+    p.add_argument("--reference", choices=("onnxruntime",),
+                   help="also run an ONNX model in ONNX Runtime on the same inputs: its latency and "
+                        "agreement with tirbyoc's output (pip install 'tirbyoc[reference]')")
     p.add_argument("--profile", action="store_true",
                    help="also time each offloaded PrimFunc alone, TVM's build and the offloaded one "
                         "(ms per call, a column of the table)")

@@ -11,7 +11,6 @@ import json
 import logging
 import sys
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 from tvm import relax
@@ -21,6 +20,8 @@ from tirbyoc.app.loaders import load_model_file
 from tirbyoc.app.model_inputs import model_inputs
 from tirbyoc.app.models import MODELS, build_model
 from tirbyoc.app.profiling import profile_functions
+from tirbyoc.app.reference import onnxruntime_reference
+from tirbyoc.app.result import RunResult
 from tirbyoc.app.targets import (
     BASELINES,
     baseline_module,
@@ -31,105 +32,12 @@ from tirbyoc.app.targets import (
 from tirbyoc.decl.extern import check_loaded
 from tirbyoc.decl.registry import as_template, get_template
 from tirbyoc.errors import ModelError, TirbyocError, last_line
-from tirbyoc.offloading.table import group_repeats, render
 from tirbyoc.offloading.verification import compare_arrays
-from tirbyoc.relax.bridge import OffloadReport, offload_module
+from tirbyoc.relax.bridge import offload_module
+from tirbyoc.relax.quantized import QuantizedReport, QuantizedToInteger, has_quantize_ops
 from tirbyoc.tuning.apply import tuned_schedules
 
 DEFAULT_TEMPLATES = ("x86_vnni", "blas")  # the first that runs here is the default
-
-
-@dataclass
-class RunResult:
-    model: str
-    templates: list[str]
-    target: dict
-    report: OffloadReport
-    verified: bool | None  # None: not compared, or not meaningfully (see ``check_note``)
-    max_abs_err: float
-    latency_ms: dict = field(default_factory=dict)  # offloaded / baseline
-    seconds: dict = field(default_factory=dict)  # wall time per phase
-    not_run: str | None = None  # why the builds were not run and compared
-    simulation: dict = field(default_factory=dict)  # template -> tirbyoc.sim.SimStats of one run
-    comparison: object = None  # tirbyoc.offloading.verification.Comparison of the outputs, when compared
-    baseline: str = "default"  # how TVM built the untouched model (BASELINES)
-
-    def to_json(self) -> dict:
-        r = self.report
-        return {
-            "model": self.model, "template": ",".join(self.templates), "templates": self.templates,
-            "target": self.target, "baseline": {"name": self.baseline,
-                                                "what": BASELINES.get(self.baseline)},
-            "coverage": r.coverage, "offloaded_macs": r.offloaded_macs,
-            "total_macs": r.total_macs, "verified": self.verified, "max_abs_err": self.max_abs_err,
-            "comparison": None if self.comparison is None else {
-                "max_abs_err": self.comparison.abs_err, "max_rel_err": self.comparison.rel_err,
-                "tolerance": self.comparison.tolerance, "output_scale": self.comparison.scale,
-                "note": self.comparison.note},
-            "latency_ms": self.latency_ms, "seconds": self.seconds, "not_run": self.not_run,
-            "simulation": {t: st.to_json() for t, st in self.simulation.items()},
-            "functions": [f.to_json() for f in r.functions],
-        }
-
-    def outcome(self) -> str:
-        """The output comparison in words, with the errors and the tolerance used."""
-        c = self.comparison
-        if c is None:
-            return "not compared"
-        word = {True: "match", False: "DIFFER", None: "not meaningfully checked"}[self.verified]
-        text = (f"{word} (max abs error {c.abs_err:.3g}, relative {c.rel_err:.3g} of the output "
-                f"scale {c.scale:.3g}; tolerance {c.tolerance:.3g})")
-        return f"{text}: {c.note}" if c.note else text
-
-    def table(self) -> str:
-
-        r = self.report
-        timed = any(f.ms for f in r.shown())
-        rows = [(f.name, str(f.calls), f"{f.total_macs:,}", f.kernel())
-                + ((_per_call(f.ms),) if timed else ()) + (f.note(),) for f in r.shown()]
-        rows, notes = group_repeats(rows, len(rows[0]) - 1 if rows else 0)
-        head = ("PrimFunc", "calls", "MACs", "intrinsic or library kernel")
-        head += (("ms/call TVM -> offloaded",) if timed else ()) + ("note",)
-        text = render(head, rows)
-        if notes:
-            text += "\n\n" + "\n".join(notes)
-        lat = self.latency_ms
-        text += (f"\n\n{len(r.functions)} PrimFuncs ({r.others} without multiply-accumulates, "
-                 "left to TVM)"
-                 f"\nMAC coverage: {r.coverage:.1%} ({r.offloaded_macs:,} of {r.total_macs:,})"
-                 f"\nlatency: offloaded {_ms(lat.get('offloaded'))}, "
-                 f"TVM baseline {_ms(lat.get('baseline'))}"
-                 f"\n  both built for {_target_words(self.target)}; baseline: "
-                 f"{BASELINES.get(self.baseline, self.baseline)}"
-                 f"\noutputs: {self.outcome()}")
-        for name, st in self.simulation.items():
-            u = st.utilization
-            text += (f"\nsimulated on {name}: {st.cycles:,} cycles ({st.seconds * 1e3:.3f} ms at "
-                     f"{st.config.clock_mhz} MHz), busy load {u['load']:.0%} / compute "
-                     f"{u['compute']:.0%} / store {u['store']:.0%}, DMA in "
-                     f"{sum(st.load_bytes.values()):,} B, out {st.store_bytes:,} B, "
-                     f"{st.tile_ops:,} tile operations, scratchpad high-water "
-                     + " / ".join(f"{k} {v:,} B" for k, v in st.high_water.items()))
-        if self.not_run:
-            text += f"\nnot run: {self.not_run}"
-        return text
-
-
-def _per_call(ms: dict | None) -> str:
-    if not ms:
-        return "-"
-    if "error" in ms:
-        return "not timed"
-    return f"{ms['tvm']:.3f} -> {ms['offloaded']:.3f}"
-
-
-def _ms(value) -> str:
-    return "-" if value is None else f"{value:.3f} ms"
-
-
-def _target_words(target: dict) -> str:
-    keys = ("kind", "mtriple", "mcpu", "mattr", "num-cores")
-    return " ".join(f"{k}={target[k]}" for k in keys if target.get(k) not in (None, "", []))
 
 
 class Progress:
@@ -210,13 +118,17 @@ def activation_dtype(templates) -> str | None:
 
 
 def legalized_model(model: str | None, templates, seed: int, inputs: dict | None = None, *,
-                    obj: str | None = None, input_shapes: dict | None = None):
+                    obj: str | None = None, input_shapes: dict | None = None,
+                    quantized: QuantizedReport | None = None, integer: bool = True):
     """(spec, legalized module, entry function, inputs) of a model for ``templates``: the
     user's ``inputs`` (name -> array) where given, else seeded data in each input's domain
-    (`tirbyoc.app.model_inputs`)."""
-
-
+    (`tirbyoc.app.model_inputs`). A quantized (QDQ) model headed for an int8 template first
+    has its quantized chains made integer (`QuantizedToInteger`; ``quantized`` collects the
+    report; ``integer=False`` leaves them float, as the model was given)."""
     spec, mod = load_model(model, templates, obj, input_shapes)
+    act = activation_dtype(templates)
+    if integer and act is not None and has_quantize_ops(mod):
+        mod = QuantizedToInteger(act, quantized)(mod)
     mod = relax.transform.LegalizeOps()(mod)
     entry = entry_function(mod)
     return spec, mod, entry, model_inputs(mod, entry, seed, inputs)
@@ -305,23 +217,23 @@ def run_offloaded(mod, tmpls, target, entry, arrays, ref_out, *, repeat: int = 1
                   tuned=None, profile: bool = False):
     """Offload ``mod`` (legalized) to ``tmpls`` (``tuned``: schedules to prefer, see
     `offload`), build, run once (simulators measuring that run), time, compare with
-    ``ref_out``: (report, comparison or None, ms, simulation, missing). ``profile``: also
-    time each offloaded PrimFunc alone (`tirbyoc.app.profiling`)."""
+    ``ref_out``: (report, comparison or None, ms, simulation, missing, output or None).
+    ``profile``: also time each offloaded PrimFunc alone (`tirbyoc.app.profiling`)."""
     offloaded, report = offload_module(mod, tmpls, progress=progress, tuned=tuned)
     missing = [f"template {t.name} cannot run here: {t.unavailable_reason()}" for t in tmpls
                if not t.runs_here()]
     if missing or ref_out is None:
-        return report, None, None, {}, missing
+        return report, None, None, {}, missing, None
     if not any(f.offloaded for f in report.functions):
         return report, None, None, {}, ["nothing was offloaded: the offloaded build would be "
-                                         "TVM's build again, so it was not built"]
+                                         "TVM's build again, so it was not built"], None
     sims = {t.name: t.simulator for t in tmpls if t.simulator is not None}
     new_out, ms, stats = _build_and_time(offloaded, check_target(target), entry, arrays, repeat,
                                          list(sims.values()))
     comparison = compare(new_out, ref_out)
     if profile:
         profile_functions(mod, offloaded, report, target, repeat, progress=progress)
-    return report, comparison, ms, dict(zip(sims, stats)), missing
+    return report, comparison, ms, dict(zip(sims, stats)), missing, new_out
 
 
 def templates_and_target(templates, target):
@@ -333,11 +245,21 @@ def templates_and_target(templates, target):
     return tmpls, tgt
 
 
+def _check_reference(reference: str | None, model: str | None) -> None:
+    """Refuse, before any work, a reference that cannot run on ``model``."""
+    if reference not in (None, "onnxruntime"):
+        raise TirbyocError(f"reference {reference!r}: the one independent reference is onnxruntime")
+    if reference is not None and not str(model or "").endswith(".onnx"):
+        raise TirbyocError(f"--reference onnxruntime runs ONNX files; {model or 'the built-in model'} "
+                           "is not one")
+
+
 def run_model(model: str | None = None, templates: list | None = None, *, target=None,
               seed: int = 0, repeat: int = 10, progress: Progress | None = None,
               database: str | None = None, inputs: dict | None = None,
               baseline: str = "default", time_baseline: bool = True, obj: str | None = None,
-              input_shapes: dict | None = None, profile: bool = False) -> RunResult:
+              input_shapes: dict | None = None, profile: bool = False,
+              reference: str | None = None) -> RunResult:
     """``templates``: names or Template objects (a variant from a template's factory).
     ``database``: a `tirbyoc tune` work directory whose tuned schedules are applied.
     ``inputs``: the model's inputs by name (the rest are drawn, see `legalized_model`).
@@ -345,8 +267,10 @@ def run_model(model: str | None = None, templates: list | None = None, *, target
     ``time_baseline``: False builds and runs the baseline for the comparison, untimed.
     ``repeat``: runs per timing measurement (the minimum of 3 measurements is reported).
     ``obj``, ``input_shapes``: which object of a model file; an ONNX model's input shapes.
-    ``profile``: also time each offloaded PrimFunc alone, untouched and offloaded."""
-
+    ``profile``: also time each offloaded PrimFunc alone, untouched and offloaded.
+    ``reference``: ``"onnxruntime"`` also runs an ONNX model in ONNX Runtime on the same
+    inputs (`tirbyoc.app.reference`): its latency and agreement with tirbyoc's output."""
+    _check_reference(reference, model)
     tuned = tuned_schedules(database) if database is not None else None
     progress = progress or Progress(enabled=False)
     tmpls, tgt = templates_and_target(templates, target)
@@ -354,23 +278,24 @@ def run_model(model: str | None = None, templates: list | None = None, *, target
     seconds = {}
     t0 = time.perf_counter()
     progress.phase(f"importing {model or 'the built-in model'}")
-    spec, mod, entry, arrays = legalized_model(model, tmpls, seed, inputs, obj=obj,
+    quantized = QuantizedReport()
+    spec, mod, entry, arrays = legalized_model(model, tmpls, seed, inputs, obj=obj, quantized=quantized,
                                                input_shapes=input_shapes)
+    # TVM's build of the model as given: a QDQ model's float chains, not the integer ones
+    untouched = mod if not quantized.integer else legalized_model(
+        model, tmpls, seed, inputs, obj=obj, input_shapes=input_shapes, integer=False)[1]
     seconds["import"] = time.perf_counter() - t0
-
-    runnable = all(t.runs_here() for t in tmpls)
-    ref_out, latency, unstable = None, {}, False
-    if runnable:
+    ref_out, latency = None, {}
+    if all(t.runs_here() for t in tmpls):
         t0 = time.perf_counter()
         progress.phase("building and running TVM's build of the untouched model")
-        ref_out, ms, _ = build_reference(mod, tgt, entry, arrays, repeat, baseline, time_baseline)
-        if ms is not None:
-            latency["baseline"] = ms
-        unstable = ref_out is None
+        ref_out, ms, _ = build_reference(untouched, tgt, entry, arrays, repeat, baseline, time_baseline)
+        latency.update({"baseline": ms} if ms is not None else {})
         seconds["baseline"] = time.perf_counter() - t0
+    unstable = "baseline" in seconds and ref_out is None
     t0 = time.perf_counter()
     progress.phase(f"offloading to {', '.join(names)}, building and running")
-    report, comparison, ms, simulation, missing = run_offloaded(
+    report, comparison, ms, simulation, missing, new_out = run_offloaded(
         mod, tmpls, tgt, entry, arrays, ref_out, repeat=repeat, progress=progress.step, tuned=tuned,
         profile=profile)
     if unstable:
@@ -381,9 +306,14 @@ def run_model(model: str | None = None, templates: list | None = None, *, target
         latency["offloaded"] = ms
     seconds["offload_build_run"] = time.perf_counter() - t0  # with --profile, its timings too
 
+    ref = None
+    if reference == "onnxruntime" and new_out is not None:
+        progress.phase("running the model in ONNX Runtime")
+        ref = onnxruntime_reference(model, arrays, new_out, repeat)
     target_json = json.loads(str(tgt))  # the target both builds really used
     return RunResult(spec, names, target_json, report, verified, err, latency, seconds,
-                     "; ".join(missing) or None, simulation, comparison, baseline)
+                     "; ".join(missing) or None, simulation, comparison, baseline,
+                     quantized if quantized.integer or quantized.kept else None, ref)
 
 
 __all__ = ["BASELINES", "Progress", "RunResult", "baseline_module", "check_target", "compare",

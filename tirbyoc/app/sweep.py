@@ -104,7 +104,7 @@ def sweep(model: str | None, template, grid: dict[str, list], *, target=None, se
                 ref, _, _ = build_reference(mod, tgt, entry, arrays, 1, "default", timed=False)
                 references[act] = (mod, entry, arrays, ref)
             mod, entry, arrays, ref = references[act]
-            report, comparison, _, simulation, missing = run_offloaded(
+            report, comparison, _, simulation, missing, _ = run_offloaded(
                 mod, [variant], tgt, entry, arrays, ref, repeat=1)
             point.coverage = report.coverage
             if ref is None:

@@ -1,14 +1,17 @@
 """tirbyoc's IRModule => IRModule passes, in the order they run in a Relax pipeline::
 
-    Dispatch(rules) -> LegalizeOps -> [FuseOps / FuseTIR] -> OffloadTIR(templates) -> tvm.compile
+    [QuantizedToInteger] -> Dispatch(rules) -> LegalizeOps -> [FuseOps / FuseTIR]
+        -> OffloadTIR(templates) -> tvm.compile
 
-`Dispatch` rewrites Relax operators into hand-written TIR or library calls for the current
-target (`tirbyoc.relax.dispatch`); `OffloadTIR` offloads the PrimFuncs left after legalization to
-templates (`tirbyoc.relax.bridge`).
+`QuantizedToInteger` makes a quantized (QDQ) model's float conv/matmul chains integer cores
+(`tirbyoc.relax.quantized`); `Dispatch` rewrites Relax operators into hand-written TIR or
+library calls for the current target (`tirbyoc.relax.dispatch`); `OffloadTIR` offloads the
+PrimFuncs left after legalization to templates (`tirbyoc.relax.bridge`).
 """
 
 from tirbyoc.relax.bridge import OffloadReport, OffloadTIR
 from tirbyoc.relax.dispatch import Dispatch, DispatchReport, LibraryKernel, Matched, Rule, TIRKernel
+from tirbyoc.relax.quantized import QuantizedReport, QuantizedToInteger
 
 __all__ = ["Dispatch", "DispatchReport", "LibraryKernel", "Matched", "OffloadReport", "OffloadTIR",
-           "Rule", "TIRKernel"]
+           "QuantizedReport", "QuantizedToInteger", "Rule", "TIRKernel"]

@@ -1,0 +1,101 @@
+"""Quantized (QDQ) models: their float chains become exact integer cores that the int8
+templates offload."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from tvm import relax
+
+from tirbyoc._tvm import relax_vm, tvm
+from tirbyoc.app.loaders import import_onnx
+from tirbyoc.app.run import run_model
+from tirbyoc.relax.quantized import has_quantize_ops, quantized_to_integer
+from tirbyoc.testing.qdq import float_cnn, ort_quantize, qdq_matmul
+
+pytest.importorskip("onnx")
+CPU = tvm.target.Target({"kind": "llvm"})
+
+
+def run(mod, x):
+    exe = tvm.compile(relax.transform.LegalizeOps()(mod), target=CPU)
+    return relax_vm(exe, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+
+
+@pytest.mark.parametrize("act", ["uint8", "int8"])
+def test_hand_written_qdq_matmul_becomes_an_exact_integer_core(tmp_path, act):
+    mod = import_onnx(qdq_matmul(tmp_path / "mm.onnx"))
+    assert has_quantize_ops(mod)
+    new, report = quantized_to_integer(mod, act)
+    assert report.integer == ["matmul 32x24"] and not report.kept
+    text = new.script(show_meta=False)
+    assert f'R.matmul(' in text and 'out_dtype="int32"' in text and act in text
+    x = np.random.default_rng(3).uniform(-1.2, 1.2, (4, 32)).astype("float32")  # some saturate
+    np.testing.assert_array_equal(run(new, x), run(mod, x))
+
+
+def test_asymmetric_weights_stay_float_with_the_reason(tmp_path):
+    mod = import_onnx(qdq_matmul(tmp_path / "mm.onnx", weight_zero_point=3))
+    new, report = quantized_to_integer(mod, "uint8")
+    assert not report.integer and report.kept == [("matmul 32x24", "asymmetric weights (a non-zero weight zero point)")]
+    assert "asymmetric weights" in report.describe()
+    assert new.script(show_meta=False).count("R.dequantize(") == mod.script(show_meta=False).count("R.dequantize(")
+
+
+@pytest.fixture(scope="module")
+def ort_cnn(tmp_path_factory):
+    pytest.importorskip("onnxruntime")
+    folder = tmp_path_factory.mktemp("qdq")
+    return ort_quantize(float_cnn(folder / "cnn.onnx"), folder / "cnn_qdq.onnx")
+
+
+@pytest.mark.parametrize("act", ["uint8", "int8"])
+def test_onnxruntime_quantized_cnn_is_exact_as_integers(ort_cnn, act):
+    """Padded convolutions (the pad value is the zero point), per-channel weights, int32
+    biases, a matmul: the integer graph gives the float QDQ graph's output exactly."""
+    mod = import_onnx(ort_cnn)
+    new, report = quantized_to_integer(mod, act)
+    assert sorted(report.integer) == ["conv2d 16x16x3x3", "conv2d 16x3x3x3", "matmul 1024x10"], report.kept
+    x = np.random.default_rng(5).uniform(-1, 1, (1, 3, 8, 8)).astype("float32")
+    np.testing.assert_array_equal(run(new, x), run(mod, x))
+
+
+def test_run_on_vta_makes_the_chains_integer_and_offloads_every_core(ort_cnn):
+    r = run_model(str(ort_cnn), ["vta"], repeat=1)
+    assert r.quantized is not None and len(r.quantized.integer) == 3
+    assert r.report.coverage == 1.0 and r.verified is True, r.table()
+    assert r.comparison.abs_err == 0  # the reference is TVM's build of the float QDQ model
+    assert "quantized model: 3 of 3 quantized conv/matmul chains made integer" in r.table()
+
+
+def test_run_json_reports_the_quantized_chains(ort_cnn, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "tirbyoc", "run", "-q", "-t", "vta", "-m", str(ort_cnn),
+                           "--json", "--repeat", "1"], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert len(out["quantized"]["integer"]) == 3 and out["quantized"]["kept"] == []
+
+
+def test_float_templates_keep_the_model_as_given(ort_cnn):
+    r = run_model(str(ort_cnn), ["blas"], repeat=1)
+    assert r.quantized is None and r.verified is True
+
+
+def test_onnxruntime_reference_runs_the_same_file_on_the_same_inputs(ort_cnn):
+    r = run_model(str(ort_cnn), ["vta"], repeat=2, reference="onnxruntime")
+    ref = r.reference
+    assert ref.name == "onnxruntime" and ref.latency_ms > 0 and ref.threads >= 1
+    assert ref.step is not None and ref.step > 0  # a QDQ model's output is quantized
+    assert ref.spec_max_abs_err <= ref.step  # the ONNX semantics, as the graph is written
+    assert ref.agree == (ref.max_abs_err <= ref.step * (1 + 1e-6))  # ORT's fused kernels: machine-dependent
+    assert "reference: onnxruntime" in r.table() and r.to_json()["reference"]["name"] == "onnxruntime"
+
+
+def test_reference_needs_an_onnx_file():
+    from tirbyoc.errors import TirbyocError
+
+    pytest.importorskip("onnxruntime")
+    with pytest.raises(TirbyocError, match="ONNX files"):
+        run_model("builtin:mlp", ["blas"], repeat=1, reference="onnxruntime")

@@ -1,0 +1,115 @@
+"""What `tirbyoc run` found: `RunResult`, as the table a person reads and as JSON."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tirbyoc.app.reference import Reference
+from tirbyoc.app.targets import BASELINES
+from tirbyoc.offloading.table import group_repeats, render
+from tirbyoc.relax.bridge import OffloadReport
+from tirbyoc.relax.quantized import QuantizedReport
+
+
+@dataclass
+class RunResult:
+    model: str
+    templates: list[str]
+    target: dict
+    report: OffloadReport
+    verified: bool | None  # None: not compared, or not meaningfully (see ``check_note``)
+    max_abs_err: float
+    latency_ms: dict = field(default_factory=dict)  # offloaded / baseline
+    seconds: dict = field(default_factory=dict)  # wall time per phase
+    not_run: str | None = None  # why the builds were not run and compared
+    simulation: dict = field(default_factory=dict)  # template -> tirbyoc.sim.SimStats of one run
+    comparison: object = None  # tirbyoc.offloading.verification.Comparison of the outputs, when compared
+    baseline: str = "default"  # how TVM built the untouched model (BASELINES)
+    quantized: QuantizedReport | None = None  # a QDQ model's chains made integer
+    reference: Reference | None = None  # ONNX Runtime on the same model and inputs
+
+    def to_json(self) -> dict:
+        r = self.report
+        return {
+            "model": self.model, "template": ",".join(self.templates), "templates": self.templates,
+            "target": self.target, "baseline": {"name": self.baseline,
+                                                "what": BASELINES.get(self.baseline)},
+            "coverage": r.coverage, "offloaded_macs": r.offloaded_macs,
+            "total_macs": r.total_macs, "verified": self.verified, "max_abs_err": self.max_abs_err,
+            "comparison": None if self.comparison is None else {
+                "max_abs_err": self.comparison.abs_err, "max_rel_err": self.comparison.rel_err,
+                "tolerance": self.comparison.tolerance, "output_scale": self.comparison.scale,
+                "note": self.comparison.note},
+            "latency_ms": self.latency_ms, "seconds": self.seconds, "not_run": self.not_run,
+            "simulation": {t: st.to_json() for t, st in self.simulation.items()},
+            "functions": [f.to_json() for f in r.functions],
+            "quantized": self.quantized.to_json() if self.quantized is not None else None,
+            "reference": self.reference.to_json() if self.reference is not None else None,
+        }
+
+    def outcome(self) -> str:
+        """The output comparison in words, with the errors and the tolerance used."""
+        c = self.comparison
+        if c is None:
+            return "not compared"
+        word = {True: "match", False: "DIFFER", None: "not meaningfully checked"}[self.verified]
+        text = (f"{word} (max abs error {c.abs_err:.3g}, relative {c.rel_err:.3g} of the output "
+                f"scale {c.scale:.3g}; tolerance {c.tolerance:.3g})")
+        return f"{text}: {c.note}" if c.note else text
+
+    def table(self) -> str:
+
+        r = self.report
+        timed = any(f.ms for f in r.shown())
+        rows = [(f.name, str(f.calls), f"{f.total_macs:,}", f.kernel())
+                + ((_per_call(f.ms),) if timed else ()) + (f.note(),) for f in r.shown()]
+        rows, notes = group_repeats(rows, len(rows[0]) - 1 if rows else 0)
+        head = ("PrimFunc", "calls", "MACs", "intrinsic or library kernel")
+        head += (("ms/call TVM -> offloaded",) if timed else ()) + ("note",)
+        text = render(head, rows)
+        if notes:
+            text += "\n\n" + "\n".join(notes)
+        lat = self.latency_ms
+        text += (f"\n\n{len(r.functions)} PrimFuncs ({r.others} without multiply-accumulates, "
+                 "left to TVM)"
+                 f"\nMAC coverage: {r.coverage:.1%} ({r.offloaded_macs:,} of {r.total_macs:,})"
+                 f"\nlatency: offloaded {_ms(lat.get('offloaded'))}, "
+                 f"TVM baseline {_ms(lat.get('baseline'))}"
+                 f"\n  both built for {_target_words(self.target)}; baseline: "
+                 f"{BASELINES.get(self.baseline, self.baseline)}"
+                 f"\noutputs: {self.outcome()}")
+        if self.quantized is not None:
+            text += f"\nquantized model: {self.quantized.describe()}"
+        if self.reference is not None:
+            text += f"\nreference: {self.reference.describe()}"
+        for name, st in self.simulation.items():
+            u = st.utilization
+            text += (f"\nsimulated on {name}: {st.cycles:,} cycles ({st.seconds * 1e3:.3f} ms at "
+                     f"{st.config.clock_mhz} MHz), busy load {u['load']:.0%} / compute "
+                     f"{u['compute']:.0%} / store {u['store']:.0%}, DMA in "
+                     f"{sum(st.load_bytes.values()):,} B, out {st.store_bytes:,} B, "
+                     f"{st.tile_ops:,} tile operations, scratchpad high-water "
+                     + " / ".join(f"{k} {v:,} B" for k, v in st.high_water.items()))
+        if self.not_run:
+            text += f"\nnot run: {self.not_run}"
+        return text
+
+
+def _per_call(ms: dict | None) -> str:
+    if not ms:
+        return "-"
+    if "error" in ms:
+        return "not timed"
+    return f"{ms['tvm']:.3f} -> {ms['offloaded']:.3f}"
+
+
+def _ms(value) -> str:
+    return "-" if value is None else f"{value:.3f} ms"
+
+
+def _target_words(target: dict) -> str:
+    keys = ("kind", "mtriple", "mcpu", "mattr", "num-cores")
+    return " ".join(f"{k}={target[k]}" for k in keys if target.get(k) not in (None, "", []))
+
+
+__all__ = ["RunResult"]

@@ -1,0 +1,209 @@
+"""`QuantizedToInteger`: quantized models' float convolutions and matmuls as integer cores.
+
+A model quantized by ONNX Runtime (QDQ format) or PyTorch's PT2E flow keeps its compute in
+float: TVM imports it as ``dequantize(x_q) , dequantize(w_q) -> conv2d | matmul (+ bias)
+(-> relu) -> quantize``. Int8 accelerators compute ``x_q . w_q`` in integers, so this pass
+(before ``LegalizeOps``; Relax has no FakeQuantizationToInteger) rewrites each such chain into
+
+    acc   = conv2d | matmul(x_q, w_q, out_dtype=int32)     # the core a template offloads
+    real  = (acc - zx * sum(w_q)) * (sx * sw) + bias        # per output channel
+    y_q   = quantize(relu?(real), sy, zy)                   # ONNX's rounding (half to even)
+
+which is exact: ``sum((x_q - zx) * w_q) = x_q . w_q - zx * sum(w_q)`` over every position the
+core sees, and a padded convolution pads ``x_q`` with ``zx`` (the real zero) before the core.
+The weight sums, scales and bias are constants computed here, once. Activations are converted
+to the signedness the template's core takes (``u8 -> i8``: ``x_q - 128``, ``zx - 128``).
+
+A chain the pass cannot prove exact stays float, with its reason in the report: weights that
+are not constants, asymmetric weights (a non-zero weight zero point needs window sums of the
+input), per-channel activation scales, layouts other than NCHW / OIHW.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from tvm import relax
+from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+from tirbyoc._tvm import const_value, tvm
+
+_ACT_RANGE = {"uint8": (0, 255), "int8": (-128, 127)}
+
+
+@dataclass
+class QuantizedReport:
+    """What the pass made of each quantized chain: integer, or float with the reason."""
+
+    integer: list[str] = field(default_factory=list)  # "conv2d 8x3x3x3", ...
+    kept: list[tuple[str, str]] = field(default_factory=list)  # (chain, why it stayed float)
+
+    def describe(self) -> str:
+        text = f"{len(self.integer)} of {len(self.integer) + len(self.kept)} quantized conv/matmul chains made integer"
+        reasons = sorted({why for _, why in self.kept})
+        return text + (f" (kept float: {'; '.join(reasons)})" if reasons else "")
+
+    def to_json(self) -> dict:
+        return {"integer": list(self.integer), "kept": [{"chain": c, "reason": r} for c, r in self.kept]}
+
+
+class _Pattern:
+    """``quantize(relu?(core (+ bias)), sy, zy)`` with ``core`` a conv2d or matmul of two
+    dequantized tensors (the weight possibly transposed)."""
+
+    def __init__(self):
+        self.x, self.sx, self.zx = wildcard(), wildcard(), wildcard()
+        self.w, self.sw, self.zw = wildcard(), wildcard(), wildcard()
+        self.b, self.sb, self.zb = wildcard(), wildcard(), wildcard()
+        self.sy, self.zy = wildcard(), wildcard()
+        dq_x = is_op("relax.dequantize")(self.x, self.sx, self.zx)
+        dq_w = is_op("relax.dequantize")(self.w, self.sw, self.zw)
+        self.perm = is_op("relax.permute_dims")(dq_w)
+        weight = dq_w | self.perm
+        self.conv = is_op("relax.nn.conv2d")(dq_x, weight)
+        self.matmul = is_op("relax.matmul")(dq_x, weight)
+        core = self.conv | self.matmul
+        dq_b = is_op("relax.dequantize")(self.b, self.sb, self.zb)
+        bias = dq_b | is_op("relax.reshape")(dq_b, wildcard())
+        self.biased = is_op("relax.add")(core, bias)
+        body = self.biased | core
+        self.relu = is_op("relax.nn.relu")(body)
+        self.root = is_op("relax.quantize")(self.relu | body, self.sy, self.zy)
+
+
+class _Refused(Exception):
+    """A chain that stays float; the message is the reason."""
+
+
+def _check(m: dict, p: _Pattern, act_dtype: str):
+    """The constants of one matched chain, or `_Refused` with the reason it stays float."""
+    x = m[p.x]
+    w, sw, zw, sx, zx = (const_value(m[e]) for e in (p.w, p.sw, p.zw, p.sx, p.zx))
+    if str(x.ty.dtype) not in _ACT_RANGE:
+        raise _Refused(f"activations are {x.ty.dtype}, not 8-bit")
+    if w is None or sw is None or zw is None:
+        raise _Refused("the weights are not constants")
+    if str(w.dtype) != "int8":
+        raise _Refused(f"the weights are {w.dtype}, the cores take int8")
+    if np.any(zw != 0):
+        raise _Refused("asymmetric weights (a non-zero weight zero point)")
+    if sx is None or zx is None or sx.size != 1 or zx.size != 1:
+        raise _Refused("the activation scale or zero point is not one constant")
+    if p.perm in m:
+        axes = m[p.perm].attrs.axes
+        w = np.transpose(w, [int(a) for a in axes]) if axes is not None else w.T
+    return w, sw.astype(np.float32), float(sx.reshape(())), int(zx.reshape(()))
+
+
+def _to_act_dtype(x, zx: int, act_dtype: str):
+    """``x`` and its zero point in the template's activation dtype (an exact shift by 128)."""
+    have = str(x.ty.dtype)
+    if have == act_dtype:
+        return x, zx
+    shift = -128 if act_dtype == "int8" else 128
+    wide = relax.op.astype(x, "int16")
+    return relax.op.astype(relax.op.add(wide, relax.const(shift, "int16")), act_dtype), zx + shift
+
+
+def _integer_conv(call, x, zx: int, w: np.ndarray):
+    """(int32 conv of ``x`` (padded with ``zx``) and ``w``, per-channel broadcast shape)."""
+    at = call.attrs
+    if str(at.data_layout) != "NCHW" or str(at.kernel_layout) != "OIHW":
+        raise _Refused(f"layout {at.data_layout}/{at.kernel_layout} (NCHW/OIHW only)")
+    pad = [int(v) for v in at.padding]
+    if any(pad):
+        top, left, bottom, right = pad
+        x = relax.op.nn.pad(x, [0, 0, 0, 0, top, bottom, left, right], pad_value=float(zx))
+    acc = relax.op.nn.conv2d(x, relax.const(w, "int8"), at.strides, 0, at.dilation, at.groups,
+                             "NCHW", "OIHW", "NCHW", "int32")
+    return acc, (1, w.shape[0], 1, 1), w.reshape(w.shape[0], -1).astype(np.int64).sum(axis=1)
+
+
+def _integer_matmul(x, w: np.ndarray):
+    if w.ndim != 2:
+        raise _Refused(f"a {w.ndim}-D matmul weight (2-D only)")
+    acc = relax.op.matmul(x, relax.const(w, "int8"), out_dtype="int32")
+    return acc, (w.shape[1],), w.astype(np.int64).sum(axis=0)
+
+
+def _rewrite(call, m: dict, p: _Pattern, act_dtype: str, report: QuantizedReport):
+    core_call = m[p.conv] if p.conv in m else m[p.matmul]
+    what = "conv2d" if p.conv in m else "matmul"
+    try:
+        w, sw, sx, zx = _check(m, p, act_dtype)
+        x, zx = _to_act_dtype(m[p.x], zx, act_dtype)
+        acc, shape, wsum = _integer_conv(core_call, x, zx, w) if what == "conv2d" else _integer_matmul(x, w)
+        channels = shape[1] if what == "conv2d" else shape[0]
+        scale = np.broadcast_to(sw.reshape(-1) * np.float32(sx), (channels,)).astype(np.float32)
+        bias = _bias(m, p, channels)
+    except _Refused as why:
+        report.kept.append((f"{what} {'x'.join(map(str, _shape(core_call)))}", str(why)))
+        return call
+    corrected = relax.op.subtract(acc, relax.const((zx * wsum).astype(np.int32).reshape(shape), "int32"))
+    real = relax.op.multiply(relax.op.astype(corrected, "float32"), relax.const(scale.reshape(shape), "float32"))
+    if bias is not None:
+        real = relax.op.add(real, relax.const(bias.reshape(shape), "float32"))
+    if p.relu in m:
+        real = relax.op.nn.relu(real)
+    report.integer.append(f"{what} {'x'.join(map(str, w.shape))}")
+    at = call.attrs
+    return relax.op.quantize(real, m[p.sy], m[p.zy], int(at.axis), str(at.out_dtype))
+
+
+def _bias(m: dict, p: _Pattern, channels: int) -> np.ndarray | None:
+    """The bias as float constants per channel (``sb * (b_q - zb)``), or None without one."""
+    if p.b not in m:
+        return None
+    b, sb, zb = (const_value(m[e]) for e in (p.b, p.sb, p.zb))
+    if b is None or sb is None or zb is None:
+        raise _Refused("the bias is not a constant")
+    real = (sb.astype(np.float64) * (b.astype(np.float64) - zb.astype(np.float64))).astype(np.float32)
+    if real.size not in (1, channels):
+        raise _Refused(f"a bias of {real.size} values for {channels} channels")
+    return np.broadcast_to(real.reshape(-1), (channels,)).copy()
+
+
+def _shape(call) -> tuple:
+    try:
+        return tuple(int(d) for d in call.args[1].ty.shape.values)
+    except (AttributeError, TypeError):
+        return ()
+
+
+def quantized_to_integer(mod, act_dtype: str = "uint8") -> tuple[object, QuantizedReport]:
+    """(``mod`` with its quantized chains integer, the report). ``act_dtype``: the activation
+    dtype the target template's core takes (uint8 for x86_vnni / Hexagon, int8 for VTA)."""
+    if act_dtype not in _ACT_RANGE:
+        raise ValueError(f"act_dtype must be uint8 or int8, got {act_dtype!r}")
+    report = QuantizedReport()
+    p = _Pattern()
+    out = {}
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            func = rewrite_call(p.root, lambda call, m: _rewrite(call, m, p, act_dtype, report), func)
+        out[gv] = func
+    return tvm.IRModule(out, attrs=mod.attrs), report
+
+
+def has_quantize_ops(mod) -> bool:
+    """Whether a Relax module quantizes or dequantizes anything (a QDQ model)."""
+    text = mod.script(show_meta=False)
+    return "R.dequantize(" in text or "R.quantize(" in text
+
+
+def QuantizedToInteger(act_dtype: str = "uint8", report: QuantizedReport | None = None):
+    """The module pass (before ``LegalizeOps``); ``report`` collects what it did."""
+    sink = report if report is not None else QuantizedReport()
+
+    @tvm.transform.module_pass(opt_level=0, name="tirbyoc.QuantizedToInteger")
+    def _pass(mod, _ctx):
+        new, rep = quantized_to_integer(mod, act_dtype)
+        sink.integer += rep.integer
+        sink.kept += rep.kept
+        return new
+
+    return _pass
+
+
+__all__ = ["QuantizedReport", "QuantizedToInteger", "has_quantize_ops", "quantized_to_integer"]

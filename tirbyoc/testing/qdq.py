@@ -1,0 +1,109 @@
+"""Small quantized (QDQ) ONNX models, the way users' quantizers write them, for tests and
+benchmarks: written by hand with ``onnx.helper`` (every scale and zero point chosen), or made
+from a float model by ONNX Runtime's own static quantizer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def _onnx():
+    # deferred: optional dependency (onnx)
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    return onnx, TensorProto, helper, numpy_helper
+
+
+def float_cnn(path, *, seed: int = 0, channels: int = 16, size: int = 8, classes: int = 10) -> Path:
+    """conv3x3(pad 1) + bias -> relu -> conv3x3 -> relu -> flatten -> matmul + bias: a float
+    ONNX model to quantize."""
+    onnx, tp, helper, nh = _onnx()
+    rng = np.random.default_rng(seed)
+
+    def init(name, shape, scale):
+        return nh.from_array(rng.normal(0, scale, shape).astype("float32"), name)
+
+    inits = [init("w1", (channels, 3, 3, 3), 0.3), init("b1", (channels,), 0.1),
+             init("w2", (channels, channels, 3, 3), 0.1), init("b2", (channels,), 0.1),
+             init("w3", (channels * size * size, classes), 0.05), init("b3", (classes,), 0.1),
+             nh.from_array(np.array([1, -1], dtype=np.int64), "flat")]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("Reshape", ["r2", "flat"], ["f"]),
+             helper.make_node("MatMul", ["f", "w3"], ["m"]),
+             helper.make_node("Add", ["m", "b3"], ["y"])]
+    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", tp.FLOAT, [1, 3, size, size])],
+                              [helper.make_tensor_value_info("y", tp.FLOAT, [1, classes])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return Path(path)
+
+
+def ort_quantize(float_path, out_path, *, samples: int = 8, seed: int = 0, per_channel: bool = True,
+                 activation: str = "uint8") -> Path:
+    """``float_path`` quantized by ONNX Runtime's ``quantize_static`` (QDQ format, int8
+    weights, ``activation`` activations), calibrated on ``samples`` seeded inputs in [-1, 1]."""
+    # deferred: optional dependency (onnxruntime)
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    onnx = _onnx()[0]
+    model = onnx.load(str(float_path))
+    rng = np.random.default_rng(seed)
+    feeds = []
+    for _ in range(samples):
+        feed = {}
+        for inp in model.graph.input:
+            shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]
+            feed[inp.name] = rng.uniform(-1, 1, shape).astype("float32")
+        feeds.append(feed)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(feeds)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    act = QuantType.QUInt8 if activation == "uint8" else QuantType.QInt8
+    quantize_static(str(float_path), str(out_path), Reader(), quant_format=QuantFormat.QDQ,
+                    per_channel=per_channel, activation_type=act, weight_type=QuantType.QInt8)
+    return Path(out_path)
+
+
+def qdq_matmul(path, *, weight_zero_point: int = 0, seed: int = 0, m: int = 4, k: int = 32,
+               n: int = 24) -> Path:
+    """x -> QuantizeLinear -> DequantizeLinear -> MatMul(DequantizeLinear(w_q)) -> Quantize ->
+    Dequantize, written by hand: per-tensor uint8 activations, int8 weights with the given
+    zero point (0: symmetric, what the integer rewrite needs)."""
+    onnx, tp, helper, nh = _onnx()
+    rng = np.random.default_rng(seed)
+    wq = rng.integers(-100, 100, (k, n)).astype(np.int8)
+
+    def scalar(name, value, dtype):
+        return nh.from_array(np.array(value, dtype=dtype), name)
+
+    inits = [nh.from_array(wq, "wq"), scalar("sx", 0.01, np.float32), scalar("zx", 128, np.uint8),
+             scalar("sw", 0.02, np.float32), scalar("zw", weight_zero_point, np.int8),
+             scalar("sy", 0.05, np.float32), scalar("zy", 120, np.uint8)]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["wq", "sw", "zw"], ["wd"]),
+             helper.make_node("MatMul", ["xd", "wd"], ["m"]),
+             helper.make_node("QuantizeLinear", ["m", "sy", "zy"], ["yq"]),
+             helper.make_node("DequantizeLinear", ["yq", "sy", "zy"], ["y"])]
+    graph = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("x", tp.FLOAT, [m, k])],
+                              [helper.make_tensor_value_info("y", tp.FLOAT, [m, n])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return Path(path)
+
+
+__all__ = ["float_cnn", "ort_quantize", "qdq_matmul"]
