@@ -99,3 +99,40 @@ def test_reference_needs_an_onnx_file():
     pytest.importorskip("onnxruntime")
     with pytest.raises(TirbyocError, match="ONNX files"):
         run_model("builtin:mlp", ["blas"], repeat=1, reference="onnxruntime")
+
+
+@pytest.fixture(scope="module")
+def ort_transformer(tmp_path_factory):
+    pytest.importorskip("onnxruntime")
+    from tirbyoc.testing.qdq import float_transformer
+
+    folder = tmp_path_factory.mktemp("qdq_tf")
+    return ort_quantize(float_transformer(folder / "enc.onnx"), folder / "enc_qdq.onnx")
+
+
+@pytest.mark.parametrize("act", ["uint8", "int8"])
+def test_attention_matmuls_of_two_activations_become_exact_integer_cores(ort_transformer, act):
+    """q.k^T and p.v: both operands quantized at run time; both zero points' shares come from
+    row and column sums of the operands."""
+    mod = import_onnx(ort_transformer)
+    new, report = quantized_to_integer(mod, act)
+    assert report.integer.count("matmul (activations)") == 2 and len(report.integer) == 8, report.kept
+    x = np.random.default_rng(7).uniform(-1, 1, (16, 64)).astype("float32")
+    np.testing.assert_array_equal(run(new, x), run(mod, x))
+
+
+def test_quantized_transformer_offloads_every_matmul_to_vta(ort_transformer):
+    r = run_model(str(ort_transformer), ["vta"], repeat=1)
+    assert r.report.coverage == 1.0 and r.verified is True and r.comparison.abs_err == 0, r.table()
+    assert r.quantized.describe() == "8 of 8 quantized conv/matmul chains made integer"
+
+
+def test_depthwise_conv_and_a_transposed_gemm_become_exact_integer_cores(tmp_path):
+    pytest.importorskip("onnxruntime")
+    from tirbyoc.testing.qdq import float_depthwise
+
+    mod = import_onnx(ort_quantize(float_depthwise(tmp_path / "dw.onnx"), tmp_path / "dw_qdq.onnx"))
+    new, report = quantized_to_integer(mod, "int8")
+    assert sorted(report.integer) == ["conv2d 8x1x3x3", "conv2d 8x3x3x3", "matmul 128x10"], report.kept
+    x = np.random.default_rng(9).uniform(-1, 1, (1, 3, 8, 8)).astype("float32")
+    np.testing.assert_array_equal(run(new, x), run(mod, x))

@@ -11,8 +11,10 @@ float: TVM imports it as ``dequantize(x_q) , dequantize(w_q) -> conv2d | matmul 
 
 which is exact: ``sum((x_q - zx) * w_q) = x_q . w_q - zx * sum(w_q)`` over every position the
 core sees, and a padded convolution pads ``x_q`` with ``zx`` (the real zero) before the core.
-The weight sums, scales and bias are constants computed here, once. Activations are converted
-to the signedness the template's core takes (``u8 -> i8``: ``x_q - 128``, ``zx - 128``).
+The weight sums, scales and bias are constants computed here, once. A matmul of two quantized
+activations (attention) takes both zero points' shares from row and column sums at run time.
+Activations are converted to the signedness the template's core takes (``u8 -> i8``:
+``x_q - 128``, ``zx - 128``).
 
 A chain the pass cannot prove exact stays float, with its reason in the report: weights that
 are not constants, asymmetric weights (a non-zero weight zero point needs window sums of the
@@ -38,6 +40,7 @@ class QuantizedReport:
 
     integer: list[str] = field(default_factory=list)  # "conv2d 8x3x3x3", ...
     kept: list[tuple[str, str]] = field(default_factory=list)  # (chain, why it stayed float)
+    seen: list = field(default_factory=list, repr=False)  # the calls kept float, reported once
 
     def describe(self) -> str:
         text = f"{len(self.integer)} of {len(self.integer) + len(self.kept)} quantized conv/matmul chains made integer"
@@ -131,24 +134,68 @@ def _rewrite(call, m: dict, p: _Pattern, act_dtype: str, report: QuantizedReport
     core_call = m[p.conv] if p.conv in m else m[p.matmul]
     what = "conv2d" if p.conv in m else "matmul"
     try:
-        w, sw, sx, zx = _check(m, p, act_dtype)
-        x, zx = _to_act_dtype(m[p.x], zx, act_dtype)
-        acc, shape, wsum = _integer_conv(core_call, x, zx, w) if what == "conv2d" else _integer_matmul(x, w)
-        channels = shape[1] if what == "conv2d" else shape[0]
-        scale = np.broadcast_to(sw.reshape(-1) * np.float32(sx), (channels,)).astype(np.float32)
-        bias = _bias(m, p, channels)
+        if what == "matmul" and const_value(m[p.w]) is None:
+            corrected, scale, shape, label = _dynamic_matmul(m, p, act_dtype)
+        else:
+            corrected, scale, shape, label = _static_core(m, p, act_dtype, what, core_call)
+        bias = _bias(m, p, scale.size)
     except _Refused as why:
-        report.kept.append((f"{what} {'x'.join(map(str, _shape(core_call)))}", str(why)))
+        # rewrite_call matches until nothing changes: a chain kept float is seen again
+        if not any(call.same_as(c) for c in report.seen):
+            report.seen.append(call)
+            report.kept.append((f"{what} {'x'.join(map(str, _shape(core_call)))}", str(why)))
         return call
-    corrected = relax.op.subtract(acc, relax.const((zx * wsum).astype(np.int32).reshape(shape), "int32"))
     real = relax.op.multiply(relax.op.astype(corrected, "float32"), relax.const(scale.reshape(shape), "float32"))
     if bias is not None:
-        real = relax.op.add(real, relax.const(bias.reshape(shape), "float32"))
+        real = relax.op.add(real, relax.const(np.broadcast_to(bias, (scale.size,)).reshape(shape), "float32"))
     if p.relu in m:
         real = relax.op.nn.relu(real)
-    report.integer.append(f"{what} {'x'.join(map(str, w.shape))}")
+    report.integer.append(label)
     at = call.attrs
     return relax.op.quantize(real, m[p.sy], m[p.zy], int(at.axis), str(at.out_dtype))
+
+
+def _static_core(m: dict, p: _Pattern, act_dtype: str, what: str, core_call):
+    """A conv or matmul with constant weights: (the int32 core minus the input zero point's
+    share, the per-channel scale, its broadcast shape, a label)."""
+    w, sw, sx, zx = _check(m, p, act_dtype)
+    x, zx = _to_act_dtype(m[p.x], zx, act_dtype)
+    acc, shape, wsum = _integer_conv(core_call, x, zx, w) if what == "conv2d" else _integer_matmul(x, w)
+    channels = shape[1] if what == "conv2d" else shape[0]
+    scale = np.broadcast_to(sw.reshape(-1) * np.float32(sx), (channels,)).astype(np.float32)
+    corrected = relax.op.subtract(acc, relax.const((zx * wsum).astype(np.int32).reshape(shape), "int32"))
+    return corrected, scale, shape, f"{what} {'x'.join(map(str, w.shape))}"
+
+
+def _dynamic_matmul(m: dict, p: _Pattern, act_dtype: str):
+    """A matmul of two quantized activations (attention's Q.K^T and P.V): both zero points'
+    shares are computed from the operands at run time,
+    ``sum((x-zx)(w-zw)) = x.w - zw*rowsum(x) - zx*colsum(w) + K*zx*zw``."""
+    scalars = [const_value(m[e]) for e in (p.sx, p.zx, p.sw, p.zw)]
+    if any(v is None or v.size != 1 for v in scalars):
+        raise _Refused("a scale or zero point of an activation x activation matmul is not one constant")
+    sx, zx, sw, zw = (v.reshape(()) for v in scalars)
+    x, w = m[p.x], m[p.w]
+    for t in (x, w):
+        if str(t.ty.dtype) not in _ACT_RANGE:
+            raise _Refused(f"an operand is {t.ty.dtype}, not 8-bit")
+    try:
+        k = int(x.ty.shape.values[-1])
+    except (AttributeError, TypeError):
+        raise _Refused("the reduction length is not static") from None
+    x, zx = _to_act_dtype(x, int(zx), act_dtype)
+    w, zw = _to_act_dtype(w, int(zw), "int8")
+    if p.perm in m:
+        axes = m[p.perm].attrs.axes
+        w = relax.op.permute_dims(w, [int(a) for a in axes] if axes is not None else None)
+    acc = relax.op.matmul(x, w, out_dtype="int32")
+    rows = relax.op.sum(relax.op.astype(x, "int32"), axis=[-1], keepdims=True)
+    cols = relax.op.sum(relax.op.astype(w, "int32"), axis=[-2], keepdims=True)
+    corrected = relax.op.subtract(acc, relax.op.multiply(rows, relax.const(zw, "int32")))
+    corrected = relax.op.subtract(corrected, relax.op.multiply(cols, relax.const(zx, "int32")))
+    corrected = relax.op.add(corrected, relax.const(k * zx * zw, "int32"))
+    scale = np.array([np.float32(sx) * np.float32(sw)], dtype=np.float32)
+    return corrected, scale, (1,), "matmul (activations)"
 
 
 def _bias(m: dict, p: _Pattern, channels: int) -> np.ndarray | None:

@@ -46,6 +46,67 @@ def float_cnn(path, *, seed: int = 0, channels: int = 16, size: int = 8, classes
     return Path(path)
 
 
+def float_depthwise(path, *, seed: int = 0, channels: int = 8, size: int = 8, classes: int = 10) -> Path:
+    """conv3x3 -> relu -> depthwise conv3x3 (stride 2) + bias -> relu -> flatten -> Gemm
+    (transB=1) + bias: the mobile-network shapes (grouped conv, a transposed classifier)."""
+    onnx, tp, helper, nh = _onnx()
+    rng = np.random.default_rng(seed)
+    half = size // 2
+    inits = [nh.from_array(rng.normal(0, .3, (channels, 3, 3, 3)).astype("float32"), "w1"),
+             nh.from_array(rng.normal(0, .3, (channels, 1, 3, 3)).astype("float32"), "wd"),
+             nh.from_array(rng.normal(0, .1, (channels,)).astype("float32"), "bd"),
+             nh.from_array(rng.normal(0, .05, (classes, channels * half * half)).astype("float32"), "wg"),
+             nh.from_array(rng.normal(0, .1, (classes,)).astype("float32"), "bg")]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "wd", "bd"], ["c2"], pads=[1, 1, 1, 1], group=channels,
+                              strides=[2, 2]),
+             helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("Flatten", ["r2"], ["f"]),
+             helper.make_node("Gemm", ["f", "wg", "bg"], ["y"], transB=1)]
+    graph = helper.make_graph(nodes, "mobile", [helper.make_tensor_value_info("x", tp.FLOAT, [1, 3, size, size])],
+                              [helper.make_tensor_value_info("y", tp.FLOAT, [1, classes])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return Path(path)
+
+
+def float_transformer(path, *, seed: int = 0, seq: int = 16, dim: int = 64, hidden: int = 128) -> Path:
+    """One single-head encoder layer as ONNX: q, k, v projections, softmax(q.k^T / sqrt(d)).v,
+    an output projection, a residual, a ReLU feed-forward and a second residual."""
+    onnx, tp, helper, nh = _onnx()
+    rng = np.random.default_rng(seed)
+    inits, nodes = [], []
+
+    def linear(x, name, n_in, n_out, out):
+        inits.extend([nh.from_array(rng.normal(0, n_in ** -0.5, (n_in, n_out)).astype("float32"), f"{name}_w"),
+                      nh.from_array(rng.normal(0, 0.02, (n_out,)).astype("float32"), f"{name}_b")])
+        nodes.extend([helper.make_node("MatMul", [x, f"{name}_w"], [f"{name}_m"]),
+                      helper.make_node("Add", [f"{name}_m", f"{name}_b"], [out])])
+
+    for name in ("q", "k", "v"):
+        linear("x", name, dim, dim, name)
+    inits.append(nh.from_array(np.array(dim ** -0.5, dtype=np.float32), "inv_sqrt_d"))
+    nodes += [helper.make_node("Transpose", ["k"], ["kt"], perm=[1, 0]),
+              helper.make_node("MatMul", ["q", "kt"], ["s"]),
+              helper.make_node("Mul", ["s", "inv_sqrt_d"], ["ss"]),
+              helper.make_node("Softmax", ["ss"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "v"], ["a"])]
+    linear("a", "o", dim, dim, "o")
+    nodes.append(helper.make_node("Add", ["o", "x"], ["h"]))
+    linear("h", "f1", dim, hidden, "f1")
+    nodes.append(helper.make_node("Relu", ["f1"], ["r"]))
+    linear("r", "f2", hidden, dim, "f2")
+    nodes.append(helper.make_node("Add", ["f2", "h"], ["y"]))
+    graph = helper.make_graph(nodes, "encoder", [helper.make_tensor_value_info("x", tp.FLOAT, [seq, dim])],
+                              [helper.make_tensor_value_info("y", tp.FLOAT, [seq, dim])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return Path(path)
+
+
 def ort_quantize(float_path, out_path, *, samples: int = 8, seed: int = 0, per_channel: bool = True,
                  activation: str = "uint8") -> Path:
     """``float_path`` quantized by ONNX Runtime's ``quantize_static`` (QDQ format, int8
@@ -106,4 +167,4 @@ def qdq_matmul(path, *, weight_zero_point: int = 0, seed: int = 0, m: int = 4, k
     return Path(path)
 
 
-__all__ = ["float_cnn", "ort_quantize", "qdq_matmul"]
+__all__ = ["float_cnn", "float_depthwise", "float_transformer", "ort_quantize", "qdq_matmul"]
