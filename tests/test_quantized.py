@@ -136,3 +136,12 @@ def test_depthwise_conv_and_a_transposed_gemm_become_exact_integer_cores(tmp_pat
     assert sorted(report.integer) == ["conv2d 8x1x3x3", "conv2d 8x3x3x3", "matmul 128x10"], report.kept
     x = np.random.default_rng(9).uniform(-1, 1, (1, 3, 8, 8)).astype("float32")
     np.testing.assert_array_equal(run(new, x), run(mod, x))
+
+
+def test_match_explains_the_integer_cores_run_offloads(ort_cnn, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "tirbyoc", "match", str(ort_cnn), "-t", "vta", "--json"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    blocks = json.loads(proc.stdout)["blocks"]
+    gemms = [b for b in blocks if b["intrinsic"] and "gemm" in b["intrinsic"]]
+    assert len(gemms) == 3, [b for b in blocks if b["macs"]]
