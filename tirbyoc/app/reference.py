@@ -38,7 +38,8 @@ class Reference:
     threads: int
 
     def describe(self) -> str:
-        unit = f" = {self.max_abs_err / self.step:.0f} steps" if self.step else ""
+        n = round(self.max_abs_err / self.step) if self.step else None
+        unit = f" = {n} step{'' if n == 1 else 's'}" if n is not None else ""
         text = (f"onnxruntime {self.latency_ms:.3f} ms ({self.threads} threads); tirbyoc's output "
                 f"{'agrees' if self.agree else 'DISAGREES'} (max abs diff {self.max_abs_err:.3g}{unit})")
         if self.step and self.spec_max_abs_err < self.max_abs_err:

@@ -20,7 +20,7 @@ from tirbyoc.app.loaders import load_model_file
 from tirbyoc.app.model_inputs import model_inputs
 from tirbyoc.app.models import MODELS, build_model
 from tirbyoc.app.profiling import profile_functions
-from tirbyoc.app.reference import onnxruntime_reference
+from tirbyoc.app.reference import onnxruntime_reference, output_step
 from tirbyoc.app.result import RunResult
 from tirbyoc.app.targets import (
     BASELINES,
@@ -245,6 +245,28 @@ def templates_and_target(templates, target):
     return tmpls, tgt
 
 
+def _references(model, mod, tmpls, tgt, entry, arrays, repeat, baseline, time_baseline,
+                quantized: QuantizedReport, load: dict):
+    """(the output the offloaded model must give, latencies). The baseline is TVM's build of
+    the model as given, timed. For a QDQ model made integer, the offload is checked against
+    TVM's build of the integer model (exact), and the integer model against the float QDQ
+    graph, in output quantization steps (``quantized.float_max_abs_diff``, ``.step``):
+    integers are exact where the float graph rounds its sums, so a value on a rounding
+    boundary can land one step apart."""
+    untouched = mod if not quantized.integer else legalized_model(
+        model, tmpls, load["seed"], load["inputs"], obj=load["obj"], input_shapes=load["input_shapes"],
+        integer=False)[1]
+    out, ms, _ = build_reference(untouched, tgt, entry, arrays, repeat, baseline, time_baseline)
+    latency = {"baseline": ms} if ms is not None else {}
+    if quantized.integer and out is not None:
+        integer_out, _, _ = build_reference(mod, tgt, entry, arrays, repeat, baseline, timed=False)
+        if integer_out is not None:
+            quantized.float_max_abs_diff = float(np.abs(integer_out.astype(np.float64) - out).max(initial=0.0))
+            quantized.step = output_step(model) if str(model or "").endswith(".onnx") else None
+        out = integer_out
+    return out, latency
+
+
 def _check_reference(reference: str | None, model: str | None) -> None:
     """Refuse, before any work, a reference that cannot run on ``model``."""
     if reference not in (None, "onnxruntime"):
@@ -281,16 +303,14 @@ def run_model(model: str | None = None, templates: list | None = None, *, target
     quantized = QuantizedReport()
     spec, mod, entry, arrays = legalized_model(model, tmpls, seed, inputs, obj=obj, quantized=quantized,
                                                input_shapes=input_shapes)
-    # TVM's build of the model as given: a QDQ model's float chains, not the integer ones
-    untouched = mod if not quantized.integer else legalized_model(
-        model, tmpls, seed, inputs, obj=obj, input_shapes=input_shapes, integer=False)[1]
     seconds["import"] = time.perf_counter() - t0
     ref_out, latency = None, {}
     if all(t.runs_here() for t in tmpls):
         t0 = time.perf_counter()
         progress.phase("building and running TVM's build of the untouched model")
-        ref_out, ms, _ = build_reference(untouched, tgt, entry, arrays, repeat, baseline, time_baseline)
-        latency.update({"baseline": ms} if ms is not None else {})
+        ref_out, latency = _references(model, mod, tmpls, tgt, entry, arrays, repeat, baseline,
+                                       time_baseline, quantized, dict(seed=seed, inputs=inputs, obj=obj,
+                                                                     input_shapes=input_shapes))
         seconds["baseline"] = time.perf_counter() - t0
     unstable = "baseline" in seconds and ref_out is None
     t0 = time.perf_counter()

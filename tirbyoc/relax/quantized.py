@@ -41,14 +41,25 @@ class QuantizedReport:
     integer: list[str] = field(default_factory=list)  # "conv2d 8x3x3x3", ...
     kept: list[tuple[str, str]] = field(default_factory=list)  # (chain, why it stayed float)
     seen: list = field(default_factory=list, repr=False)  # the calls kept float, reported once
+    # set by a run: the integer model's output against the float QDQ graph's, and the
+    # output's quantization step
+    float_max_abs_diff: float | None = None
+    step: float | None = None
 
     def describe(self) -> str:
         text = f"{len(self.integer)} of {len(self.integer) + len(self.kept)} quantized conv/matmul chains made integer"
         reasons = sorted({why for _, why in self.kept})
-        return text + (f" (kept float: {'; '.join(reasons)})" if reasons else "")
+        text += f" (kept float: {'; '.join(reasons)})" if reasons else ""
+        if self.float_max_abs_diff is not None:
+            n = round(self.float_max_abs_diff / self.step) if self.step else None
+            steps = f" = {n} output step{'' if n == 1 else 's'}" if n is not None else ""
+            text += (f"; the integer model against the float QDQ graph: max abs diff "
+                     f"{self.float_max_abs_diff:.3g}{steps}")
+        return text
 
     def to_json(self) -> dict:
-        return {"integer": list(self.integer), "kept": [{"chain": c, "reason": r} for c, r in self.kept]}
+        return {"integer": list(self.integer), "kept": [{"chain": c, "reason": r} for c, r in self.kept],
+                "float_max_abs_diff": self.float_max_abs_diff, "step": self.step}
 
 
 class _Pattern:

@@ -72,6 +72,51 @@ def float_depthwise(path, *, seed: int = 0, channels: int = 8, size: int = 8, cl
     return Path(path)
 
 
+def float_resnet18(path, *, seed: int = 0, size: int = 224, classes: int = 1000, width: int = 64) -> Path:
+    """ResNet-18's graph as ONNX (batch 1, ``size`` x ``size``; batch norms folded into the
+    convolutions' biases, as an exported inference model has them): a 7x7/2 stem and max pool,
+    four stages of two basic blocks (3x3 convs, 1x1/2 projections), global average pool, a
+    Gemm classifier. Weights He-initialised, so activations stay O(1) for calibration."""
+    onnx, tp, helper, nh = _onnx()
+    rng = np.random.default_rng(seed)
+    inits, nodes, counter = [], [], iter(range(10 ** 6))
+
+    def conv(x, cin, cout, k, stride, relu):
+        i = next(counter)
+        inits.extend([nh.from_array(rng.normal(0, (2 / (cin * k * k)) ** 0.5, (cout, cin, k, k)).astype("float32"), f"w{i}"),
+                      nh.from_array(rng.normal(0, 0.05, (cout,)).astype("float32"), f"b{i}")])
+        nodes.append(helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"c{i}"], pads=[k // 2] * 4,
+                                      strides=[stride, stride]))
+        if not relu:
+            return f"c{i}"
+        nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"]))
+        return f"r{i}"
+
+    def block(x, cin, cout, stride):
+        y = conv(conv(x, cin, cout, 3, stride, True), cout, cout, 3, 1, False)
+        skip = x if stride == 1 and cin == cout else conv(x, cin, cout, 1, stride, False)
+        i = next(counter)
+        nodes.extend([helper.make_node("Add", [y, skip], [f"a{i}"]), helper.make_node("Relu", [f"a{i}"], [f"o{i}"])])
+        return f"o{i}"
+
+    x = conv("x", 3, width, 7, 2, True)
+    nodes.append(helper.make_node("MaxPool", [x], ["pool"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]))
+    x, cin = "pool", width
+    for stage, cout in enumerate((width, 2 * width, 4 * width, 8 * width)):
+        x = block(x, cin, cout, 1 if stage == 0 else 2)
+        x, cin = block(x, cout, cout, 1), cout
+    inits.extend([nh.from_array(rng.normal(0, cin ** -0.5, (classes, cin)).astype("float32"), "fc_w"),
+                  nh.from_array(np.zeros(classes, "float32"), "fc_b")])
+    nodes.extend([helper.make_node("GlobalAveragePool", [x], ["gap"]), helper.make_node("Flatten", ["gap"], ["flat"]),
+                  helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["y"], transB=1)])
+    graph = helper.make_graph(nodes, "resnet18", [helper.make_tensor_value_info("x", tp.FLOAT, [1, 3, size, size])],
+                              [helper.make_tensor_value_info("y", tp.FLOAT, [1, classes])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return Path(path)
+
+
 def float_transformer(path, *, seed: int = 0, seq: int = 16, dim: int = 64, hidden: int = 128) -> Path:
     """One single-head encoder layer as ONNX: q, k, v projections, softmax(q.k^T / sqrt(d)).v,
     an output projection, a residual, a ReLU feed-forward and a second residual."""
@@ -167,4 +212,4 @@ def qdq_matmul(path, *, weight_zero_point: int = 0, seed: int = 0, m: int = 4, k
     return Path(path)
 
 
-__all__ = ["float_cnn", "float_depthwise", "float_transformer", "ort_quantize", "qdq_matmul"]
+__all__ = ["float_cnn", "float_depthwise", "float_resnet18", "float_transformer", "ort_quantize", "qdq_matmul"]

@@ -1,0 +1,80 @@
+"""Quantized models as users bring them: ONNX Runtime's quantizer on float ONNX models, run
+through `tirbyoc run --reference onnxruntime` on every int8 template that runs here (JSON out).
+
+Models (float, random He-initialised weights, made with `tirbyoc.testing.qdq`, then
+``quantize_static`` in QDQ format: per-channel int8 weights, uint8 activations, 8 calibration
+inputs): a ResNet-18-shaped CNN at 224x224 and one transformer encoder layer (seq 128, d 256).
+Per model and template: the chains made integer, MAC coverage, the offload's verification
+(against TVM's build of the integer model), the integer model against the float QDQ graph and
+against ONNX Runtime (fast session and the graph as written), in output quantization steps, and
+three latencies: tirbyoc's offloaded build, TVM's default build of the QDQ model, ONNX Runtime
+(each timed the same way in this process, ONNX Runtime's spinning off). A simulated template's
+latency is the host running its simulator, not the accelerator: its cycles are reported too.
+
+    python bench/qdq.py [--templates vta,x86_vnni] [--out bench/results/qdq.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import tirbyoc
+from tirbyoc.app.run import run_model
+from tirbyoc.offloading.table import render
+from tirbyoc.testing.qdq import float_resnet18, float_transformer, ort_quantize
+
+HERE = Path(__file__).resolve().parent
+MODELS = {"resnet18_qdq": lambda p: float_resnet18(p),
+          "encoder_qdq": lambda p: float_transformer(p, seq=128, dim=256, hidden=1024)}
+
+
+def measure(path: Path, template: str, repeat: int) -> dict:
+    r = run_model(str(path), [template], repeat=repeat, reference="onnxruntime")
+    q, ref = r.quantized, r.reference
+    row = {"template": template, "integer_chains": len(q.integer) if q else 0,
+           "kept_float": [k for k in q.kept] if q else [], "coverage": r.report.coverage,
+           "verified": r.verified, "steps_vs_float_qdq": round(q.float_max_abs_diff / q.step) if q and q.step else None,
+           "latency_ms": {"tirbyoc": r.latency_ms.get("offloaded"), "tvm_default": r.latency_ms.get("baseline"),
+                          "onnxruntime": ref.latency_ms if ref else None},
+           "onnxruntime": ref.to_json() if ref else None}
+    for name, st in r.simulation.items():
+        row["simulated"] = {"template": name, "cycles": st.cycles, "utilization": st.utilization}
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--templates", default="vta,x86_vnni")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--out", default=str(HERE / "results" / "qdq.json"))
+    args = parser.parse_args()
+    templates = [t for t in args.templates.split(",") if tirbyoc.get_template(t).runs_here()]
+    skipped = {t: tirbyoc.get_template(t).unavailable_reason() for t in args.templates.split(",")
+               if t not in templates}
+    results, rows = [], []
+    with tempfile.TemporaryDirectory() as work:
+        for name, make in MODELS.items():
+            qdq = ort_quantize(make(Path(work) / f"{name}.onnx"), Path(work) / f"{name}_qdq.onnx")
+            for t in templates:
+                t0 = time.perf_counter()
+                row = {"model": name, **measure(qdq, t, args.repeat), "seconds": time.perf_counter() - t0}
+                results.append(row)
+                lat = row["latency_ms"]
+                rows.append((name, t, f"{row['integer_chains']}", f"{row['coverage']:.1%}", str(row["verified"]),
+                             str(row["steps_vs_float_qdq"]),
+                             f"{row['onnxruntime']['max_abs_err'] / row['onnxruntime']['step']:.0f}"
+                             if row["onnxruntime"]["step"] else "-",
+                             f"{lat['tirbyoc']:.1f}", f"{lat['tvm_default']:.1f}", f"{lat['onnxruntime']:.2f}"))
+    print(render(("model", "template", "int chains", "coverage", "verified", "steps vs QDQ",
+                  "steps vs ORT", "tirbyoc ms", "TVM ms", "ORT ms"), rows))
+    Path(args.out).write_text(json.dumps({"benchmark": "qdq", "skipped": skipped, "results": results},
+                                         indent=1, default=str) + "\n")
+    print(f"\nwritten to {args.out}" + (f"; not run here: {skipped}" if skipped else ""))
+
+
+if __name__ == "__main__":
+    main()
