@@ -13,7 +13,7 @@ from tirbyoc._tvm import relax_vm, tvm
 from tirbyoc.app.loaders import import_onnx
 from tirbyoc.app.run import run_model
 from tirbyoc.relax.quantized import has_quantize_ops, quantized_to_integer
-from tirbyoc.testing.qdq import float_cnn, ort_quantize, qdq_matmul
+from tirbyoc.testing.qdq import float_cnn, float_transformer, ort_quantize, qdq_matmul
 
 pytest.importorskip("onnx")
 CPU = tvm.target.Target({"kind": "llvm"})
@@ -105,8 +105,6 @@ def test_reference_needs_an_onnx_file():
 @pytest.fixture(scope="module")
 def ort_transformer(tmp_path_factory):
     pytest.importorskip("onnxruntime")
-    from tirbyoc.testing.qdq import float_transformer
-
     folder = tmp_path_factory.mktemp("qdq_tf")
     return ort_quantize(float_transformer(folder / "enc.onnx"), folder / "enc_qdq.onnx")
 
@@ -147,3 +145,29 @@ def test_match_explains_the_integer_cores_run_offloads(ort_cnn, tmp_path):
     blocks = json.loads(proc.stdout)["blocks"]
     gemms = [b for b in blocks if b["intrinsic"] and "gemm" in b["intrinsic"]]
     assert len(gemms) == 3, [b for b in blocks if b["macs"]]
+
+
+@pytest.mark.parametrize("act", ["uint8", "int8"])
+def test_dynamic_quantization_matmul_integer_becomes_an_8bit_core(tmp_path, act):
+    """ONNX Runtime's quantize_dynamic: MatMulInteger, which TVM imports as an int32 x int32
+    matmul of zero-point-centred operands, becomes an 8-bit core plus the zero points' shares."""
+    pytest.importorskip("onnxruntime")
+    from tirbyoc.testing.qdq import ort_quantize_dynamic
+
+    mod = import_onnx(ort_quantize_dynamic(float_transformer(tmp_path / "enc.onnx"), tmp_path / "enc_dyn.onnx"))
+    new, report = quantized_to_integer(mod, act)
+    assert report.integer.count("matmul_integer") == 6 and not report.kept  # the weight matmuls
+    x = np.random.default_rng(11).uniform(-1, 1, (16, 64)).astype("float32")
+    np.testing.assert_array_equal(run(new, x), run(mod, x))
+
+
+def test_a_quantized_model_deploys(ort_cnn, tmp_path):
+    """tirbyoc build takes the same path: the QDQ CNN on vta as one library, run in a fresh
+    process, equal to this process's run."""
+    from test_deploy import run_fresh
+
+    from tirbyoc.app.deploy import build_library
+
+    built = build_library(str(ort_cnn), ["vta"], output=tmp_path / "out" / "cnn.so")
+    assert built.report.offloaded_macs == built.report.total_macs
+    np.testing.assert_array_equal(run_fresh(built, tmp_path), built.output)

@@ -16,6 +16,9 @@ activations (attention) takes both zero points' shares from row and column sums 
 Activations are converted to the signedness the template's core takes (``u8 -> i8``:
 ``x_q - 128``, ``zx - 128``).
 
+ONNX's ``MatMulInteger`` (dynamic quantization), which TVM imports as an int32 x int32 matmul of
+zero-point-centred operands, becomes an 8-bit core plus the zero points' shares the same way.
+
 A chain the pass cannot prove exact stays float, with its reason in the report: weights that
 are not constants, asymmetric weights (a non-zero weight zero point needs window sums of the
 input), per-channel activation scales, layouts other than NCHW / OIHW.
@@ -229,23 +232,75 @@ def _shape(call) -> tuple:
         return ()
 
 
+class _IntegerPattern:
+    """ONNX's ``MatMulInteger`` (dynamic quantization) as TVM imports it: both 8-bit operands
+    widened to int32 with their zero points subtracted, then an int32 x int32 matmul - which no
+    8-bit core takes."""
+
+    def __init__(self):
+        self.a, self.za, self.w, self.zw = wildcard(), wildcard(), wildcard(), wildcard()
+
+        def centred(x, z):
+            return is_op("relax.subtract")(is_op("relax.astype")(x), is_op("relax.astype")(z))
+
+        self.root = is_op("relax.matmul")(centred(self.a, self.za), centred(self.w, self.zw))
+
+
+def _widened(x, z, dtype: str):
+    """(``x`` in ``dtype`` (an exact shift by 128 if its signedness differs), its zero point as
+    an int32 expression shifted alike)."""
+    z32 = relax.op.astype(z, "int32")
+    if str(x.ty.dtype) == dtype:
+        return x, z32
+    shift = -128 if dtype == "int8" else 128
+    wide = relax.op.add(relax.op.astype(x, "int16"), relax.const(shift, "int16"))
+    return relax.op.astype(wide, dtype), relax.op.add(z32, relax.const(shift, "int32"))
+
+
+def _rewrite_integer(call, m: dict, p: _IntegerPattern, act_dtype: str, report: QuantizedReport):
+    """``(a - za) . (w - zw)`` in int32 as an 8-bit core plus the zero points' shares:
+    ``a.w - zw*rowsum(a) - za*colsum(w) + K*za*zw`` (exact)."""
+    a, w = m[p.a], m[p.w]
+    try:
+        k = int(a.ty.shape.values[-1])
+    except (AttributeError, TypeError):
+        k = None
+    if str(a.ty.dtype) not in _ACT_RANGE or str(w.ty.dtype) not in _ACT_RANGE or k is None \
+            or str(call.attrs.out_dtype) != "int32":
+        if not any(call.same_as(c) for c in report.seen):
+            report.seen.append(call)
+            report.kept.append(("matmul_integer", "operands not 8-bit, or a symbolic reduction length"))
+        return call
+    a, za = _widened(a, m[p.za], act_dtype)
+    w, zw = _widened(w, m[p.zw], "int8")
+    acc = relax.op.matmul(a, w, out_dtype="int32")
+    rows = relax.op.sum(relax.op.astype(a, "int32"), axis=[-1], keepdims=True)
+    cols = relax.op.sum(relax.op.astype(w, "int32"), axis=[-2], keepdims=True)
+    out = relax.op.subtract(acc, relax.op.multiply(rows, zw))
+    out = relax.op.subtract(out, relax.op.multiply(cols, za))
+    report.integer.append("matmul_integer")
+    return relax.op.add(out, relax.op.multiply(relax.op.multiply(za, zw), relax.const(k, "int32")))
+
+
 def quantized_to_integer(mod, act_dtype: str = "uint8") -> tuple[object, QuantizedReport]:
     """(``mod`` with its quantized chains integer, the report). ``act_dtype``: the activation
     dtype the target template's core takes (uint8 for x86_vnni / Hexagon, int8 for VTA)."""
     if act_dtype not in _ACT_RANGE:
         raise ValueError(f"act_dtype must be uint8 or int8, got {act_dtype!r}")
     report = QuantizedReport()
-    p = _Pattern()
+    p, q = _Pattern(), _IntegerPattern()
     out = {}
     for gv, func in mod.functions_items():
         if isinstance(func, relax.Function):
             func = rewrite_call(p.root, lambda call, m: _rewrite(call, m, p, act_dtype, report), func)
+            func = rewrite_call(q.root, lambda call, m: _rewrite_integer(call, m, q, act_dtype, report), func)
         out[gv] = func
     return tvm.IRModule(out, attrs=mod.attrs), report
 
 
 def has_quantize_ops(mod) -> bool:
-    """Whether a Relax module quantizes or dequantizes anything (a QDQ model)."""
+    """Whether a Relax module quantizes or dequantizes anything (a QDQ or dynamically
+    quantized model)."""
     text = mod.script(show_meta=False)
     return "R.dequantize(" in text or "R.quantize(" in text
 

@@ -183,6 +183,16 @@ def ort_quantize(float_path, out_path, *, samples: int = 8, seed: int = 0, per_c
     return Path(out_path)
 
 
+def ort_quantize_dynamic(float_path, out_path) -> Path:
+    """``float_path`` quantized by ONNX Runtime's ``quantize_dynamic`` (int8 weights; activations
+    quantized at run time: ``DynamicQuantizeLinear`` + ``MatMulInteger``)."""
+    # deferred: optional dependency (onnxruntime)
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(str(float_path), str(out_path), weight_type=QuantType.QInt8)
+    return Path(out_path)
+
+
 def qdq_matmul(path, *, weight_zero_point: int = 0, seed: int = 0, m: int = 4, k: int = 32,
                n: int = 24) -> Path:
     """x -> QuantizeLinear -> DequantizeLinear -> MatMul(DequantizeLinear(w_q)) -> Quantize ->
@@ -212,4 +222,5 @@ def qdq_matmul(path, *, weight_zero_point: int = 0, seed: int = 0, m: int = 4, k
     return Path(path)
 
 
-__all__ = ["float_cnn", "float_depthwise", "float_resnet18", "float_transformer", "ort_quantize", "qdq_matmul"]
+__all__ = ["float_cnn", "float_depthwise", "float_resnet18", "float_transformer", "ort_quantize", "ort_quantize_dynamic",
+           "qdq_matmul"]
