@@ -11,6 +11,10 @@ three latencies: tirbyoc's offloaded build, TVM's default build of the QDQ model
 (each timed the same way in this process, ONNX Runtime's spinning off). A simulated template's
 latency is the host running its simulator, not the accelerator: its cycles are reported too.
 
+Also, for every int8 template (those that cannot run here included), the reach: the share of
+conv / matmul MACs the offload takes once the chains are integer (`offload_module` without
+verification, as bench/reach.py measures it).
+
     python bench/qdq.py [--templates vta,x86_vnni] [--out bench/results/qdq.json]
 """
 
@@ -23,7 +27,9 @@ import time
 from pathlib import Path
 
 import tirbyoc
-from tirbyoc.app.run import run_model
+from tirbyoc.app.run import legalized_model, run_model
+from tirbyoc.relax.bridge import offload_module
+from tirbyoc.relax.quantized import QuantizedReport
 from tirbyoc.offloading.table import render
 from tirbyoc.testing.qdq import float_resnet18, float_transformer, ort_quantize
 
@@ -46,6 +52,22 @@ def measure(path: Path, template: str, repeat: int) -> dict:
     return row
 
 
+REACH_TEMPLATES = ("x86_vnni", "vta", "hexagon_hvx", "cuda_mma")
+
+
+def reach(path: Path) -> dict:
+    """template -> (integer chains, MAC coverage) of the QDQ model, without running it."""
+    out = {}
+    for name in REACH_TEMPLATES:
+        template = tirbyoc.get_template(name)
+        report = QuantizedReport()
+        _, mod, _, _ = legalized_model(str(path), [template], 0, quantized=report)
+        _, offload = offload_module(mod, [template], verify=False)
+        out[name] = {"integer_chains": len(report.integer), "kept_float": len(report.kept),
+                     "coverage": offload.coverage}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--templates", default="vta,x86_vnni")
@@ -55,10 +77,11 @@ def main() -> None:
     templates = [t for t in args.templates.split(",") if tirbyoc.get_template(t).runs_here()]
     skipped = {t: tirbyoc.get_template(t).unavailable_reason() for t in args.templates.split(",")
                if t not in templates}
-    results, rows = [], []
+    results, rows, reaches = [], [], {}
     with tempfile.TemporaryDirectory() as work:
         for name, make in MODELS.items():
             qdq = ort_quantize(make(Path(work) / f"{name}.onnx"), Path(work) / f"{name}_qdq.onnx")
+            reaches[name] = reach(qdq)
             for t in templates:
                 t0 = time.perf_counter()
                 row = {"model": name, **measure(qdq, t, args.repeat), "seconds": time.perf_counter() - t0}
@@ -71,8 +94,11 @@ def main() -> None:
                              f"{lat['tirbyoc']:.1f}", f"{lat['tvm_default']:.1f}", f"{lat['onnxruntime']:.2f}"))
     print(render(("model", "template", "int chains", "coverage", "verified", "steps vs QDQ",
                   "steps vs ORT", "tirbyoc ms", "TVM ms", "ORT ms"), rows))
-    Path(args.out).write_text(json.dumps({"benchmark": "qdq", "skipped": skipped, "results": results},
-                                         indent=1, default=str) + "\n")
+    print("\nreach (MAC coverage once the chains are integer; not run):")
+    print(render(("model", *REACH_TEMPLATES),
+                 [(m, *(f"{r[t]['coverage']:.1%}" for t in REACH_TEMPLATES)) for m, r in reaches.items()]))
+    Path(args.out).write_text(json.dumps({"benchmark": "qdq", "skipped": skipped, "results": results,
+                                          "reach": reaches}, indent=1, default=str) + "\n")
     print(f"\nwritten to {args.out}" + (f"; not run here: {skipped}" if skipped else ""))
 
 
