@@ -14,14 +14,13 @@ from tirbyoc.app.html_report import write
 from tirbyoc.app.jsonout import dumps
 from tirbyoc.app.loaders import legalize
 from tirbyoc.app.model_inputs import load_inputs
-from tirbyoc.app.run import (Progress, activation_dtype, default_templates, legalized_model, load_model,
+from tirbyoc.app.run import (Progress, default_templates, integer_module, legalized_model, load_model,
                              run_model)
 from tirbyoc.app.sweep import parse_params, plot, sweep, table
 from tirbyoc.decl.registry import get_template, template_names
 from tirbyoc.errors import TirbyocError
 from tirbyoc.matching.chain import match_chains
 from tirbyoc.matching.matcher import explain
-from tirbyoc.relax.quantized import QuantizedToInteger, has_quantize_ops
 from tirbyoc.offloading.table import render
 from tirbyoc.tuning.tuner import rpc_runner, tune
 
@@ -105,10 +104,7 @@ def cmd_match(args) -> int:
     names = args.template or template_names()
     templates = [get_template(n) for n in names]
     mod = load_model(args.file, templates, args.object, _shapes_arg(args.input_shape))[1]
-    act = activation_dtype(templates)
-    if act is not None and has_quantize_ops(mod):  # what `run` offloads: the integer cores
-        mod = QuantizedToInteger(act)(mod)
-    mod = legalize(mod)
+    mod = legalize(integer_module(mod, templates))  # what `run` offloads: the integer cores
     try:
         results = explain(mod, templates)
     except ValueError as err:

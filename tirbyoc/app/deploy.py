@@ -30,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tirbyoc._tvm import make_target, relax_vm, tirx, tvm
+from tirbyoc._tvm import make_target, tirx, tvm
 from tirbyoc.app.jsonout import dumps
-from tirbyoc.app.run import Progress, legalized_model, model_output, templates_and_target
+from tirbyoc.app.run import Progress, build_and_time, legalized_model, templates_and_target
 from tirbyoc.decl.extern import ExternLibrary, c_compiler
 from tirbyoc.errors import TirbyocError
 from tirbyoc.relax.bridge import offload_module
@@ -234,19 +234,10 @@ def build_library(model: str | None, templates=None, *, output, target=None, dat
                   [{"name": p.name, "shape": [int(d) for d in p.ty.shape.values], "dtype": str(p.ty.dtype)}
                    for p in params], report, libs, None, arrays)
     if run_check and all(t.runs_here() for t in tmpls):
-        built.output = _run_in_process(offloaded, tgt, entry, arrays, tmpls)
+        sims = [t.simulator for t in tmpls if t.simulator is not None]
+        built.output = build_and_time(offloaded, tgt, entry, arrays, 1, sims, timed=False)[0]
     output.with_suffix(".json").write_text(dumps(built.to_json()) + "\n")
     return built
-
-
-def _run_in_process(mod, target, entry, arrays, tmpls) -> np.ndarray:
-    """The offloaded model's output here, as `tirbyoc run` computes it (its libraries
-    loaded into this process)."""
-    for t in tmpls:
-        if t.simulator is not None:
-            t.simulator.configure()
-    vm = relax_vm(tvm.compile(mod, target=target), tvm.cpu())
-    return model_output(vm[entry](*[tvm.runtime.tensor(a) for a in arrays]))
 
 
 __all__ = ["Built", "bind_weights", "build_library", "export_module", "link_inputs", "needed_libraries"]

@@ -117,19 +117,29 @@ def activation_dtype(templates) -> str | None:
     return None
 
 
+def integer_module(mod, templates, report: QuantizedReport | None = None):
+    """``mod`` (a Relax module, before legalization) as an int8 template offloads it: a
+    quantized model's chains made integer (`QuantizedToInteger`; ``report`` collects what it
+    did) when the first template computes on 8-bit integers, else ``mod`` itself."""
+    act = activation_dtype(templates)
+    if act is not None and has_quantize_ops(mod):
+        return QuantizedToInteger(act, report)(mod)
+    return mod
+
+
 def legalized_model(model: str | None, templates, seed: int, inputs: dict | None = None, *,
                     obj: str | None = None, input_shapes: dict | None = None,
-                    quantized: QuantizedReport | None = None, integer: bool = True):
+                    quantized: QuantizedReport | None = None, as_given: list | None = None):
     """(spec, legalized module, entry function, inputs) of a model for ``templates``: the
     user's ``inputs`` (name -> array) where given, else seeded data in each input's domain
-    (`tirbyoc.app.model_inputs`). A quantized (QDQ) model headed for an int8 template first
-    has its quantized chains made integer (`QuantizedToInteger`; ``quantized`` collects the
-    report; ``integer=False`` leaves them float, as the model was given)."""
-    spec, mod = load_model(model, templates, obj, input_shapes)
-    act = activation_dtype(templates)
-    if integer and act is not None and has_quantize_ops(mod):
-        mod = QuantizedToInteger(act, quantized)(mod)
-    mod = relax.transform.LegalizeOps()(mod)
+    (`tirbyoc.app.model_inputs`). A quantized model's chains are made integer first
+    (`integer_module`; ``quantized`` collects the report); ``as_given`` receives the model
+    legalized as it was given (the same module when nothing was made integer)."""
+    spec, loaded = load_model(model, templates, obj, input_shapes)
+    converted = integer_module(loaded, templates, quantized)
+    mod = relax.transform.LegalizeOps()(converted)
+    if as_given is not None:
+        as_given.append(mod if converted is loaded else relax.transform.LegalizeOps()(loaded))
     entry = entry_function(mod)
     return spec, mod, entry, model_inputs(mod, entry, seed, inputs)
 
@@ -161,7 +171,7 @@ def model_output(value) -> np.ndarray:
     return np.concatenate([l.ravel() for l in leaves]).astype(np.result_type(*leaves))
 
 
-def _build_and_time(mod, target, entry, arrays, repeat: int, simulators=(), *, twice: bool = False,
+def build_and_time(mod, target, entry, arrays, repeat: int, simulators=(), *, twice: bool = False,
                     timed: bool = True):
     """(output, latency in ms or None when not ``timed``, simulator stats of the first run).
     ``twice``: run once more and return None for the output if the two runs disagree (a build
@@ -193,7 +203,7 @@ def build_reference(mod, tgt, entry, arrays, repeat: int, baseline: str, timed: 
     A failure here is TVM's own, before any offload: `ModelError`, with its last line."""
 
     try:
-        return _build_and_time(baseline_module(mod, tgt, baseline), tgt, entry, arrays, repeat,
+        return build_and_time(baseline_module(mod, tgt, baseline), tgt, entry, arrays, repeat,
                                twice=True, timed=timed)
     except TirbyocError:
         raise
@@ -228,7 +238,7 @@ def run_offloaded(mod, tmpls, target, entry, arrays, ref_out, *, repeat: int = 1
         return report, None, None, {}, ["nothing was offloaded: the offloaded build would be "
                                          "TVM's build again, so it was not built"], None
     sims = {t.name: t.simulator for t in tmpls if t.simulator is not None}
-    new_out, ms, stats = _build_and_time(offloaded, check_target(target), entry, arrays, repeat,
+    new_out, ms, stats = build_and_time(offloaded, check_target(target), entry, arrays, repeat,
                                          list(sims.values()))
     comparison = compare(new_out, ref_out)
     if profile:
@@ -245,17 +255,14 @@ def templates_and_target(templates, target):
     return tmpls, tgt
 
 
-def _references(model, mod, tmpls, tgt, entry, arrays, repeat, baseline, time_baseline,
-                quantized: QuantizedReport, load: dict):
+def _references(model, mod, untouched, tgt, entry, arrays, repeat, baseline, time_baseline,
+                quantized: QuantizedReport):
     """(the output the offloaded model must give, latencies). The baseline is TVM's build of
     the model as given, timed. For a QDQ model made integer, the offload is checked against
     TVM's build of the integer model (exact), and the integer model against the float QDQ
     graph, in output quantization steps (``quantized.float_max_abs_diff``, ``.step``):
     integers are exact where the float graph rounds its sums, so a value on a rounding
     boundary can land one step apart."""
-    untouched = mod if not quantized.integer else legalized_model(
-        model, tmpls, load["seed"], load["inputs"], obj=load["obj"], input_shapes=load["input_shapes"],
-        integer=False)[1]
     out, ms, _ = build_reference(untouched, tgt, entry, arrays, repeat, baseline, time_baseline)
     latency = {"baseline": ms} if ms is not None else {}
     if quantized.integer and out is not None:
@@ -301,16 +308,16 @@ def run_model(model: str | None = None, templates: list | None = None, *, target
     t0 = time.perf_counter()
     progress.phase(f"importing {model or 'the built-in model'}")
     quantized = QuantizedReport()
+    as_given = []
     spec, mod, entry, arrays = legalized_model(model, tmpls, seed, inputs, obj=obj, quantized=quantized,
-                                               input_shapes=input_shapes)
+                                               input_shapes=input_shapes, as_given=as_given)
     seconds["import"] = time.perf_counter() - t0
     ref_out, latency = None, {}
     if all(t.runs_here() for t in tmpls):
         t0 = time.perf_counter()
         progress.phase("building and running TVM's build of the untouched model")
-        ref_out, latency = _references(model, mod, tmpls, tgt, entry, arrays, repeat, baseline,
-                                       time_baseline, quantized, dict(seed=seed, inputs=inputs, obj=obj,
-                                                                     input_shapes=input_shapes))
+        ref_out, latency = _references(model, mod, as_given[0], tgt, entry, arrays, repeat, baseline,
+                                       time_baseline, quantized)
         seconds["baseline"] = time.perf_counter() - t0
     unstable = "baseline" in seconds and ref_out is None
     t0 = time.perf_counter()

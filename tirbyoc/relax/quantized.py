@@ -113,14 +113,31 @@ def _check(m: dict, p: _Pattern, act_dtype: str):
     return w, sw.astype(np.float32), float(sx.reshape(())), int(zx.reshape(()))
 
 
+def _shifted(x, dtype: str) -> tuple[object, int]:
+    """(``x`` in ``dtype``, the shift applied): u8 <-> i8 is an exact shift by 128, which its
+    zero point takes too."""
+    if str(x.ty.dtype) == dtype:
+        return x, 0
+    shift = -128 if dtype == "int8" else 128
+    wide = relax.op.add(relax.op.astype(x, "int16"), relax.const(shift, "int16"))
+    return relax.op.astype(wide, dtype), shift
+
+
 def _to_act_dtype(x, zx: int, act_dtype: str):
-    """``x`` and its zero point in the template's activation dtype (an exact shift by 128)."""
-    have = str(x.ty.dtype)
-    if have == act_dtype:
-        return x, zx
-    shift = -128 if act_dtype == "int8" else 128
-    wide = relax.op.astype(x, "int16")
-    return relax.op.astype(relax.op.add(wide, relax.const(shift, "int16")), act_dtype), zx + shift
+    """``x`` and its (constant) zero point in the template's activation dtype."""
+    x, shift = _shifted(x, act_dtype)
+    return x, zx + shift
+
+
+def _centred_matmul(x, w, zx, zw, k: int):
+    """``(x - zx) . (w - zw)`` as an 8-bit core plus the zero points' shares, exact in int32:
+    ``x.w - zw*rowsum(x) - zx*colsum(w) + K*zx*zw`` (``zx``, ``zw``: int32 scalars)."""
+    acc = relax.op.matmul(x, w, out_dtype="int32")
+    rows = relax.op.sum(relax.op.astype(x, "int32"), axis=[-1], keepdims=True)
+    cols = relax.op.sum(relax.op.astype(w, "int32"), axis=[-2], keepdims=True)
+    out = relax.op.subtract(acc, relax.op.multiply(rows, zw))
+    out = relax.op.subtract(out, relax.op.multiply(cols, zx))
+    return relax.op.add(out, relax.op.multiply(relax.op.multiply(zx, zw), relax.const(k, "int32")))
 
 
 def _integer_conv(call, x, zx: int, w: np.ndarray):
@@ -202,12 +219,7 @@ def _dynamic_matmul(m: dict, p: _Pattern, act_dtype: str):
     if p.perm in m:
         axes = m[p.perm].attrs.axes
         w = relax.op.permute_dims(w, [int(a) for a in axes] if axes is not None else None)
-    acc = relax.op.matmul(x, w, out_dtype="int32")
-    rows = relax.op.sum(relax.op.astype(x, "int32"), axis=[-1], keepdims=True)
-    cols = relax.op.sum(relax.op.astype(w, "int32"), axis=[-2], keepdims=True)
-    corrected = relax.op.subtract(acc, relax.op.multiply(rows, relax.const(zw, "int32")))
-    corrected = relax.op.subtract(corrected, relax.op.multiply(cols, relax.const(zx, "int32")))
-    corrected = relax.op.add(corrected, relax.const(k * zx * zw, "int32"))
+    corrected = _centred_matmul(x, w, relax.const(zx, "int32"), relax.const(zw, "int32"), k)
     scale = np.array([np.float32(sx) * np.float32(sw)], dtype=np.float32)
     return corrected, scale, (1,), "matmul (activations)"
 
@@ -247,14 +259,10 @@ class _IntegerPattern:
 
 
 def _widened(x, z, dtype: str):
-    """(``x`` in ``dtype`` (an exact shift by 128 if its signedness differs), its zero point as
-    an int32 expression shifted alike)."""
+    """(``x`` in ``dtype``, its run-time zero point as an int32 expression shifted alike)."""
+    x, shift = _shifted(x, dtype)
     z32 = relax.op.astype(z, "int32")
-    if str(x.ty.dtype) == dtype:
-        return x, z32
-    shift = -128 if dtype == "int8" else 128
-    wide = relax.op.add(relax.op.astype(x, "int16"), relax.const(shift, "int16"))
-    return relax.op.astype(wide, dtype), relax.op.add(z32, relax.const(shift, "int32"))
+    return x, (relax.op.add(z32, relax.const(shift, "int32")) if shift else z32)
 
 
 def _rewrite_integer(call, m: dict, p: _IntegerPattern, act_dtype: str, report: QuantizedReport):
@@ -273,13 +281,8 @@ def _rewrite_integer(call, m: dict, p: _IntegerPattern, act_dtype: str, report: 
         return call
     a, za = _widened(a, m[p.za], act_dtype)
     w, zw = _widened(w, m[p.zw], "int8")
-    acc = relax.op.matmul(a, w, out_dtype="int32")
-    rows = relax.op.sum(relax.op.astype(a, "int32"), axis=[-1], keepdims=True)
-    cols = relax.op.sum(relax.op.astype(w, "int32"), axis=[-2], keepdims=True)
-    out = relax.op.subtract(acc, relax.op.multiply(rows, zw))
-    out = relax.op.subtract(out, relax.op.multiply(cols, za))
     report.integer.append("matmul_integer")
-    return relax.op.add(out, relax.op.multiply(relax.op.multiply(za, zw), relax.const(k, "int32")))
+    return _centred_matmul(a, w, za, zw, k)
 
 
 def quantized_to_integer(mod, act_dtype: str = "uint8") -> tuple[object, QuantizedReport]:
@@ -298,11 +301,23 @@ def quantized_to_integer(mod, act_dtype: str = "uint8") -> tuple[object, Quantiz
     return tvm.IRModule(out, attrs=mod.attrs), report
 
 
+_QUANTIZE_OPS = ("relax.quantize", "relax.dequantize")
+
+
 def has_quantize_ops(mod) -> bool:
     """Whether a Relax module quantizes or dequantizes anything (a QDQ or dynamically
     quantized model)."""
-    text = mod.script(show_meta=False)
-    return "R.dequantize(" in text or "R.quantize(" in text
+    found = []
+
+    def visit(expr):
+        op = getattr(expr, "op", None)
+        if not found and getattr(op, "name", None) in _QUANTIZE_OPS:
+            found.append(expr)
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return bool(found)
 
 
 def QuantizedToInteger(act_dtype: str = "uint8", report: QuantizedReport | None = None):

@@ -18,10 +18,21 @@ def _onnx():
     return onnx, TensorProto, helper, numpy_helper
 
 
+def _save(path, name: str, nodes, inits, x_shape, y_shape) -> Path:
+    """A one-input ("x"), one-output ("y") float graph saved as an opset-17 ONNX model."""
+    onnx, tp, helper, _ = _onnx()
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", tp.FLOAT, list(x_shape))],
+                              [helper.make_tensor_value_info("y", tp.FLOAT, list(y_shape))], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return Path(path)
+
+
 def float_cnn(path, *, seed: int = 0, channels: int = 16, size: int = 8, classes: int = 10) -> Path:
     """conv3x3(pad 1) + bias -> relu -> conv3x3 -> relu -> flatten -> matmul + bias: a float
     ONNX model to quantize."""
-    onnx, tp, helper, nh = _onnx()
+    _, _, helper, nh = _onnx()
     rng = np.random.default_rng(seed)
 
     def init(name, shape, scale):
@@ -38,18 +49,13 @@ def float_cnn(path, *, seed: int = 0, channels: int = 16, size: int = 8, classes
              helper.make_node("Reshape", ["r2", "flat"], ["f"]),
              helper.make_node("MatMul", ["f", "w3"], ["m"]),
              helper.make_node("Add", ["m", "b3"], ["y"])]
-    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", tp.FLOAT, [1, 3, size, size])],
-                              [helper.make_tensor_value_info("y", tp.FLOAT, [1, classes])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-    return Path(path)
+    return _save(path, "cnn", nodes, inits, [1, 3, size, size], [1, classes])
 
 
 def float_depthwise(path, *, seed: int = 0, channels: int = 8, size: int = 8, classes: int = 10) -> Path:
     """conv3x3 -> relu -> depthwise conv3x3 (stride 2) + bias -> relu -> flatten -> Gemm
     (transB=1) + bias: the mobile-network shapes (grouped conv, a transposed classifier)."""
-    onnx, tp, helper, nh = _onnx()
+    _, _, helper, nh = _onnx()
     rng = np.random.default_rng(seed)
     half = size // 2
     inits = [nh.from_array(rng.normal(0, .3, (channels, 3, 3, 3)).astype("float32"), "w1"),
@@ -64,12 +70,7 @@ def float_depthwise(path, *, seed: int = 0, channels: int = 8, size: int = 8, cl
              helper.make_node("Relu", ["c2"], ["r2"]),
              helper.make_node("Flatten", ["r2"], ["f"]),
              helper.make_node("Gemm", ["f", "wg", "bg"], ["y"], transB=1)]
-    graph = helper.make_graph(nodes, "mobile", [helper.make_tensor_value_info("x", tp.FLOAT, [1, 3, size, size])],
-                              [helper.make_tensor_value_info("y", tp.FLOAT, [1, classes])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-    return Path(path)
+    return _save(path, "mobile", nodes, inits, [1, 3, size, size], [1, classes])
 
 
 def float_resnet18(path, *, seed: int = 0, size: int = 224, classes: int = 1000, width: int = 64) -> Path:
@@ -77,7 +78,7 @@ def float_resnet18(path, *, seed: int = 0, size: int = 224, classes: int = 1000,
     convolutions' biases, as an exported inference model has them): a 7x7/2 stem and max pool,
     four stages of two basic blocks (3x3 convs, 1x1/2 projections), global average pool, a
     Gemm classifier. Weights He-initialised, so activations stay O(1) for calibration."""
-    onnx, tp, helper, nh = _onnx()
+    _, _, helper, nh = _onnx()
     rng = np.random.default_rng(seed)
     inits, nodes, counter = [], [], iter(range(10 ** 6))
 
@@ -109,18 +110,13 @@ def float_resnet18(path, *, seed: int = 0, size: int = 224, classes: int = 1000,
                   nh.from_array(np.zeros(classes, "float32"), "fc_b")])
     nodes.extend([helper.make_node("GlobalAveragePool", [x], ["gap"]), helper.make_node("Flatten", ["gap"], ["flat"]),
                   helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["y"], transB=1)])
-    graph = helper.make_graph(nodes, "resnet18", [helper.make_tensor_value_info("x", tp.FLOAT, [1, 3, size, size])],
-                              [helper.make_tensor_value_info("y", tp.FLOAT, [1, classes])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-    return Path(path)
+    return _save(path, "resnet18", nodes, inits, [1, 3, size, size], [1, classes])
 
 
 def float_transformer(path, *, seed: int = 0, seq: int = 16, dim: int = 64, hidden: int = 128) -> Path:
     """One single-head encoder layer as ONNX: q, k, v projections, softmax(q.k^T / sqrt(d)).v,
     an output projection, a residual, a ReLU feed-forward and a second residual."""
-    onnx, tp, helper, nh = _onnx()
+    _, _, helper, nh = _onnx()
     rng = np.random.default_rng(seed)
     inits, nodes = [], []
 
@@ -144,12 +140,7 @@ def float_transformer(path, *, seed: int = 0, seq: int = 16, dim: int = 64, hidd
     nodes.append(helper.make_node("Relu", ["f1"], ["r"]))
     linear("r", "f2", hidden, dim, "f2")
     nodes.append(helper.make_node("Add", ["f2", "h"], ["y"]))
-    graph = helper.make_graph(nodes, "encoder", [helper.make_tensor_value_info("x", tp.FLOAT, [seq, dim])],
-                              [helper.make_tensor_value_info("y", tp.FLOAT, [seq, dim])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-    return Path(path)
+    return _save(path, "encoder", nodes, inits, [seq, dim], [seq, dim])
 
 
 def ort_quantize(float_path, out_path, *, samples: int = 8, seed: int = 0, per_channel: bool = True,
@@ -198,7 +189,7 @@ def qdq_matmul(path, *, weight_zero_point: int = 0, seed: int = 0, m: int = 4, k
     """x -> QuantizeLinear -> DequantizeLinear -> MatMul(DequantizeLinear(w_q)) -> Quantize ->
     Dequantize, written by hand: per-tensor uint8 activations, int8 weights with the given
     zero point (0: symmetric, what the integer rewrite needs)."""
-    onnx, tp, helper, nh = _onnx()
+    _, _, helper, nh = _onnx()
     rng = np.random.default_rng(seed)
     wq = rng.integers(-100, 100, (k, n)).astype(np.int8)
 
@@ -214,12 +205,7 @@ def qdq_matmul(path, *, weight_zero_point: int = 0, seed: int = 0, m: int = 4, k
              helper.make_node("MatMul", ["xd", "wd"], ["m"]),
              helper.make_node("QuantizeLinear", ["m", "sy", "zy"], ["yq"]),
              helper.make_node("DequantizeLinear", ["yq", "sy", "zy"], ["y"])]
-    graph = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("x", tp.FLOAT, [m, k])],
-                              [helper.make_tensor_value_info("y", tp.FLOAT, [m, n])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-    return Path(path)
+    return _save(path, "mm", nodes, inits, [m, k], [m, n])
 
 
 __all__ = ["float_cnn", "float_depthwise", "float_resnet18", "float_transformer", "ort_quantize", "ort_quantize_dynamic",
