@@ -238,7 +238,10 @@ def test_run_unknown_template_and_target(capsys):
     assert code == 2 and 'Target kind "nosuchkind" is not defined' in err and "Traceback" not in err
 
 
-def test_run_on_a_template_that_cannot_run_here_says_so(capsys):
+def test_run_on_a_template_that_cannot_run_here_says_so(capsys, monkeypatch):
+    from tirbyoc.decl import host
+
+    monkeypatch.setattr(host.shutil, "which", lambda prog: None)  # no qemu-hexagon
     code = main(["run", "-q", "--json", "-t", "hexagon_hvx", "-m", "builtin:cnn_int8"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["verified"] is None and "cannot run here" in out["not_run"]

@@ -229,15 +229,13 @@ def test_policies():
 
 
 # ------------------------------------------------------------------- device templates
-def test_hexagon_rewrite_is_ir_level_here():
-    """vrmpy tensorizes; this machine cannot run (or safely cross-compile) Hexagon code, so
-    verification says so instead of passing or failing."""
-    out = offload(matmul(64, 64, 64, "uint8", "uint8", "int32", trans_b=True), "hexagon_hvx")
+def test_hexagon_rewrite_tensorizes_vrmpy():
+    """vrmpy tensorizes (whether it then runs under QEMU is tests/test_hexagon.py's)."""
+    out = offload(matmul(64, 64, 64, "uint8", "uint8", "int32", trans_b=True), "hexagon_hvx",
+                  verify=False)
     block = only(out.blocks)
     assert block.offloaded and block.intrinsic.startswith("hexagon_hvx.vrmpy_32x4")
-    assert out.verification.passed is None and "cannot run" in out.verification.reason
-    text = out.func.script()
-    assert "vrmpy" in text
+    assert "vrmpy" in out.func.script()
 
 
 # ----------------------------------------------------------------- separate init blocks

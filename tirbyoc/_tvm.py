@@ -11,6 +11,7 @@ TVMScript intrinsics and costs ~40 s.
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 from typing import Iterator
 
@@ -20,6 +21,7 @@ import tvm_ffi.libinfo  # noqa: E402
 from tvm import sym  # noqa: E402  (arith: detect_iter_map, IterMapLevel)
 from tvm import relax, s_tir, tirx  # noqa: E402
 from tvm.ir.prim import expr as prim_expr  # noqa: E402
+from tvm.s_tir import pipeline as s_tir_pipeline  # noqa: E402
 from tvm.script import tirx as T  # noqa: E402
 from tvm.support import cc, nvcc  # noqa: E402
 from tvm.target import codegen  # noqa: E402
@@ -165,8 +167,28 @@ def relax_vm(executable, device):
 
 
 def is_host_target(target) -> bool:
-    """Whether ``target`` (a Target or a target dict) compiles to code for this CPU."""
-    return str(make_target(target).kind.name) in ("llvm", "c")
+    """Whether ``target`` (a Target or a target dict) compiles to code for this CPU: kind
+    ``llvm`` or ``c`` with no ``mtriple`` of another architecture (``mtriple=hexagon`` is
+    LLVM code for a Hexagon DSP, not for this machine)."""
+    target = make_target(target)
+    if str(target.kind.name) not in ("llvm", "c"):
+        return False
+    triple = str(target.attrs.get("mtriple") or "")
+    return not triple or triple.split("-")[0] in (platform.machine(), "x86_64" if
+                                                 platform.machine() == "AMD64" else "")
+
+
+def register_tir_pipeline(name: str, after) -> None:
+    """Register, as TIR pipeline ``name`` (for ``tvm.compile(..., tir_pipeline=name)``),
+    TVM's default lowering followed by the passes ``after`` returns, run before the host
+    finalisation (``LowerTVMBuiltin``): where a target's own memory or runtime calls are
+    lowered that TVM's pipeline has no hook for."""
+
+    def pipeline():
+        default, finalize_host, finalize_device = s_tir_pipeline.default_s_tir_pipeline()
+        return tvm.transform.Sequential([default, *after()]), finalize_host, finalize_device
+
+    tirx.compilation_pipeline.PIPELINE_MAP[name] = pipeline
 
 
 def with_external_mods(mod, modules):

@@ -8,6 +8,7 @@ from tirbyoc.app.reference import Reference
 from tirbyoc.app.targets import BASELINES
 from tirbyoc.offloading.table import group_repeats, render
 from tirbyoc.relax.bridge import OffloadReport
+from tirbyoc.relax.emulated import EmulatedRuns
 from tirbyoc.relax.quantized import QuantizedReport
 
 
@@ -27,6 +28,7 @@ class RunResult:
     baseline: str = "default"  # how TVM built the untouched model (BASELINES)
     quantized: QuantizedReport | None = None  # a QDQ model's chains made integer
     reference: Reference | None = None  # ONNX Runtime on the same model and inputs
+    emulated: EmulatedRuns | None = None  # the offloaded PrimFuncs ran in an emulator
 
     def to_json(self) -> dict:
         r = self.report
@@ -45,6 +47,7 @@ class RunResult:
             "functions": [f.to_json() for f in r.functions],
             "quantized": self.quantized.to_json() if self.quantized is not None else None,
             "reference": self.reference.to_json() if self.reference is not None else None,
+            "emulated": self.emulated.to_json() if self.emulated is not None else None,
         }
 
     def outcome(self) -> str:
@@ -69,14 +72,10 @@ class RunResult:
         text = render(head, rows)
         if notes:
             text += "\n\n" + "\n".join(notes)
-        lat = self.latency_ms
         text += (f"\n\n{len(r.functions)} PrimFuncs ({r.others} without multiply-accumulates, "
                  "left to TVM)"
                  f"\nMAC coverage: {r.coverage:.1%} ({r.offloaded_macs:,} of {r.total_macs:,})"
-                 f"\nlatency: offloaded {_ms(lat.get('offloaded'))}, "
-                 f"TVM baseline {_ms(lat.get('baseline'))}"
-                 f"\n  both built for {_target_words(self.target)}; baseline: "
-                 f"{BASELINES.get(self.baseline, self.baseline)}"
+                 f"\n{self._where()}"
                  f"\noutputs: {self.outcome()}")
         if self.quantized is not None:
             text += f"\nquantized model: {self.quantized.describe()}"
@@ -93,6 +92,22 @@ class RunResult:
         if self.not_run:
             text += f"\nnot run: {self.not_run}"
         return text
+
+
+    def _where(self) -> str:
+        """Latency and what each build ran on."""
+        lat, e = self.latency_ms, self.emulated
+        baseline = BASELINES.get(self.baseline, self.baseline)
+        if e is None:
+            return (f"latency: offloaded {_ms(lat.get('offloaded'))}, TVM baseline "
+                    f"{_ms(lat.get('baseline'))}\n  both built for {_target_words(self.target)}; "
+                    f"baseline: {baseline}")
+        calls = sum(e.calls.values())
+        return (f"latency: not measured (emulated)\n  offloaded PrimFuncs built for "
+                f"{_target_words(e.target)}, ran under {e.emulator}: {calls} call(s), "
+                f"{e.seconds:.2f} s in QEMU, VTCM high-water {e.vtcm_high_water:,} B\n  the rest "
+                f"of the model and the baseline built for {_target_words(self.target)}; "
+                f"baseline: {baseline}")
 
 
 def _per_call(ms: dict | None) -> str:

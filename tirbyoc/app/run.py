@@ -12,6 +12,9 @@ import logging
 import sys
 import time
 
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
+
 import numpy as np
 from tvm import relax
 
@@ -28,12 +31,15 @@ from tirbyoc.app.targets import (
     check_target,
     check_templates_on_target,
     complete_target,
+    model_target,
 )
 from tirbyoc.decl.extern import check_loaded
 from tirbyoc.decl.registry import as_template, get_template
 from tirbyoc.errors import ModelError, TirbyocError, last_line
 from tirbyoc.offloading.verification import compare_arrays
+from tirbyoc.offloading.hexagon import is_hexagon
 from tirbyoc.relax.bridge import offload_module
+from tirbyoc.relax.emulated import EmulatedRuns, emulate_offloaded
 from tirbyoc.relax.quantized import QuantizedReport, QuantizedToInteger, has_quantize_ops
 from tirbyoc.tuning.apply import tuned_schedules
 
@@ -223,27 +229,49 @@ def compare(new_out: np.ndarray, ref_out: np.ndarray):
     return compare_arrays(ref_out, new_out)
 
 
+@dataclass
+class OffloadRun:
+    """`run_offloaded`'s findings: the per-PrimFunc report; the outputs compared (None when
+    not run: ``missing`` says why); latency; simulator statistics per template; the output;
+    what the emulator ran, when the offloaded code ran in one."""
+
+    report: object
+    comparison: object = None
+    ms: float | None = None
+    simulation: dict = dataclass_field(default_factory=dict)
+    missing: list = dataclass_field(default_factory=list)
+    output: np.ndarray | None = None
+    emulated: EmulatedRuns | None = None
+
+
 def run_offloaded(mod, tmpls, target, entry, arrays, ref_out, *, repeat: int = 10, progress=None,
-                  tuned=None, profile: bool = False):
+                  tuned=None, profile: bool = False) -> OffloadRun:
     """Offload ``mod`` (legalized) to ``tmpls`` (``tuned``: schedules to prefer, see
     `offload`), build, run once (simulators measuring that run), time, compare with
-    ``ref_out``: (report, comparison or None, ms, simulation, missing, output or None).
-    ``profile``: also time each offloaded PrimFunc alone (`tirbyoc.app.profiling`)."""
+    ``ref_out``. Code for an emulated target (Hexagon) runs PrimFunc by PrimFunc under the
+    emulator, the rest of the model here, untimed. ``profile``: also time each offloaded
+    PrimFunc alone (`tirbyoc.app.profiling`)."""
     offloaded, report = offload_module(mod, tmpls, progress=progress, tuned=tuned)
     missing = [f"template {t.name} cannot run here: {t.unavailable_reason()}" for t in tmpls
                if not t.runs_here()]
     if missing or ref_out is None:
-        return report, None, None, {}, missing, None
+        return OffloadRun(report, missing=missing)
     if not any(f.offloaded for f in report.functions):
-        return report, None, None, {}, ["nothing was offloaded: the offloaded build would be "
-                                         "TVM's build again, so it was not built"], None
+        return OffloadRun(report, missing=["nothing was offloaded: the offloaded build would be "
+                                           "TVM's build again, so it was not built"])
+    emulated = None
+    if is_hexagon(check_target(target)):
+        capacities = {s.name: s.capacity for t in tmpls for s in t.scopes if s.capacity}
+        offloaded, emulated = emulate_offloaded(offloaded, [f.name for f in report.functions
+                                                            if f.offloaded and not f.extern],
+                                                check_target(target), capacities)
     sims = {t.name: t.simulator for t in tmpls if t.simulator is not None}
-    new_out, ms, stats = build_and_time(offloaded, check_target(target), entry, arrays, repeat,
-                                         list(sims.values()))
-    comparison = compare(new_out, ref_out)
-    if profile:
+    new_out, ms, stats = build_and_time(offloaded, model_target(target), entry, arrays, repeat,
+                                         list(sims.values()), timed=emulated is None)
+    if profile and emulated is None:
         profile_functions(mod, offloaded, report, target, repeat, progress=progress)
-    return report, comparison, ms, dict(zip(sims, stats)), missing, new_out
+    return OffloadRun(report, compare(new_out, ref_out), ms, dict(zip(sims, stats)), missing,
+                      new_out, emulated)
 
 
 def templates_and_target(templates, target):
@@ -316,15 +344,16 @@ def run_model(model: str | None = None, templates: list | None = None, *, target
     if all(t.runs_here() for t in tmpls):
         t0 = time.perf_counter()
         progress.phase("building and running TVM's build of the untouched model")
-        ref_out, latency = _references(model, mod, as_given[0], tgt, entry, arrays, repeat, baseline,
-                                       time_baseline, quantized)
+        ref_out, latency = _references(model, mod, as_given[0], model_target(tgt), entry, arrays,
+                                       repeat, baseline, time_baseline and not is_hexagon(tgt), quantized)
         seconds["baseline"] = time.perf_counter() - t0
     unstable = "baseline" in seconds and ref_out is None
     t0 = time.perf_counter()
     progress.phase(f"offloading to {', '.join(names)}, building and running")
-    report, comparison, ms, simulation, missing, new_out = run_offloaded(
-        mod, tmpls, tgt, entry, arrays, ref_out, repeat=repeat, progress=progress.step, tuned=tuned,
-        profile=profile)
+    done = run_offloaded(mod, tmpls, tgt, entry, arrays, ref_out, repeat=repeat,
+                         progress=progress.step, tuned=tuned, profile=profile)
+    report, comparison, ms, missing, new_out = (done.report, done.comparison, done.ms, done.missing,
+                                                done.output)
     if unstable:
         missing.append(UNSTABLE)
     verified = None if comparison is None else comparison.passed
@@ -337,11 +366,11 @@ def run_model(model: str | None = None, templates: list | None = None, *, target
     if reference == "onnxruntime" and new_out is not None:
         progress.phase("running the model in ONNX Runtime")
         ref = onnxruntime_reference(model, arrays, new_out, repeat)
-    target_json = json.loads(str(tgt))  # the target both builds really used
+    target_json = json.loads(str(model_target(tgt)))  # the target both builds really used
     return RunResult(spec, names, target_json, report, verified, err, latency, seconds,
-                     "; ".join(missing) or None, simulation, comparison, baseline,
-                     quantized if quantized.integer or quantized.kept else None, ref)
+                     "; ".join(missing) or None, done.simulation, comparison, baseline,
+                     quantized if quantized.integer or quantized.kept else None, ref, done.emulated)
 
 
-__all__ = ["BASELINES", "Progress", "RunResult", "baseline_module", "check_target", "compare",
+__all__ = ["BASELINES", "OffloadRun", "Progress", "RunResult", "baseline_module", "check_target", "compare",
            "complete_target", "run_model", "run_offloaded"]

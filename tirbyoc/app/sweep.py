@@ -25,6 +25,7 @@ from tirbyoc.app.run import (
     legalized_model,
     run_offloaded,
 )
+from tirbyoc.app.targets import model_target
 from tirbyoc.decl.registry import as_template
 from tirbyoc.errors import TirbyocError
 from tirbyoc.offloading.table import render
@@ -101,11 +102,12 @@ def sweep(model: str | None, template, grid: dict[str, list], *, target=None, se
             if act not in references:
                 _, mod, entry, arrays = legalized_model(model, [variant], seed, obj=obj,
                                                         input_shapes=input_shapes)
-                ref, _, _ = build_reference(mod, tgt, entry, arrays, 1, "default", timed=False)
+                ref, _, _ = build_reference(mod, model_target(tgt), entry, arrays, 1, "default", timed=False)
                 references[act] = (mod, entry, arrays, ref)
             mod, entry, arrays, ref = references[act]
-            report, comparison, _, simulation, missing, _ = run_offloaded(
-                mod, [variant], tgt, entry, arrays, ref, repeat=1)
+            done = run_offloaded(mod, [variant], tgt, entry, arrays, ref, repeat=1)
+            report, comparison, simulation, missing = (done.report, done.comparison,
+                                                       done.simulation, done.missing)
             point.coverage = report.coverage
             if ref is None:
                 missing.append(UNSTABLE)

@@ -16,6 +16,7 @@ from tvm.s_tir import dlight as dl
 from tirbyoc._tvm import cuda_available, host_target, isa_features, make_target
 from tirbyoc.decl.template import Runtime
 from tirbyoc.errors import TirbyocError, last_line
+from tirbyoc.offloading.hexagon import is_hexagon
 
 
 def complete_target(target):
@@ -70,6 +71,15 @@ def check_templates_on_target(tmpls, tgt) -> None:
                 f"{t.target.get('mcpu')}); the target's CPU {mcpu} has none of them, and LLVM "
                 f"would abort. Use -t blas, or a target whose mcpu has them (e.g. "
                 f"'{{\"kind\": \"llvm\", \"mcpu\": \"{t.target.get('mcpu')}\"}}')")
+
+
+def model_target(target):
+    """Where the model itself is built and run for ``target``: the target, or this CPU when
+    the offloaded code runs in an emulator (Hexagon: each offloaded PrimFunc under
+    qemu-hexagon, everything else here)."""
+    if is_hexagon(make_target(target)):
+        return check_target(complete_target({"kind": "llvm"}))
+    return make_target(target)
 
 
 def check_target(target):

@@ -6,6 +6,24 @@ CPU, the CUDA driver), whose spelling lives in `tirbyoc._tvm`.
 
 from __future__ import annotations
 
+import shutil
+
 from tirbyoc._tvm import cuda_available, host_cpu_features, host_target
 
-__all__ = ["cuda_available", "host_cpu_features", "host_target"]
+# (program, Debian package): what running Hexagon code under QEMU takes
+HEXAGON_TOOLS = (("qemu-hexagon", "qemu-user"), ("clang-16", "clang-16"), ("ld.lld-16", "lld-16"))
+HEXAGON_INSTALL = "apt-get install -y qemu-user clang-16 lld-16"
+
+
+def hexagon_emulator_missing() -> str | None:
+    """Which programs that run Hexagon code here (QEMU's user mode, the compiler and linker
+    of the harness) are missing, and the command that installs them; None when all are."""
+    missing = [f"{prog} (package {pkg})" for prog, pkg in HEXAGON_TOOLS if shutil.which(prog) is None]
+    if not missing:
+        return None
+    return (f"{', '.join(missing)} not installed: `{HEXAGON_INSTALL}` (Debian, as root) lets "
+            "tirbyoc run Hexagon code under qemu-hexagon")
+
+
+__all__ = ["HEXAGON_INSTALL", "HEXAGON_TOOLS", "cuda_available", "hexagon_emulator_missing",
+           "host_cpu_features", "host_target"]

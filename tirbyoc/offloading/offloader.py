@@ -201,6 +201,8 @@ def _verify_on(template, original, new, target):
 
     if isinstance(template, Template):
         template.activate()
+        return run_verify(original, new, target,
+                          capacities={s.name: s.capacity for s in template.scopes if s.capacity})
     return run_verify(original, new, target)
 
 

@@ -13,7 +13,9 @@ with itself on the same inputs is never blamed on the rewrite.
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -34,6 +36,7 @@ from tirbyoc.decl.extern import check_loaded
 from tirbyoc.dtypes import is_float
 from tirbyoc.errors import TirbyocError, VerificationError, last_line
 from tirbyoc.ir.domains import buffer_domains, draw
+from tirbyoc.offloading import hexagon
 
 # Relative tolerance per float dtype, scaled by sqrt(reduction length) in `tolerance`.
 _FLOAT_RTOL = {"float16": 2e-3, "bfloat16": 1e-2, "float32": 2e-6, "float64": 1e-13}
@@ -55,6 +58,7 @@ class Verification:
     tolerance: dict[str, float] = field(default_factory=dict)  # per written buffer: abs tolerance
     reason: str | None = None
     max_rel_err: float = float("nan")  # max |diff| / max |reference| over the outputs
+    ran_on: str | None = None  # where the rewritten code ran, when not this CPU or its GPU
 
     def __bool__(self) -> bool:
         return bool(self.passed)
@@ -64,6 +68,8 @@ class Verification:
             return f"not meaningfully checked: {self.reason}" if self.outputs else f"not run: {self.reason}"
         word = "verified" if self.passed else "MISMATCH"
         note = f", {self.reason}" if self.reason else ""
+        if self.ran_on:
+            note += f", ran under {self.ran_on}"
         tol = max(self.tolerance.values(), default=0.0)
         return (f"{word} (max |err| {self.max_abs_err:.3g}, relative {self.max_rel_err:.3g}, "
                 f"tolerance {tol:.3g}{note})")
@@ -234,6 +240,8 @@ def _cannot_run_here(rewritten, target) -> str | None:
     """Why code for ``target`` cannot run on this machine (built first where building is
     safe, so a build error still shows), or None."""
     kind = str(target.kind.name)
+    if hexagon.is_hexagon(target):
+        return _hexagon_built_only(rewritten, target)
     if kind == "cuda" and not cuda_available():
         compile_func(rewritten, target, "rewritten")
         return "built for CUDA; no GPU here to run it"
@@ -251,14 +259,42 @@ def _cannot_run_here(rewritten, target) -> str | None:
     return None
 
 
+def _hexagon_built_only(rewritten, target) -> str | None:
+    """Why Hexagon code for ``target`` cannot run here (after building it where that is
+    safe), or None when it runs under qemu-hexagon."""
+    reason = hexagon.cannot_run(target)
+    if reason is None:
+        return None
+    if str(target.kind.name) != "llvm":
+        # Not built: this TVM's `hexagon` kind aborts LLVM on vrmpy, which no handler catches.
+        return f"not built: {reason}"
+    with tempfile.TemporaryDirectory() as tmp:
+        hexagon.build_object(rewritten, target, Path(tmp) / "kernel.o")
+    return f"built for Hexagon only: {reason}"
+
+
+def _run_rewritten(rewritten, target, arrays, capacities):
+    """(the rewritten function's arrays after one run, where it ran) on ``target``; a
+    `hexagon.HexagonRunError` when an emulated run did not finish."""
+    if hexagon.is_hexagon(target):
+        vtcm = (capacities or {}).get(hexagon.VTCM) or hexagon.DEFAULT_VTCM_BYTES
+        done = hexagon.run(rewritten, target, [a.copy() for a in arrays], vtcm)
+        return done.arrays, done.emulator
+    device = tvm.cuda(0) if str(target.kind.name) == "cuda" else tvm.cpu()
+    exe = compile_func(rewritten, target, "rewritten")
+    return run_executable(exe, [a.copy() for a in arrays], device), None
+
+
 def verify(original, rewritten, target=None, inputs=None, *, seed: int = 0,
-           reference_target=None) -> Verification:
+           reference_target=None, capacities: dict | None = None) -> Verification:
     """Build ``original`` and ``rewritten`` (PrimFuncs with the same signature), run both on
     the same seeded inputs, and compare every buffer the original writes.
 
     ``target``: where the rewritten function runs (a Target, a target dict, or a template's
     target); default the host CPU. ``reference_target``: where the original runs (default:
     the host CPU, TVM's default lowering). ``inputs``: optional dict buffer name -> array.
+    ``capacities``: bytes per memory scope (a template's scratchpads), for code that runs in
+    an emulator which models them (VTCM under qemu-hexagon).
     """
 
     if inputs is None:  # symbolic extents: check at a concrete size (named in the result)
@@ -273,26 +309,33 @@ def verify(original, rewritten, target=None, inputs=None, *, seed: int = 0,
             "the function's parameters")
     target = make_target(target) if target is not None else host_target()
     reference_target = make_target(reference_target) if reference_target is not None else host_target()
-    kind = str(target.kind.name)
     cannot_run = _cannot_run_here(rewritten, target)
     if cannot_run is not None:
         return Verification(None, float("nan"), reason=cannot_run)
     arrays = make_inputs(original, params, inputs, seed)
     ref_exe = compile_func(original, reference_target, "original")
-    new_exe = compile_func(rewritten, target, "rewritten")
-    device = tvm.cuda(0) if kind == "cuda" else tvm.cpu()
     ref_out = run_executable(ref_exe, [a.copy() for a in arrays], tvm.cpu())
-    new_out = run_executable(new_exe, [a.copy() for a in arrays], device)
+    try:
+        new_out, ran_on = _run_rewritten(rewritten, target, arrays, capacities)
+    except hexagon.HexagonRunError as err:  # a crash is a failure; missing tools are not
+        return Verification(False if err.crashed else None, float("inf") if err.crashed else float("nan"),
+                            reason=str(err), ran_on=hexagon.emulator_name(target))
+    notes = ["checked with " + ", ".join(f"{k}={v}" for k, v in bound.items())] if bound else []
+    return _judge(original, params, ref_out, new_out, notes, ran_on,
+                  lambda: run_executable(ref_exe, [a.copy() for a in arrays], tvm.cpu()))
 
+
+def _judge(original, params, ref_out, new_out, notes: list, ran_on, rerun_reference) -> Verification:
+    """Every buffer ``original`` writes compared; a failure first re-runs the reference
+    (``rerun_reference``): a reference that disagrees with itself is not the rewrite's fault."""
     written = _written(original)
     red = reduction_length(original)
     results = {name: compare_arrays(ref, new, dtype, red)
                for (name, _, dtype), ref, new in zip(params, ref_out, new_out) if name in written}
     if not results:
         raise VerificationError("the original function writes none of its parameters; nothing to compare")
-    notes = ["checked with " + ", ".join(f"{k}={v}" for k, v in bound.items())] if bound else []
     if any(c.passed is False for c in results.values()):
-        again = run_executable(ref_exe, [a.copy() for a in arrays], tvm.cpu())
+        again = rerun_reference()
         unstable = [name for (name, _, _), a, b in zip(params, ref_out, again)
                     if name in results and not np.array_equal(a, b, equal_nan=True)]
         passed = None if unstable else False
@@ -309,7 +352,7 @@ def verify(original, rewritten, target=None, inputs=None, *, seed: int = 0,
                         {k: c.abs_err for k, c in results.items()},
                         {k: c.tolerance for k, c in results.items()},
                         reason="; ".join(notes) or None,
-                        max_rel_err=max(c.rel_err for c in results.values()))
+                        max_rel_err=max(c.rel_err for c in results.values()), ran_on=ran_on)
 
 
 def make_inputs(func, params, inputs, seed: int) -> list[np.ndarray]:
