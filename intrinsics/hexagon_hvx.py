@@ -1,8 +1,9 @@
 """Hexagon HVX (128-byte vectors): vrmpy dot products, VTCM scratchpad, DMA into VTCM.
 
 ``vrmpy`` multiplies 32 groups of 4 bytes by 4 bytes and accumulates into 32 x i32:
-C[32] += A[4] . B[32, 4]. The ``u8u8`` form is ``vrmpyub.acc`` (vector x scalar), the
-``u8i8`` form ``vrmpybusv.acc`` (vector x vector). Each compute intrinsic comes in a DRAM
+C[32] += A[4] . B[32, 4]. The ``u8u8`` form is ``vrmpyub.acc`` (vector x scalar; also read
+as u8 x u8 -> u32), the ``u8i8`` form ``vrmpybusv.acc`` (vector x vector). ``dmpy`` is the
+int16 dot product C[32] += A[2] . B[32, 2] (``vmpyhv``, exact). Each compute intrinsic comes in a DRAM
 (``global``) and a VTCM (``global.vtcm``) variant; ``dma_load_*`` copies a contiguous tile
 into VTCM through TVM's Hexagon runtime (``device_api.hexagon.dma_copy_dltensor``).
 
@@ -39,13 +40,19 @@ _VRMPY = {
     ("uint8", "uint8"): "llvm.hexagon.V6.vrmpyub.acc.128B",
     ("uint8", "int8"): "llvm.hexagon.V6.vrmpybusv.acc.128B",
 }
+_SHORT = {"uint8": "u8", "int8": "i8", "int16": "i16", "int32": "i32", "uint32": "u32"}
 
 
 @cache
-def vrmpy(dtype_a: str = "uint8", dtype_b: str = "uint8", mem_scope: str = "global") -> Intrinsic:
-    """C[32] += A[4] . B[32, 4] with one 128-byte vrmpy, operands in ``mem_scope``."""
+def vrmpy(dtype_a: str = "uint8", dtype_b: str = "uint8", mem_scope: str = "global",
+          dtype_c: str = "int32") -> Intrinsic:
+    """C[32] += A[4] . B[32, 4] with one 128-byte vrmpy, operands in ``mem_scope``.
+    ``dtype_c="uint32"`` (u8 x u8 only) is the same instruction read as unsigned words:
+    ``vrmpyub`` accumulates ``Vx.uw``."""
     llvm_name = _VRMPY[(dtype_a, dtype_b)]
     vector_scalar = dtype_b == "uint8"
+    if dtype_c == "uint32" and not vector_scalar:
+        raise ValueError("vrmpy accumulates u8 x i8 products into signed words only")
 
     def build():
         from tvm.script import tirx as T
@@ -54,7 +61,7 @@ def vrmpy(dtype_a: str = "uint8", dtype_b: str = "uint8", mem_scope: str = "glob
         def desc(
             A: T.Buffer((4,), dtype_a, offset_factor=1, scope=mem_scope),
             B: T.Buffer((32, 4), dtype_b, offset_factor=1, scope=mem_scope),
-            C: T.Buffer((32,), "int32", offset_factor=1, scope=mem_scope),
+            C: T.Buffer((32,), dtype_c, offset_factor=1, scope=mem_scope),
         ) -> None:
             with T.sblock("root"):
                 T.reads(C[0:32], A[0:4], B[0:32, 0:4])
@@ -62,40 +69,39 @@ def vrmpy(dtype_a: str = "uint8", dtype_b: str = "uint8", mem_scope: str = "glob
                 for i, k in T.grid(32, 4):
                     with T.sblock("update"):
                         vi, vk = T.axis.remap("SR", [i, k])
-                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+                        C[vi] = C[vi] + T.cast(A[vk], dtype_c) * T.cast(B[vi, vk], dtype_c)
 
         @T.prim_func(s_tir=True)
         def impl(
             A: T.Buffer((4,), dtype_a, offset_factor=1, scope=mem_scope),
             B: T.Buffer((32, 4), dtype_b, offset_factor=1, scope=mem_scope),
-            C: T.Buffer((32,), "int32", offset_factor=1, scope=mem_scope),
+            C: T.Buffer((32,), dtype_c, offset_factor=1, scope=mem_scope),
         ) -> None:
             with T.sblock("root"):
                 T.reads(C[0:32], A[0:4], B[0:32, 0:4])
                 T.writes(C[0:32])
+                acc = T.reinterpret(C[T.ramp(T.int32(0), 1, 32)], dtype="int32x32")
                 a_i32 = T.reinterpret(A.vload([0], dtype_a + "x4"), dtype="int32")
                 b_i32 = T.reinterpret(B.vload([0, 0], dtype=dtype_b + "x128"), dtype="int32x32")
                 if vector_scalar:
-                    C[T.ramp(T.int32(0), 1, 32)] = T.call_llvm_pure_intrin(
-                        T.llvm_lookup_intrinsic_id(llvm_name),
-                        C[T.ramp(T.int32(0), 1, 32)], b_i32, a_i32, dtype="int32x32",
-                    )
+                    C[T.ramp(T.int32(0), 1, 32)] = T.reinterpret(T.call_llvm_pure_intrin(
+                        T.llvm_lookup_intrinsic_id(llvm_name), acc, b_i32, a_i32, dtype="int32x32",
+                    ), dtype=dtype_c + "x32")
                 else:
                     C[T.ramp(T.int32(0), 1, 32)] = T.call_llvm_pure_intrin(
-                        T.llvm_lookup_intrinsic_id(llvm_name),
-                        C[T.ramp(T.int32(0), 1, 32)], T.broadcast(a_i32, 32), b_i32,
+                        T.llvm_lookup_intrinsic_id(llvm_name), acc, T.broadcast(a_i32, 32), b_i32,
                         dtype="int32x32",
                     )
 
         return desc, impl
 
     where = "vtcm" if mem_scope == VTCM else "ddr"
-    ab = f"{'u8' if dtype_a == 'uint8' else 'i8'}{'u8' if dtype_b == 'uint8' else 'i8'}"
+    abc = _SHORT[dtype_a] + _SHORT[dtype_b] + _SHORT[dtype_c]
     return Intrinsic(
-        f"{NAME}.vrmpy_32x4_{ab}i32_{where}",
+        f"{NAME}.vrmpy_32x4_{abc}_{where}",
         Role.COMPUTE,
         [Operand("A", (4,), dtype_a, mem_scope), Operand("B", (32, 4), dtype_b, mem_scope),
-         Operand("C", (32,), "int32", mem_scope)],
+         Operand("C", (32,), dtype_c, mem_scope)],
         [("i", 32, "S"), ("k", 4, "R")],
         build,
         cost=Cost(cycles=1),
@@ -104,39 +110,101 @@ def vrmpy(dtype_a: str = "uint8", dtype_b: str = "uint8", mem_scope: str = "glob
 
 
 @cache
-def zero_fill(mem_scope: str = "global") -> Intrinsic:
-    """C[32] = 0 (one HVX vector of i32)."""
+def dmpy_i16(mem_scope: str = "global") -> Intrinsic:
+    """C[32] += A[2] . B[32, 2] in int16 x int16 -> int32, exactly (wrapping like the
+    description). TVM's own ``dot_product_32x2_i16i16i32_vdmpy`` uses ``vdmpyhvsat``, which
+    saturates where a sum leaves int32 ((-32768)^2 + (-32768)^2, or an accumulator at its
+    limit) while its description wraps; this one is the widening multiply ``vmpyhv`` (even
+    products in the low vector of the pair, odd in the high) and two wrapping adds."""
 
     def build():
         from tvm.script import tirx as T
 
         @T.prim_func(s_tir=True)
-        def desc(C: T.Buffer((32,), "int32", offset_factor=1, scope=mem_scope)) -> None:
+        def desc(
+            A: T.Buffer((2,), "int16", offset_factor=1, scope=mem_scope),
+            B: T.Buffer((32, 2), "int16", offset_factor=1, scope=mem_scope),
+            C: T.Buffer((32,), "int32", offset_factor=1, scope=mem_scope),
+        ) -> None:
+            with T.sblock("root"):
+                T.reads(C[0:32], A[0:2], B[0:32, 0:2])
+                T.writes(C[0:32])
+                for i, k in T.grid(32, 2):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+
+        @T.prim_func(s_tir=True)
+        def impl(
+            A: T.Buffer((2,), "int16", offset_factor=1, scope=mem_scope),
+            B: T.Buffer((32, 2), "int16", offset_factor=1, scope=mem_scope),
+            C: T.Buffer((32,), "int32", offset_factor=1, scope=mem_scope),
+        ) -> None:
+            with T.sblock("root"):
+                T.reads(C[0:32], A[0:2], B[0:32, 0:2])
+                T.writes(C[0:32])
+                a_pair = T.reinterpret(A.vload([0], "int16x2"), dtype="int32")
+                b_rows = T.reinterpret(B.vload([0, 0], dtype="int16x64"), dtype="int32x32")
+                products = T.call_llvm_pure_intrin(
+                    T.llvm_lookup_intrinsic_id("llvm.hexagon.V6.vmpyhv.128B"),
+                    T.broadcast(a_pair, 32), b_rows, dtype="int32x64")
+                even = T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id("llvm.hexagon.V6.lo.128B"),
+                                               products, dtype="int32x32")
+                odd = T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id("llvm.hexagon.V6.hi.128B"),
+                                              products, dtype="int32x32")
+                C[T.ramp(T.int32(0), 1, 32)] = C[T.ramp(T.int32(0), 1, 32)] + even + odd
+
+        return desc, impl
+
+    where = "vtcm" if mem_scope == VTCM else "ddr"
+    return Intrinsic(
+        f"{NAME}.dmpy_32x2_i16i16i32_{where}",
+        Role.COMPUTE,
+        [Operand("A", (2,), "int16", mem_scope), Operand("B", (32, 2), "int16", mem_scope),
+         Operand("C", (32,), "int32", mem_scope)],
+        [("i", 32, "S"), ("k", 2, "R")],
+        build,
+        cost=Cost(cycles=2),
+        doc=f"vmpyhv + 2 adds: C[32] += A[2] . B[32,2], int16 -> int32 in {mem_scope}",
+    )
+
+
+@cache
+def zero_fill(mem_scope: str = "global", dtype: str = "int32") -> Intrinsic:
+    """C[32] = 0 (one HVX vector of 32-bit words)."""
+
+    def build():
+        from tvm.script import tirx as T
+
+        @T.prim_func(s_tir=True)
+        def desc(C: T.Buffer((32,), dtype, offset_factor=1, scope=mem_scope)) -> None:
             with T.sblock("root"):
                 T.reads()
                 T.writes(C[0:32])
                 for i in T.serial(32):
                     with T.sblock("init"):
                         vi = T.axis.remap("S", [i])
-                        C[vi] = T.int32(0)
+                        C[vi] = T.cast(0, dtype)
 
         @T.prim_func(s_tir=True)
-        def impl(C: T.Buffer((32,), "int32", offset_factor=1, scope=mem_scope)) -> None:
+        def impl(C: T.Buffer((32,), dtype, offset_factor=1, scope=mem_scope)) -> None:
             with T.sblock("root"):
                 T.reads()
                 T.writes(C[0:32])
-                C[T.ramp(T.int32(0), 1, 32)] = T.broadcast(T.int32(0), 32)
+                C[T.ramp(T.int32(0), 1, 32)] = T.broadcast(T.cast(0, dtype), 32)
 
         return desc, impl
 
     where = "vtcm" if mem_scope == VTCM else "ddr"
-    return Intrinsic(f"{NAME}.zero_32_i32_{where}", Role.INIT, [Operand("C", (32,), "int32", mem_scope)],
-                     [("i", 32, "S")], build, doc=f"zero one i32 HVX vector in {mem_scope}")
+    short = _SHORT[dtype]
+    return Intrinsic(f"{NAME}.zero_32_{short}_{where}", Role.INIT, [Operand("C", (32,), dtype, mem_scope)],
+                     [("i", 32, "S")], build, doc=f"zero one {short} HVX vector in {mem_scope}")
 
 
 @cache
 def dma_load(size: int, dtype: str = "uint8") -> Intrinsic:
     """Copy a contiguous ``size``-element tile from DRAM into VTCM with the Hexagon DMA engine."""
+    nbytes = {"uint8": 1, "int8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4}[dtype]
 
     def build():
         from tvm.script import tirx as T
@@ -175,7 +243,7 @@ def dma_load(size: int, dtype: str = "uint8") -> Intrinsic:
                             T.tvm_stack_make_shape(size, dtype="handle"),
                             0, 1, A.dtype, 0, dtype="handle",
                         ),
-                        T.cast(size, dtype="int"),
+                        T.cast(size * nbytes, dtype="int"),  # the DMA counts bytes
                         False,
                         dtype="int32",
                     )
@@ -204,12 +272,14 @@ def make_template(vtcm_bytes: int = 4 * 1024 * 1024, dma_tile: int = 128, arch: 
     """The HVX template; ``vtcm_bytes`` sizes the VTCM scope, ``dma_tile`` the DMA copies,
     ``arch`` the DSP generation (`ARCHS`)."""
     groups = []
-    for a, b in _VRMPY:
-        for scope in ("global", VTCM):
+    for scope in ("global", VTCM):
+        computes = [vrmpy(a, b, scope) for a, b in _VRMPY]
+        computes += [vrmpy("uint8", "uint8", scope, "uint32"), dmpy_i16(scope)]
+        for intrin in computes:
+            a, b, c = (op.dtype for op in intrin.operands)
             loads = (dma_load(dma_tile, a), dma_load(dma_tile, b)) if scope == VTCM else ()
-            intrin = vrmpy(a, b, scope)
             groups.append(IntrinsicGroup(intrin.name.split(".", 1)[1], compute=intrin,
-                                         init=zero_fill(scope), loads=tuple(dict.fromkeys(loads))))
+                                         init=zero_fill(scope, c), loads=tuple(dict.fromkeys(loads))))
     return Template(
         name=NAME,
         target=hexagon_target(arch),

@@ -18,7 +18,9 @@ from tirbyoc.decl.host import hexagon_emulator_missing
 from tirbyoc.offloading import hexagon
 from tirbyoc.offloading.selfcheck import tensorize_exact
 from tirbyoc.rewrite.tensorize import tensorize
-from tirbyoc_intrinsics.hexagon_hvx import TARGET, dma_load, make_template
+from tirbyoc import Intrinsic, Operand, Role
+from tirbyoc.offloading.selfcheck import self_check
+from tirbyoc_intrinsics.hexagon_hvx import TARGET, dma_load, dmpy_i16, make_template
 
 from workloads import conv2d, matmul
 
@@ -41,6 +43,64 @@ def _ran_under_qemu(out):
 ], ids=["dense", "dense-odd", "matmul-u8u8-odd", "conv-nhwc-odd"])
 def test_offloads_run_under_qemu_bit_exact(func):
     _ran_under_qemu(tirbyoc.offload(func, "hexagon_hvx"))
+
+
+@needs_qemu
+@pytest.mark.parametrize("func", [
+    matmul(40, 70, 30, "int16", "int16", "int32", trans_b=True),  # int16 dmpy
+    matmul(33, 50, 21, "uint8", "uint8", "uint32"),  # u8 x u8 -> u32 vrmpy
+], ids=["dense-i16", "matmul-u8u8u32"])
+def test_int16_and_unsigned_accumulator_shapes_offload(func):
+    out = tirbyoc.offload(func, "hexagon_hvx")
+    _ran_under_qemu(out)
+    want = "dmpy_32x2_i16i16i32" if "int16" in func.script() else "vrmpy_32x4_u8u8u32"
+    assert want in out.blocks[0].intrinsic
+
+
+def _saturating_vdmpy():
+    """TVM's own dot_product_32x2_i16i16i32_vdmpy (vdmpyhvsat), declared as tirbyoc would."""
+    desc = dmpy_i16().desc
+
+    def build():
+        from tvm.script import tirx as T
+
+        @T.prim_func(s_tir=True)
+        def impl(A: T.Buffer((2,), "int16", offset_factor=1), B: T.Buffer((32, 2), "int16", offset_factor=1),
+                 C: T.Buffer((32,), "int32", offset_factor=1)) -> None:
+            with T.sblock("root"):
+                T.reads(C[0:32], A[0:2], B[0:32, 0:2])
+                T.writes(C[0:32])
+                a = T.reinterpret(A.vload([0], "int16x2"), dtype="int32")
+                b = T.reinterpret(B.vload([0, 0], dtype="int16x64"), dtype="int32x32")
+                C[T.ramp(T.int32(0), 1, 32)] = T.call_llvm_pure_intrin(
+                    T.llvm_lookup_intrinsic_id("llvm.hexagon.V6.vdmpyhvsat.acc.128B"),
+                    C[T.ramp(T.int32(0), 1, 32)], T.broadcast(a, 32), b, dtype="int32x32")
+
+        return desc, impl
+
+    return Intrinsic("tvm_vdmpy.sat_32x2", Role.COMPUTE,
+                     [Operand("A", (2,), "int16"), Operand("B", (32, 2), "int16"), Operand("C", (32,), "int32")],
+                     [("i", 32, "S"), ("k", 2, "R")], build)
+
+
+@needs_qemu
+def test_int16_dmpy_is_exact_where_tvms_vdmpy_saturates():
+    """Random full-range data: both agree with the description. Where a sum leaves int32
+    ((-32768)^2 + (-32768)^2 = 2^31, or an accumulator near its limit), the description wraps,
+    tirbyoc's dmpy wraps with it, and TVM's vdmpyhvsat saturates."""
+    assert self_check(dmpy_i16(), TARGET).passed and self_check(_saturating_vdmpy(), TARGET).passed
+    a = np.full(2, -32768, np.int16)
+    b = np.full((32, 2), -32768, np.int16)
+    c = np.zeros(32, np.int32)
+    c[1::2] = 2**31 - 5  # + 1 -> overflows
+    b[1::2] = [[1, 0]] * 16
+    b[1::2, 0] = -1  # a0 * -1 = 32768
+    want = (c.astype(np.int64) + (a.astype(np.int64) * b.astype(np.int64)).sum(1)).astype(np.int32)  # wraps
+    exact = hexagon.run(dmpy_i16().impl, TARGET, [a, b, c]).arrays[2]
+    saturating = hexagon.run(_saturating_vdmpy().impl, TARGET, [a, b, c]).arrays[2]
+    assert np.array_equal(exact, want)
+    assert (saturating[0::2] == 2**31 - 1).all() and (saturating[1::2] == 2**31 - 1).all()
+    assert not np.array_equal(saturating, want)
 
 
 @needs_qemu

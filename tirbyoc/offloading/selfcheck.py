@@ -15,6 +15,8 @@ import numpy as np
 from tirbyoc._tvm import Schedule, build
 from tirbyoc.decl.intrinsic_check import leaf_block, param_buffers
 from tirbyoc.ir.domains import random_array
+from tirbyoc.errors import VerificationError
+from tirbyoc.offloading import hexagon
 from tirbyoc.offloading.verification import compare_arrays, reduction_length, run_executable
 
 
@@ -38,13 +40,25 @@ class SelfCheck:
 
 
 def self_check(intrin, target=None, seed: int = 0, trials: int = 3) -> SelfCheck:
-    """Run description and implementation on random data and compare every buffer."""
+    """Run description and implementation on random data and compare every buffer. For a
+    Hexagon ``target`` the implementation runs under qemu-hexagon and the description on
+    this CPU."""
 
     desc, impl = intrin.desc, intrin.impl
     target = target or {"kind": "llvm"}
     rng = np.random.default_rng(seed)
     # Build each function once; the trials only draw new data.
-    run_desc, run_impl = compile_prim_func(desc, target), compile_prim_func(impl, target)
+    if hexagon.is_hexagon(target):
+        reason = hexagon.cannot_run(target)
+        if reason is not None:
+            raise VerificationError(f"{intrin.name}: cannot run its implementation: {reason}")
+        run_desc = compile_prim_func(desc, {"kind": "llvm"})
+
+        def run_impl(*arrays):  # one run under QEMU; results written back like a TVM call
+            for arr, out in zip(arrays, hexagon.run(impl, target, [a.numpy() for a in arrays]).arrays):
+                arr.copyfrom(out)
+    else:
+        run_desc, run_impl = compile_prim_func(desc, target), compile_prim_func(impl, target)
     bufs = param_buffers(desc)
     reduction = reduction_length(desc)
     worst, detail = 0.0, ""
