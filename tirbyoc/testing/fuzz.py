@@ -6,8 +6,9 @@ matmul, a conv2d (NCHW / NHWC, stride, padding, dilation), a depthwise conv, a p
 elementwise op or a non-multiply-add reduction, written with tirbyoc's TVMScript generators or
 legalized from Relax operators - with extents that include 1, primes and values around each
 intrinsic's width, and int8 / uint8 / int32 / float16 / float32 operands. `run_case` offloads it
-to a template that runs here *without* tirbyoc's own verification, then builds the result and
-the untouched function and compares them on inputs of its own. Outcomes are exactly:
+to a template that runs here (on this CPU, or under qemu-hexagon) *without* tirbyoc's own
+verification, then builds the result and the untouched function and compares them on inputs
+of its own. Outcomes are exactly:
 
 * ``verified``: at least one block rewritten, and the outputs agree;
 * ``fallback``: nothing rewritten, with the reason (grouped into a category);
@@ -35,6 +36,7 @@ from tirbyoc._tvm import is_host_target, tirx
 from tirbyoc.app.jsonout import dumps, finite
 from tirbyoc.decl.registry import get_template, templates
 from tirbyoc.matching.results import MatchStage, Mismatch
+from tirbyoc.offloading.hexagon import is_hexagon
 from tirbyoc.offloading.offloader import BlockOutcome, offload
 from tirbyoc.offloading.table import render
 from tirbyoc.offloading.verification import verify
@@ -257,8 +259,9 @@ def out_target(template: str):
 
 
 def runnable_templates() -> list[str]:
-
-    return [t.name for t in templates() if t.runs_here() and is_host_target(dict(t.target))]
+    """The templates whose code runs here: on this CPU, or (Hexagon) under qemu-hexagon."""
+    return [t.name for t in templates() if t.runs_here()
+            and (is_host_target(dict(t.target)) or is_hexagon(dict(t.target)))]
 
 
 @dataclass
