@@ -16,6 +16,7 @@ from tirbyoc import RewriteError, tensorize
 from tirbyoc.rewrite.scratchpad import TileAxis, TileOperand, rank_tiles, scratchpad_usage
 
 VTA = tirbyoc.get_template("vta")
+VTA_TILE_DMA = VTA.variant(block_dma=False)  # one DMA per intrinsic tile
 VTA_SCOPES = [s.name for s in VTA.scopes if s.bounded]
 
 
@@ -44,10 +45,10 @@ VTA_CASES = {
 
 @pytest.mark.parametrize("case", list(VTA_CASES))
 def test_vta_every_copy_is_a_dma_and_every_scratchpad_fits(case):
-    r = staged(VTA_CASES[case]())
+    r = staged(VTA_CASES[case](), VTA_TILE_DMA)
     assert set(r.intrinsics) == {"vta.gemm_1x16x16", "vta.reset_16", "vta.load_inp_1x16_int8",
                                  "vta.load_wgt_16x16_int8", "vta.store_acc_1x16_int32"}, r.steps
-    used = assert_fits(r)
+    used = assert_fits(r, VTA_TILE_DMA)
     plan = next(s for s in r.steps if s.startswith("scratchpad tile of"))
     for scope, n in used.items():  # the step reports what TVM allocates
         assert f"{scope} {n}/{VTA.scope(scope).capacity} B" in plan
@@ -55,6 +56,47 @@ def test_vta_every_copy_is_a_dma_and_every_scratchpad_fits(case):
     text = r.func.script()
     for scope in VTA_SCOPES:
         assert f'scope="{scope}"' in text
+
+
+@pytest.mark.parametrize("case", list(VTA_CASES))
+def test_vta_copies_each_plain_window_tile_with_one_block_dma(case):
+    """Inputs and outputs are windows of their buffers reshaped into the scratchpad: one
+    block DMA per scratchpad tile. Weight tiles laid out tile-major are not, and keep their
+    16x16 DMA, except where the window already is tile-major."""
+    r = staged(VTA_CASES[case]())
+    assert {"vta.block_dma_load", "vta.block_dma_store"} <= set(r.intrinsics), r.steps
+    assert "vta.load_inp_1x16_int8" not in r.intrinsics and "vta.store_acc_1x16_int32" not in r.intrinsics
+    assert any(s.startswith("load A's") and "one block DMA each" in s for s in r.steps)
+    assert not any("left as a copy loop" in s for s in r.steps)
+    assert_fits(r)
+
+
+def test_block_dma_runs_bit_exact_and_cuts_the_dma_time():
+    """The same conv through both mappings: identical outputs, and the block DMA's load and
+    store time a fraction of one DMA per 16-byte row."""
+    func = conv2d(1, 64, 30, 30, 64, 3, 3, layout="NHWC", dtype="int8", acc="int32")
+    stats = {}
+    for template in (VTA_TILE_DMA, VTA):
+        out = tirbyoc.offload(func, template)
+        assert out.verification.passed is True and out.verification.max_abs_err == 0
+        template.activate()
+        stats[template] = _simulate(out.func, func, template)
+    tile, block = stats[VTA_TILE_DMA], stats[VTA]
+    assert block.ops["load"] * 10 < tile.ops["load"] and block.load_bytes == tile.load_bytes
+    assert block.busy["load"] * 5 < tile.busy["load"] and block.busy["store"] * 5 < tile.busy["store"]
+    assert block.busy["compute"] == tile.busy["compute"] and block.cycles * 5 < tile.cycles
+    assert block.utilization["compute"] > 0.5
+
+
+def _simulate(rewritten, original, template):
+    from tirbyoc.offloading.verification import (compile_func, concrete_params, make_inputs,
+                                                 run_executable)
+
+    exe = compile_func(rewritten, template.tvm_target(), "rewritten")
+    arrays = make_inputs(original, concrete_params(original), None, 0)
+    template.simulator.configure()
+    run_executable(exe, arrays)
+    return template.simulator.stats()
 
 
 def test_vta_tiles_grow_to_fill_the_scratchpads():
@@ -71,9 +113,11 @@ def test_vta_tiles_grow_to_fill_the_scratchpads():
     lambda: matmul(100, 200, 300, "int8", "int8", "int32"),  # padded, weights [K, N]
     lambda: conv2d(1, 32, 14, 14, 32, 3, 3, layout="NHWC", dtype="int8", wdtype="int8", acc="int32"),  # halo
 ], ids=["dense", "padded", "conv-halo"])
-def test_vta_dma_staged_offloads_run_bit_exact_in_the_simulator(func):
-    out = tirbyoc.offload(func(), "vta")
-    assert out.blocks[0].offloaded and any("load_inp" in i for i in out.rewrites[0].intrinsics)
+@pytest.mark.parametrize("template", [VTA, VTA_TILE_DMA], ids=["block-dma", "tile-dma"])
+def test_vta_dma_staged_offloads_run_bit_exact_in_the_simulator(func, template):
+    out = tirbyoc.offload(func(), template)
+    load = "block_dma_load" if template.block_dma else "load_inp"
+    assert out.blocks[0].offloaded and any(load in i for i in out.rewrites[0].intrinsics)
     assert out.verification.passed is True and out.verification.max_abs_err == 0
 
 

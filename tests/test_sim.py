@@ -212,3 +212,47 @@ def test_readme_sweep_gives_the_same_rows_in_both_grid_orders():
     backwards = rows(["ACC_KIB=128,64", "BLOCK_OUT=32,16,8"])
     assert forwards == backwards and len(forwards) == 6
     assert all(v[2] is True for v in forwards.values())
+
+
+# ------------------------------------------------------------------ block DMA (whole tiles)
+def view(array):
+    """A DLTensor view sharing ``array``'s memory (strides included)."""
+    import tvm_ffi
+
+    return tvm_ffi.from_dlpack(array)
+
+
+def test_block_dma_costs_one_descriptor_per_2d_block(simulator):
+    """A window of 3 x 5 runs of 32 contiguous bytes at two strides: 3 descriptors (one per
+    2-D block of 5 rows), all bytes at the DMA's bandwidth; copied element for element."""
+    dram = i8(4, 8, 64)
+    spad = np.zeros((3, 5, 2, 16), "int8")  # the scratchpad tile, as intrinsic tiles of 16
+    op("dma_load")(view(spad), view(dram[1:4, 2:7, :32]), 0)
+    np.testing.assert_array_equal(spad.reshape(3, 5, 32), dram[1:4, 2:7, :32])
+    st = simulator.stats()
+    assert st.busy["load"] == 3 * LAT + 3 * 5 * 32 // BPC and st.load_bytes["input"] == 480
+    # whole pixels: the 5 rows of 64 bytes are one contiguous run, 3 of them at a stride: one
+    op("dma_load")(view(np.zeros((3, 5, 64), "int8")), view(dram[1:4, 2:7, :]), 0)
+    assert simulator.stats().busy["load"] == st.busy["load"] + LAT + 960 // BPC
+
+
+def test_a_gemm_waits_for_the_block_dma_that_wrote_its_tile(simulator):
+    """Dependences are tracked per granule of scratchpad: a GEMM reading one intrinsic tile
+    inside a whole-tile load waits for that load, and the next load into the tile waits for
+    the GEMM (write after read)."""
+    spad = np.zeros((8, 16), "int8")
+    op("dma_load")(view(spad), view(i8(8, 16)), 0)  # LAT + 16 cycles
+    op("gemm")(t(np.zeros((1, 16), "int32")), view(spad[5:6]), t(i8(16, 16)))  # reads row 5
+    op("dma_load")(view(spad), view(i8(8, 16)), 0)
+    st = simulator.stats()
+    assert st.cycles == (LAT + 16) + 1 + (LAT + 16)
+
+
+def test_block_dma_store_narrows_a_strided_window(simulator):
+    acc = rng.integers(-(2**31), 2**31 - 1, (2, 3, 16), dtype="int32")
+    out = np.zeros((6, 8, 16), "int8")
+    op("dma_store")(view(out[1:3, 4:7, :]), view(acc), 2)
+    np.testing.assert_array_equal(out[1:3, 4:7, :], acc.astype("int8"))
+    assert not out[0].any() and not out[3:].any()
+    # the DRAM side: 2 rows of 3 x 16 contiguous bytes at a stride of 128, one 2-D block
+    assert simulator.stats().busy["store"] == LAT + 2 * 3 * 16 // BPC

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 
+from tirbyoc.decl.dma import BlockDMA
 from tirbyoc.decl.extern import ExternLibrary, PackedFunction
 from tirbyoc.decl.intrinsic import DENSE, Axis, Cost, Intrinsic, IntrinsicGroup, Layout, Operand, Role
 from tirbyoc.decl.registry import get_template, register_template, template_names, templates
@@ -51,7 +52,7 @@ def __getattr__(name):
 
 
 __all__ = [
-    "Axis", "Cost", "DENSE", "DeclarationError", "ExternLibrary", "ExternLibraryError", "GLOBAL", "PackedFunction",
+    "Axis", "BlockDMA", "Cost", "DENSE", "DeclarationError", "ExternLibrary", "ExternLibraryError", "GLOBAL", "PackedFunction",
     "Intrinsic", "IntrinsicError", "IntrinsicGroup", "Layout", "Operand", "RegistrationConflict",
     "RewriteError", "Role", "Runtime", "Scope", "ScopeError", "Template", "TemplateError", "TirbyocError",
     "UnknownTemplateError", "VerificationError", "get_template", "register_template", "template_names", "templates",

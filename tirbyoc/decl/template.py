@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Mapping
 
+from tirbyoc.decl.dma import BlockDMA
 from tirbyoc.decl.extern import ExternLibrary
 from tirbyoc.decl.intrinsic import Intrinsic, IntrinsicGroup
 from tirbyoc.decl.scope import GLOBAL, Scope
@@ -64,6 +65,9 @@ class Template:
     factory : callable or None
         ``factory(**params)`` re-declares the template with other generator parameters (the
         keys of ``params``); `variant` and ``tirbyoc sweep`` use it.
+    block_dma : BlockDMA or None
+        A DMA engine that moves whole scratchpad tiles (`tirbyoc.decl.dma`); without it each
+        intrinsic tile is copied by the groups' load / store intrinsics.
     """
 
     name: str
@@ -79,6 +83,7 @@ class Template:
     allow_padding: bool = True
     simulator: object = None
     factory: Callable | None = None
+    block_dma: BlockDMA | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -100,6 +105,7 @@ class Template:
         for attr in ("groups", "scopes", "extra", "libraries"):
             object.__setattr__(self, attr, tuple(getattr(self, attr)))
         self._check_scopes()
+        self._check_block_dma()
         self._check_intrinsics()
         self._check_simulator()
         for lib in self.libraries:
@@ -118,6 +124,16 @@ class Template:
         if "global" not in names:
             scopes.insert(0, GLOBAL)
         object.__setattr__(self, "scopes", tuple(scopes))
+
+    def _check_block_dma(self) -> None:
+        if self.block_dma is None:
+            return
+        if not isinstance(self.block_dma, BlockDMA):
+            raise TemplateError(f"template {self.name!r}: block_dma must be a BlockDMA, got {self.block_dma!r}")
+        unknown = sorted(set(self.block_dma.scope_args) - {s.name for s in self.scopes})
+        if unknown:
+            raise TemplateError(f"template {self.name!r}: block_dma names scopes {unknown} the "
+                                f"template does not declare")
 
     def _check_simulator(self) -> None:
         """A simulator that names the template's scratchpad scopes must be configured with

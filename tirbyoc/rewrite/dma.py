@@ -18,6 +18,7 @@ from tirbyoc.errors import RewriteError
 from tirbyoc.ir.pattern import expr_vars
 from tirbyoc.matching.results import OperandMap
 from tirbyoc.rewrite import staging  # noqa: F401 - registers the stages these run among
+from tirbyoc.rewrite.block_dma import blockize_exact, plain_window_copy, replace_with_block_dma
 from tirbyoc.rewrite.cpu import loop_extent
 from tirbyoc.rewrite.pipeline import stage
 from tirbyoc.rewrite.scratchpad import TileAxis, TileOperand, rank_tiles, scratchpad_usage
@@ -134,7 +135,7 @@ def _dma(state: RewriteState, op: OperandMap, at) -> None:
             outs.append(o)
             ins.append(i)
         sch.reorder(*[copy_loops[d] for d in rest], *outs, *ins)
-    state.copies.append((op, copy, ins, kind))
+    state.copies.append((op, copy, ins, kind, len(rest) + 2 * len(view)))
 
 
 @stage("dma copies", after="schedule")
@@ -146,10 +147,12 @@ def tensorize_dma_copies(state: RewriteState) -> RewriteState | None:
     return state
 
 
-def _tensorize_copy(state: RewriteState, op: OperandMap, copy, loops: list, kind: str) -> None:
+def _tensorize_copy(state: RewriteState, op: OperandMap, copy, loops: list, kind: str, nest: int) -> None:
     block = state.sch.get(copy)
     read, write = block.reads[0].source, block.writes[0].source
     role = "store" if kind == "write" else "load"
+    if state.template.block_dma is not None and not state.traced and _block_dma(state, op, copy, role, nest):
+        return
     candidates = [i for i in state.template.intrinsics()
                   if i.role.value == role and len(i.operands) == 2
                   and (i.operands[0].scope, i.operands[1].scope) == (str(read.scope()), str(write.scope()))
@@ -174,49 +177,19 @@ def _tensorize_copy(state: RewriteState, op: OperandMap, copy, loops: list, kind
                  f"the template fits ({len(candidates)} tried)", op.operand)
 
 
-def blockize_exact(sch, loop, traced: bool = False):
-    """``sch.blockize(loop)`` with the outer block's bindings taken from the original block.
-
-    TVM 0.27's blockize mis-divides a binding that adds two overlapping loops — a
-    convolution window copied per tile, row = tile_row + kernel_row — into a fused one
-    (``ax2_0 + ax1`` becomes ``ax2_0 * 12 + ax1`` under a predicate), which would copy the
-    wrong rows. A binding that uses no loop inside ``loop`` belongs wholly to the outer block,
-    so it is put back as it was, with the original predicate. That repair is not a schedule
-    primitive, so with ``traced`` (a MetaSchedule trace must replay the same IR) a blockize
-    that needs it is refused instead.
-    """
-    inner, node = set(), sch.get(loop)
-    while isinstance(node, tirx.For):
-        inner.add(str(node.loop_var.name))
-        node = node.body
-    if not isinstance(node, s_tir.SBlockRealize):
-        raise RewriteError("blockize: the loop does not hold one block")
-    original = node
-    if expr_vars(original.predicate) & inner:
-        raise RewriteError("blockize: the block's predicate depends on the blockized loops")
-    outer_block = sch.blockize(loop)
-    parents = sch.get_loops(outer_block)
-    if not parents:
-        return outer_block
-    parent = sch.get(parents[-1])
-    realize = parent.body
-    if not isinstance(realize, s_tir.SBlockRealize) or \
-            len(realize.iter_values) != len(original.iter_values):
-        raise RewriteError("blockize: the outer block does not keep one iterator per original one")
-    values = [orig if not expr_vars(orig) & inner else new
-              for orig, new in zip(original.iter_values, realize.iter_values)]
-    if all(v.same_as(n) or str(v) == str(n) for v, n in zip(values, realize.iter_values)) and \
-            str(original.predicate) == str(realize.predicate):
-        return outer_block  # TVM's own blockize was exact
-    if traced:
-        raise RewriteError("blockize of a window copy needs tirbyoc's repair, which a "
-                           "MetaSchedule trace cannot replay")
-    fixed = s_tir.SBlockRealize(values, original.predicate, realize.block)
-    sch.state.replace(sch.get_sref(parents[-1]),
-                      tirx.For(parent.loop_var, parent.min, parent.extent, parent.kind, fixed,
-                               parent.thread_binding, parent.annotations),
-                      {realize.block: realize.block})
-    return outer_block
+def _block_dma(state: RewriteState, op: OperandMap, copy, role: str, nest: int) -> bool:
+    """Copy the whole scratchpad tile with the template's `BlockDMA` when the copy is a plain
+    window (`plain_window_copy`); False (nothing changed) otherwise."""
+    loops = state.sch.get_loops(copy)[-nest:]
+    window = plain_window_copy(state.sch, loops)
+    if window is None:
+        return False
+    shape = "x".join(map(str, window.window))
+    with state.step(StepKind.DMA, f"{role} {op.operand}'s {shape} scratchpad tiles with one block "
+                                  "DMA each", op.operand):
+        replace_with_block_dma(state.sch, state.template.block_dma, loops, window, role, op.scope)
+    state.copy_intrinsics.append(f"{state.template.name}.block_dma_{role}")
+    return True
 
 
 __all__ = ["blockize_exact", "stage_scratchpads", "tensorize_dma_copies"]

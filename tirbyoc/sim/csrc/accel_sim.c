@@ -7,8 +7,11 @@
  *   fill_zero(C)                  C = 0                                (compute unit)
  *   alu_add / alu_max(Z, X, Y)    Z = X op Y                           (compute unit)
  *   alu_relu(Z, X), alu_shift_clip(Z, X, shift, lo, hi)                (compute unit)
- *   dma_load(D, S, scope)         DRAM window S -> scratchpad tile D   (load unit)
- *   dma_store(D, S, scope)        scratchpad tile S -> DRAM window D   (store unit)
+ *   dma_load(D, S, scope)         DRAM window S -> scratchpad window D (load unit)
+ *   dma_store(D, S, scope)        scratchpad window S -> DRAM window D (store unit)
+ *                                 D and S are N-D strided views (up to 6 dimensions) with as
+ *                                 many elements, copied in the row-major order of each: one
+ *                                 intrinsic tile, or a whole scratchpad tile at once
  *   scratchpad_begin(b0, b1, b2) / scratchpad_end(b0, b1, b2)
  *                                 a program holds b_s bytes of scratchpad s while it runs
  *                                 (the rewrite brackets each offloaded PrimFunc with them):
@@ -20,9 +23,12 @@
  * Timing: each unit executes its operations in program order; an operation starts when its
  * unit is free and its dependences are met (read-after-write on the tiles it reads,
  * write-after-read and write-after-write on the tiles it writes, tracked per tile address),
- * which is what VTA's dependence tokens enforce. So a load overlaps compute whenever the
- * program's tiles allow. Durations: GEMM ceil(b*i*o / core MACs), ALU ceil(lanes / alu
- * lanes), reset 1, DMA latency + ceil(bytes / bytes per cycle).
+ * tracked per 16-byte granule of scratchpad, so a DMA of a whole scratchpad tile and the GEMMs
+ * that read intrinsic tiles inside it find each other), which is what VTA's dependence tokens
+ * enforce. So a load overlaps compute whenever the program's tiles allow. Durations: GEMM
+ * ceil(b*i*o / core MACs), ALU ceil(lanes / alu lanes), reset 1, DMA: one descriptor per 2-D
+ * block of its DRAM side (rows of contiguous bytes at a stride, as VTA's load and store
+ * instructions move), each paying the latency, plus ceil(bytes / bytes per cycle).
  */
 #include <stdint.h>
 #include <string.h>
@@ -37,14 +43,16 @@ enum {
   ST_OPS_LOAD, ST_OPS_STORE, ST_MACS, ST_HIGH0, ST_HIGH1, ST_HIGH2, N_STATS
 };
 
-#define TABLE 16384 /* scratchpad tiles tracked for dependences (open addressing) */
+#define TABLE (1 << 17) /* scratchpad granules tracked for dependences (open addressing) */
+#define GRANULE 16       /* bytes: dependences are tracked per granule of scratchpad */
+#define MAX_DIMS 6
 
 typedef struct {
-  uintptr_t addr;   /* first byte of the tile; 0 = empty slot */
+  uintptr_t addr;   /* first byte of the granule; 0 = empty slot */
   int64_t ready;    /* cycle its last write completes */
   int64_t read_end; /* cycle its last read completes */
   int64_t bytes;
-  int scope;        /* scratchpad scope, or -1 for DRAM */
+  int scope;        /* scratchpad scope, or -1 before its first write */
 } Tile;
 
 /* A deployed library is compiled with its template's configuration (-DTIRBYOC_SIM_CONFIG=...);
@@ -172,41 +180,122 @@ typedef struct {
   int scope;
 } Access;
 
+/* A view's memory as runs of contiguous bytes: dimensions merged where contiguous; the last
+ * merged dimension is the run when its stride is 1 (else every element is a run of one). */
+typedef struct {
+  int n;                   /* outer dimensions iterated to reach each run */
+  int64_t ext[MAX_DIMS];   /* their extents */
+  int64_t str[MAX_DIMS];   /* their strides, in elements */
+  int64_t run;             /* elements per run */
+  int64_t elem;            /* bytes per element */
+} Runs;
+
+static void runs_of(const DLTensor* t, Runs* r) {
+  int64_t ext[MAX_DIMS], str[MAX_DIMS];
+  int n = t->ndim, m = 0;
+  int64_t compact = 1;
+  for (int d = n - 1; d >= 0; --d) {
+    str[d] = t->strides ? t->strides[d] : compact;
+    compact *= t->shape[d];
+    ext[d] = t->shape[d];
+  }
+  r->elem = t->dtype.bits / 8;
+  /* drop unit dimensions, then merge from the innermost while contiguous */
+  int64_t e2[MAX_DIMS], s2[MAX_DIMS];
+  for (int d = 0; d < n; ++d)
+    if (ext[d] != 1) e2[m] = ext[d], s2[m] = str[d], ++m;
+  if (m == 0) e2[0] = 1, s2[0] = 1, m = 1;
+  int k = m - 1;
+  while (k > 0 && s2[k - 1] == e2[k] * s2[k]) {
+    e2[k - 1] *= e2[k];
+    s2[k - 1] = s2[k];
+    --k;
+  }
+  if (s2[k] == 1) {
+    r->run = e2[k];
+    r->n = k;
+  } else {
+    r->run = 1;
+    r->n = k + 1;
+  }
+  for (int d = 0; d < r->n; ++d) r->ext[d] = e2[d], r->str[d] = s2[d];
+}
+
+/* Calls fn(granule address, ctx) for every granule the view touches, run by run. */
+typedef int (*GranuleFn)(uintptr_t g, void* ctx);
+static int for_each_granule(const DLTensor* t, GranuleFn fn, void* ctx) {
+  Runs r;
+  runs_of(t, &r);
+  int64_t idx[MAX_DIMS] = {0};
+  uintptr_t base = (uintptr_t)tirbyoc_data(t);
+  for (;;) {
+    int64_t off = 0;
+    for (int d = 0; d < r.n; ++d) off += idx[d] * r.str[d];
+    uintptr_t lo = base + (uintptr_t)(off * r.elem), hi = lo + (uintptr_t)(r.run * r.elem) - 1;
+    for (uintptr_t g = lo & ~(uintptr_t)(GRANULE - 1); g <= hi; g += GRANULE)
+      if (fn(g, ctx)) return -1;
+    int d = r.n - 1;
+    while (d >= 0 && ++idx[d] == r.ext[d]) idx[d--] = 0;
+    if (d < 0) return 0;
+  }
+}
+
+typedef struct {
+  int64_t start, end;
+  int write, scope;
+  const DLTensor* t;
+} Visit;
+
+static int earliest(uintptr_t g, void* ctx) { /* the dependences one granule imposes */
+  Visit* v = ctx;
+  Tile* tile = tile_of(g);
+  if (!tile) return -1;
+  if (tile->ready > v->start) v->start = tile->ready; /* RAW, and WAW for a write */
+  if (v->write && tile->read_end > v->start) v->start = tile->read_end; /* WAR */
+  return 0;
+}
+
+static int record(uintptr_t g, void* ctx) {
+  Visit* v = ctx;
+  Tile* tile = tile_of(g);
+  if (!tile) return -1;
+  if (!v->write) {
+    if (tile->read_end < v->end) tile->read_end = v->end;
+    return 0;
+  }
+  tile->ready = v->end;
+  if (tile->scope < 0) { /* scratchpad bytes written for the first time */
+    tile->scope = v->scope;
+    tile->bytes = GRANULE;
+    stats[ST_TILES0 + v->scope] += GRANULE;
+  }
+  return 0;
+}
+
 static int issue(const char* fn, int unit, int64_t duration, const Access* reads, int nr,
                  const Access* writes, int nw) {
   if (tiles_used * 4 >= TABLE * 3) purge(); /* before any lookup: purging moves tiles */
-  int64_t start = unit_free[unit];
-  Tile* rt[4];
-  Tile* wt[4];
-  for (int k = 0; k < nr; ++k) {
-    rt[k] = NULL;
-    if (reads[k].scope < 0) continue; /* DRAM: ordered by the host between programs */
-    rt[k] = tile_of((uintptr_t)tirbyoc_data(reads[k].t));
-    if (!rt[k]) return tirbyoc_fail("RuntimeError", "tirbyoc.sim.%s: more than %d live tiles", fn, TABLE);
-    if (rt[k]->ready > start) start = rt[k]->ready; /* read after write */
+  Visit v = {unit_free[unit], 0, 0, 0, NULL};
+  /* DRAM accesses (scope < 0) are ordered by the host between programs */
+  for (int k = 0; k < nr + nw; ++k) {
+    const Access* a = k < nr ? &reads[k] : &writes[k - nr];
+    if (a->scope < 0) continue;
+    v.write = k >= nr;
+    if (for_each_granule(a->t, earliest, &v))
+      return tirbyoc_fail("RuntimeError", "tirbyoc.sim.%s: more than %d live scratchpad granules", fn, TABLE);
   }
-  for (int k = 0; k < nw; ++k) {
-    wt[k] = NULL;
-    if (writes[k].scope < 0) continue;
-    wt[k] = tile_of((uintptr_t)tirbyoc_data(writes[k].t));
-    if (!wt[k]) return tirbyoc_fail("RuntimeError", "tirbyoc.sim.%s: more than %d live tiles", fn, TABLE);
-    if (wt[k]->read_end > start) start = wt[k]->read_end; /* write after read */
-    if (wt[k]->ready > start) start = wt[k]->ready;       /* write after write */
-    int s = writes[k].scope;
-    if (s >= 0 && wt[k]->scope < 0) { /* a scratchpad tile seen for the first time */
-      wt[k]->scope = s;
-      wt[k]->bytes = (int64_t)rows(writes[k].t) * cols(writes[k].t) * (writes[k].t->dtype.bits / 8);
-      stats[ST_TILES0 + s] += wt[k]->bytes;
-    }
+  v.end = v.start + duration;
+  for (int k = 0; k < nr + nw; ++k) {
+    const Access* a = k < nr ? &reads[k] : &writes[k - nr];
+    if (a->scope < 0) continue;
+    v.write = k >= nr;
+    v.scope = a->scope;
+    if (for_each_granule(a->t, record, &v))
+      return tirbyoc_fail("RuntimeError", "tirbyoc.sim.%s: more than %d live scratchpad granules", fn, TABLE);
   }
-  int64_t end = start + duration;
-  unit_free[unit] = end;
+  unit_free[unit] = v.end;
   stats[ST_BUSY_LOAD + unit] += duration;
-  for (int k = 0; k < nr; ++k)
-    if (rt[k] && rt[k]->read_end < end) rt[k]->read_end = end;
-  for (int k = 0; k < nw; ++k)
-    if (wt[k]) wt[k]->ready = end;
-  if (end > stats[ST_CYCLES]) stats[ST_CYCLES] = end;
+  if (v.end > stats[ST_CYCLES]) stats[ST_CYCLES] = v.end;
   return 0;
 }
 
@@ -263,28 +352,112 @@ int __tvm_ffi_tirbyoc_sim_fill_zero(void* self, const TVMFFIAny* args, int32_t n
   return tirbyoc_return_none(rv);
 }
 
+static int check_view(const char* fn, const char* name, const DLTensor* t) {
+  if (t == NULL) return tirbyoc_fail("TypeError", "tirbyoc.sim.%s: %s is not a tensor", fn, name);
+  if (t->ndim < 1 || t->ndim > MAX_DIMS || t->dtype.code == kDLFloat || t->dtype.lanes != 1 ||
+      (t->dtype.bits != 8 && t->dtype.bits != 16 && t->dtype.bits != 32 && t->dtype.bits != 64))
+    return tirbyoc_fail("TypeError", "tirbyoc.sim.%s: %s must be an integer view of 1 to %d dimensions",
+                        fn, name, MAX_DIMS);
+  if (t->device.device_type != kDLCPU)
+    return tirbyoc_fail("ValueError", "tirbyoc.sim.%s: %s is not in host memory", fn, name);
+  return 0;
+}
+
+static int64_t count(const DLTensor* t) {
+  int64_t n = 1;
+  for (int d = 0; d < t->ndim; ++d) n *= t->shape[d];
+  return n;
+}
+
+/* Walks a view's elements in row-major order, one address step at a time. */
+typedef struct {
+  int n;
+  int64_t idx[MAX_DIMS], ext[MAX_DIMS], step[MAX_DIMS]; /* step: bytes per index */
+  uintptr_t addr;
+} Cursor;
+
+static void cursor_init(Cursor* c, const DLTensor* t) {
+  int64_t compact = 1, elem = t->dtype.bits / 8;
+  c->n = t->ndim;
+  for (int d = t->ndim - 1; d >= 0; --d) {
+    c->idx[d] = 0;
+    c->ext[d] = t->shape[d];
+    c->step[d] = (t->strides ? t->strides[d] : compact) * elem;
+    compact *= t->shape[d];
+  }
+  c->addr = (uintptr_t)tirbyoc_data(t);
+}
+
+static void cursor_next(Cursor* c) {
+  for (int d = c->n - 1; d >= 0; --d) {
+    c->addr += (uintptr_t)c->step[d];
+    if (++c->idx[d] < c->ext[d]) return;
+    c->addr -= (uintptr_t)(c->step[d] * c->ext[d]);
+    c->idx[d] = 0;
+  }
+}
+
+static int64_t load_at(const DLTensor* t, uintptr_t p) {
+  int signed_int = t->dtype.code == kDLInt;
+  switch (t->dtype.bits) {
+    case 8: return signed_int ? (int64_t)*(const int8_t*)p : (int64_t)*(const uint8_t*)p;
+    case 16: return signed_int ? (int64_t)*(const int16_t*)p : (int64_t)*(const uint16_t*)p;
+    case 32: return signed_int ? (int64_t)*(const int32_t*)p : (int64_t)*(const uint32_t*)p;
+    default: return *(const int64_t*)p;
+  }
+}
+
+static void store_at(const DLTensor* t, uintptr_t p, int64_t v) {
+  switch (t->dtype.bits) {
+    case 8: *(uint8_t*)p = (uint8_t)v; break;
+    case 16: *(uint16_t*)p = (uint16_t)v; break;
+    case 32: *(uint32_t*)p = (uint32_t)v; break;
+    default: *(int64_t*)p = v;
+  }
+}
+
+/* DMA descriptors for a DRAM view: one per 2-D block (rows of contiguous runs at a stride). */
+static int64_t descriptors(const DLTensor* dram) {
+  Runs r;
+  runs_of(dram, &r);
+  int64_t n = 1;
+  for (int d = 0; d + 1 < r.n; ++d) n *= r.ext[d];
+  return n;
+}
+
 static int dma(int is_load, const TVMFFIAny* args, int32_t n, TVMFFIAny* rv) {
   const char* fn = is_load ? "dma_load" : "dma_store";
   if (n != 3 || args[2].type_index != kTVMFFIInt)
     return tirbyoc_fail("TypeError", "tirbyoc.sim.%s: expects (D, S, scope)", fn);
   DLTensor *d = tirbyoc_tensor_arg(&args[0]), *s = tirbyoc_tensor_arg(&args[1]);
   int64_t scope = args[2].v_int64;
-  if (check_tile(fn, "D", d) || check_tile(fn, "S", s)) return -1;
+  if (check_view(fn, "D", d) || check_view(fn, "S", s)) return -1;
   if (scope < 0 || scope >= N_SCOPES) return tirbyoc_fail("ValueError", "tirbyoc.sim.%s: scope %lld", fn, (long long)scope);
-  if (rows(d) != rows(s) || cols(d) != cols(s))
-    return tirbyoc_fail("ValueError", "tirbyoc.sim.%s: D and S differ in shape", fn);
-  for (int i = 0; i < rows(s); ++i)
-    for (int j = 0; j < cols(s); ++j) store(d, i, j, load(s, i, j));
+  int64_t elems = count(s);
+  if (count(d) != elems)
+    return tirbyoc_fail("ValueError", "tirbyoc.sim.%s: D has %lld elements, S %lld", fn,
+                        (long long)count(d), (long long)elems);
+  if (d->ndim == s->ndim && d->ndim <= 2) { /* one intrinsic tile: the common case, fast */
+    if (rows(d) != rows(s) || cols(d) != cols(s))
+      return tirbyoc_fail("ValueError", "tirbyoc.sim.%s: D and S differ in shape", fn);
+    for (int i = 0; i < rows(s); ++i)
+      for (int j = 0; j < cols(s); ++j) store(d, i, j, load(s, i, j));
+  } else {
+    Cursor cd, cs;
+    cursor_init(&cd, d);
+    cursor_init(&cs, s);
+    for (int64_t i = 0; i < elems; ++i, cursor_next(&cd), cursor_next(&cs))
+      store_at(d, cd.addr, load_at(s, cs.addr));
+  }
   const DLTensor* dram = is_load ? s : d;
-  int64_t bytes = (int64_t)rows(dram) * cols(dram) * (dram->dtype.bits / 8);
-  int64_t duration = cfg[CFG_DMA_LATENCY] + ceil_div(bytes, cfg[CFG_DMA_BPC]);
+  int64_t bytes = elems * (dram->dtype.bits / 8);
+  int64_t duration = descriptors(dram) * cfg[CFG_DMA_LATENCY] + ceil_div(bytes, cfg[CFG_DMA_BPC]);
+  stats[is_load ? ST_OPS_LOAD : ST_OPS_STORE] += 1;
   if (is_load) {
-    stats[ST_OPS_LOAD] += 1;
     stats[ST_LOAD_BYTES0 + scope] += bytes;
     Access r[1] = {{s, -1}}, w[1] = {{d, (int)scope}};
     if (issue(fn, UNIT_LOAD, duration, r, 1, w, 1)) return -1;
   } else {
-    stats[ST_OPS_STORE] += 1;
     stats[ST_STORE_BYTES] += bytes;
     Access r[1] = {{s, (int)scope}}, w[1] = {{d, -1}};
     if (issue(fn, UNIT_STORE, duration, r, 1, w, 1)) return -1;
