@@ -67,11 +67,13 @@ def gemm(batch: int, block_in: int, block_out: int, in_dtype: str = "int8",
                             C[vi, vj] = C[vi, vj] + T.cast(A[vi, vk], acc_dtype) * T.cast(B[vj, vk], acc_dtype)
 
         @T.prim_func(s_tir=True)
-        def impl(
-            A: T.Buffer((batch, block_in), in_dtype, offset_factor=1, scope=INP),
-            B: T.Buffer((block_out, block_in), wgt_dtype, offset_factor=1, scope=WGT),
-            C: T.Buffer((batch, block_out), acc_dtype, offset_factor=1, scope=ACC),
-        ) -> None:
+        def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+            sa, sb, sc = T.int32(), T.int32(), T.int32()
+            # row-strided windows: a scratchpad tile keeps its window's layout (one block DMA
+            # fills it) and the core reads each intrinsic tile inside it at the tile's stride
+            A = T.match_buffer(a, (batch, block_in), in_dtype, offset_factor=1, scope=INP, strides=[sa, 1])
+            B = T.match_buffer(b, (block_out, block_in), wgt_dtype, offset_factor=1, scope=WGT, strides=[sb, 1])
+            C = T.match_buffer(c, (batch, block_out), acc_dtype, offset_factor=1, scope=ACC, strides=[sc, 1])
             with T.sblock("root"):
                 T.reads(C[0:batch, 0:block_out], A[0:batch, 0:block_in], B[0:block_out, 0:block_in])
                 T.writes(C[0:batch, 0:block_out])
@@ -82,9 +84,9 @@ def gemm(batch: int, block_in: int, block_out: int, in_dtype: str = "int8",
     return Intrinsic(
         f"{prefix}.gemm_{batch}x{block_in}x{block_out}",
         Role.COMPUTE,
-        [Operand("A", (batch, block_in), in_dtype, INP),
-         Operand("B", (block_out, block_in), wgt_dtype, WGT),
-         Operand("C", (batch, block_out), acc_dtype, ACC)],
+        [Operand("A", (batch, block_in), in_dtype, INP, Layout.row_strided()),
+         Operand("B", (block_out, block_in), wgt_dtype, WGT, Layout.row_strided()),
+         Operand("C", (batch, block_out), acc_dtype, ACC, Layout.row_strided())],
         ([] if unit_batch else [("i", batch, "S")]) + [("j", block_out, "S"), ("k", block_in, "R")],
         build,
         cost=Cost(cycles=1, bytes_moved=0),

@@ -125,8 +125,11 @@ def _dma(state: RewriteState, op: OperandMap, at) -> None:
             if at is not None:
                 sch.compute_at(copy, at, preserve_unit_loops=True)
         staged = state.staged_buffer(copy, kind)
+        # dense intrinsic tiles for an implementation that reads them dense; else the window's
+        # own layout, the intrinsic's dimensions innermost (one block DMA moves it)
+        dense = state.match.intrinsic.operand(op.operand).layout.dense
         sch.transform_layout(blk, (kind, state.region(kind, staged)),
-                             index_map(relayout(rest + view, len(rest), op.tile), ndim))
+                             index_map(relayout(rest + view, len(rest), op.tile if dense else None), ndim))
         # the copy's own loops run over the source region: cut them into intrinsic tiles
         copy_loops = sch.get_loops(copy)[-ndim:]
         outs, ins = [], []
