@@ -164,6 +164,22 @@ def test_sweep_rows_do_not_depend_on_the_rest_of_the_grid():
     assert up[64] == down[64]
 
 
+def test_sweep_in_worker_processes_gives_the_serial_rows():
+    """--jobs 2: each point in a process of its own, the rows as a serial sweep gives them,
+    in grid order."""
+    from tirbyoc.app.sweep import parse_params, sweep
+
+    grid = parse_params(["BLOCK_OUT=8,16"])
+    serial = sweep("builtin:cnn_int8", "vta", grid)
+    parallel = sweep("builtin:cnn_int8", "vta", grid, jobs=2)
+    assert [p.params for p in parallel] == [{"block_out": 8}, {"block_out": 16}]
+    assert [(p.coverage, p.cycles, p.utilization, p.verified, p.error) for p in parallel] == \
+        [(p.coverage, p.cycles, p.utilization, p.verified, p.error) for p in serial]
+    assert all(p.verified for p in parallel)
+    with pytest.raises(tirbyoc.TirbyocError, match="not the registered template"):
+        sweep("builtin:cnn_int8", tirbyoc.get_template("vta").variant(block_out=8), grid, jobs=2)
+
+
 def test_sweep_reports_invalid_points_and_rejects_unknown_parameters():
     from tirbyoc.errors import TirbyocError
     from tirbyoc.app.sweep import parse_params, sweep, table

@@ -225,8 +225,10 @@ def cmd_sweep(args) -> int:
         raise TirbyocError("give at least one --param NAME=V1,V2,... to sweep")
     target = _target_arg(args.target)
     bar = Progress(enabled=not args.quiet)
+    if args.jobs < 1:
+        raise TirbyocError(f"--jobs {args.jobs}: give a number of worker processes >= 1")
     points = sweep(args.model, args.template, grid, target=target, seed=args.seed, progress=bar.step,
-                   obj=args.object, input_shapes=_shapes_arg(args.input_shape))
+                   obj=args.object, input_shapes=_shapes_arg(args.input_shape), jobs=args.jobs)
     if args.json:
         print(dumps({"model": args.model, "template": args.template,
                       "points": [p.to_json() for p in points]}))

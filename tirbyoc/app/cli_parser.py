@@ -159,6 +159,8 @@ def _add_sweep(sub, common) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the points as JSON")
     p.add_argument("--plot", metavar="PATH.png", help="also plot cycles and utilization per point")
+    p.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
+                   help="run the points in N worker processes, one process per point (default 1)")
 
 
 

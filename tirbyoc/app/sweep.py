@@ -6,13 +6,19 @@
 Each grid point re-declares the template with `Template.variant` (its factory validates the
 parameters; an invalid point becomes a row saying why), offloads the legalized model, builds
 and runs it once - simulated templates report cycles and utilization - and compares it with
-TVM's default build, which runs once per activation dtype for the whole grid.
+TVM's default build, which runs once per activation dtype for the whole grid. With
+``jobs > 1`` the points run in that many worker processes, each point in a process of its own
+(its own reference build, simulator and TVM state; the threads per process divided among
+them): the same rows as a serial sweep, in grid order, sooner.
 """
 
 from __future__ import annotations
 
 import itertools
+import multiprocessing
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from tirbyoc.app.run import (
@@ -26,7 +32,7 @@ from tirbyoc.app.run import (
     run_offloaded,
 )
 from tirbyoc.app.targets import model_target
-from tirbyoc.decl.registry import as_template
+from tirbyoc.decl.registry import as_template, get_template, template_names
 from tirbyoc.errors import TirbyocError
 from tirbyoc.offloading.table import render
 
@@ -78,8 +84,9 @@ def grid_points(grid: dict[str, list]) -> list[dict]:
 
 
 def sweep(model: str | None, template, grid: dict[str, list], *, target=None, seed: int = 0,
-          progress=None, obj: str | None = None, input_shapes: dict | None = None) -> list[SweepPoint]:
-    """One `SweepPoint` per grid point (in grid order)."""
+          progress=None, obj: str | None = None, input_shapes: dict | None = None,
+          jobs: int = 1) -> list[SweepPoint]:
+    """One `SweepPoint` per grid point (in grid order); ``jobs``: worker processes."""
 
     base = as_template(template)
     for name in grid:  # unknown names fail before anything is built
@@ -88,43 +95,89 @@ def sweep(model: str | None, template, grid: dict[str, list], *, target=None, se
                                f"are {sorted(k for k in base.params if k != 'name')}")
     tgt = check_target(complete_target(dict(base.target) if target is None else target))
     check_templates_on_target([base], tgt)
+    todo = grid_points(grid)
+    if jobs > 1 and len(todo) > 1:
+        if base.name not in template_names() or get_template(base.name) is not base:
+            raise TirbyocError(f"--jobs runs points in worker processes, which find the template by "
+                               f"its registered name; the {base.name!r} given is not the registered "
+                               "template of that name (a variant, or unregistered): sweep the "
+                               "registered template, or run the points in this process (jobs=1)")
+        return _sweep_parallel(model, base.name, todo, target, seed, obj, input_shapes, jobs, progress)
     references: dict = {}
     points = []
-    todo = grid_points(grid)
     for n, params in enumerate(todo):
-        t0 = time.perf_counter()
-        point = SweepPoint(params)
         if progress is not None:
-            progress(n, len(todo), point.label())
-        try:
-            variant = base.variant(**params)
-            act = activation_dtype([variant])
-            if act not in references:
-                _, mod, entry, arrays = legalized_model(model, [variant], seed, obj=obj,
-                                                        input_shapes=input_shapes)
-                ref, _, _ = build_reference(mod, model_target(tgt), entry, arrays, 1, "default", timed=False)
-                references[act] = (mod, entry, arrays, ref)
-            mod, entry, arrays, ref = references[act]
-            done = run_offloaded(mod, [variant], tgt, entry, arrays, ref, repeat=1)
-            report, comparison, simulation, missing = (done.report, done.comparison,
-                                                       done.simulation, done.missing)
-            point.coverage = report.coverage
-            if ref is None:
-                missing.append(UNSTABLE)
-            if comparison is not None:
-                point.verified, point.max_abs_err = comparison.passed, comparison.abs_err
-                if comparison.note:
-                    missing.append(f"not meaningfully checked: {comparison.note}")
-            if missing:
-                point.error = "; ".join(missing)
-            st = simulation.get(variant.name)
-            if st is not None:
-                point.cycles, point.utilization = st.cycles, st.utilization
-                point.dma_bytes = sum(st.load_bytes.values()) + st.store_bytes
-        except TirbyocError as err:
-            point.error = str(err)
-        point.seconds = time.perf_counter() - t0
-        points.append(point)
+            progress(n, len(todo), ", ".join(f"{k}={v}" for k, v in params.items()))
+        points.append(_run_point(model, base, params, tgt, seed, obj, input_shapes, references))
+    if progress is not None:
+        progress(len(todo), len(todo), "")
+    return points
+
+
+def _run_point(model, base, params, tgt, seed, obj, input_shapes, references: dict) -> SweepPoint:
+    """One grid point: the variant offloaded, built, run and compared (``references``: TVM's
+    build per activation dtype, shared by the points of one process)."""
+    t0 = time.perf_counter()
+    point = SweepPoint(params)
+    try:
+        variant = base.variant(**params)
+        act = activation_dtype([variant])
+        if act not in references:
+            _, mod, entry, arrays = legalized_model(model, [variant], seed, obj=obj,
+                                                    input_shapes=input_shapes)
+            ref, _, _ = build_reference(mod, model_target(tgt), entry, arrays, 1, "default", timed=False)
+            references[act] = (mod, entry, arrays, ref)
+        mod, entry, arrays, ref = references[act]
+        done = run_offloaded(mod, [variant], tgt, entry, arrays, ref, repeat=1)
+        report, comparison, simulation, missing = (done.report, done.comparison,
+                                                   done.simulation, done.missing)
+        point.coverage = report.coverage
+        if ref is None:
+            missing.append(UNSTABLE)
+        if comparison is not None:
+            point.verified, point.max_abs_err = comparison.passed, comparison.abs_err
+            if comparison.note:
+                missing.append(f"not meaningfully checked: {comparison.note}")
+        if missing:
+            point.error = "; ".join(missing)
+        st = simulation.get(variant.name)
+        if st is not None:
+            point.cycles, point.utilization = st.cycles, st.utilization
+            point.dma_bytes = sum(st.load_bytes.values()) + st.store_bytes
+    except TirbyocError as err:
+        point.error = str(err)
+    point.seconds = time.perf_counter() - t0
+    return point
+
+
+def _point_in_worker(model, name, params, target, seed, obj, input_shapes) -> SweepPoint:
+    base = get_template(name)
+    tgt = check_target(complete_target(dict(base.target) if target is None else target))
+    return _run_point(model, base, params, tgt, seed, obj, input_shapes, {})
+
+
+def _sweep_parallel(model, name, todo, target, seed, obj, input_shapes, jobs, progress) -> list[SweepPoint]:
+    """The points in ``jobs`` spawned processes, one process per point (``max_tasks_per_child``),
+    their TVM threads sharing this machine's cores."""
+    jobs = min(jobs, len(todo))
+    threads = str(max(1, (os.cpu_count() or 1) // jobs))
+    saved = os.environ.get("TVM_NUM_THREADS")
+    os.environ["TVM_NUM_THREADS"] = threads  # inherited by the workers as they start
+    try:
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                                 max_tasks_per_child=1) as pool:
+            futures = [pool.submit(_point_in_worker, model, name, params, target, seed, obj, input_shapes)
+                       for params in todo]
+            points = []
+            for n, future in enumerate(futures):
+                if progress is not None:
+                    progress(n, len(todo), ", ".join(f"{k}={v}" for k, v in todo[n].items()))
+                points.append(future.result())
+    finally:
+        if saved is None:
+            os.environ.pop("TVM_NUM_THREADS", None)
+        else:
+            os.environ["TVM_NUM_THREADS"] = saved
     if progress is not None:
         progress(len(todo), len(todo), "")
     return points
@@ -145,7 +198,8 @@ def table(points: list[SweepPoint]) -> str:
 
 
 def plot(points: list[SweepPoint], path: str, title: str = "") -> None:
-    """Cycles per grid point (bars; unverified points hatched) with compute utilization."""
+    """Cycles per grid point (bars; unverified points hatched) with each unit's utilization
+    (load, compute, store) as lines."""
     try:
         # deferred: optional dependency
         import matplotlib
@@ -168,9 +222,11 @@ def plot(points: list[SweepPoint], path: str, title: str = "") -> None:
     ax.set_xticks(list(xs), [p.label().replace(", ", "\n") for p in shown], fontsize=8)
     ax.set_ylabel("simulated cycles (bars; label: MAC coverage)")
     ax2 = ax.twinx()
-    ax2.plot(list(xs), [p.utilization.get("compute", 0) * 100 for p in shown], "o-", color="#1565c0")
-    ax2.set_ylabel("compute unit busy (%)", color="#1565c0")
+    for unit, style in (("compute", "o-"), ("load", "s--"), ("store", "^:")):
+        ax2.plot(list(xs), [p.utilization.get(unit, 0) * 100 for p in shown], style, label=unit)
+    ax2.set_ylabel("unit busy (% of cycles)")
     ax2.set_ylim(0, 100)
+    ax2.legend(loc="upper right", fontsize=8, title="busy", title_fontsize=8)
     ax.set_title(title or "template sweep")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
