@@ -219,7 +219,8 @@ def plot(points: list[SweepPoint], path: str, title: str = "") -> None:
         bar.set_hatch("" if p.verified else "//")
         ax.annotate(f"{p.coverage:.0%}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                     ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(list(xs), [p.label().replace(", ", "\n") for p in shown], fontsize=8)
+    ax.set_xticks(list(xs), [p.label().replace(", ", "\n") for p in shown], fontsize=8,
+                  rotation=30, ha="right", rotation_mode="anchor")
     ax.set_ylabel("simulated cycles (bars; label: MAC coverage)")
     ax2 = ax.twinx()
     for unit, style in (("compute", "o-"), ("load", "s--"), ("store", "^:")):
