@@ -141,3 +141,18 @@ def test_export_module_saves_what_offload_tir_made(tmp_path):
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "mlp.so")), tvm.cpu())
     np.testing.assert_array_equal(model_output(vm[entry](*args)), want)
 
+
+
+def test_libraries_are_found_from_the_calls_in_the_ir_not_from_its_text():
+    """A symbol named in an attribute (or any string) is not a call; a call_packed is."""
+    import tvm
+    from tvm.script import tirx as T
+
+    from tirbyoc.app.deploy import called_symbols
+
+    @T.prim_func(s_tir=True)
+    def calls(A: T.Buffer((4,), "int32")):
+        T.func_attr({"note": "tirbyoc.sim.dma_load and tirbyoc_blas_matmul_nn are only mentioned"})
+        T.evaluate(T.call_packed("tirbyoc.sim.gemm", A.data))
+
+    assert called_symbols(tvm.IRModule({"main": calls})) == {"tirbyoc.sim.gemm"}

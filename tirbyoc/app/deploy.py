@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tirbyoc._tvm import make_target, tirx, tvm
+from tirbyoc._tvm import PrimCall, StringImm, make_target, relax, tirx, tvm, tvm_ffi
 from tirbyoc.app.jsonout import dumps
 from tirbyoc.app.run import Progress, build_and_time, legalized_model, templates_and_target
 from tirbyoc.decl.extern import ExternLibrary, c_compiler
@@ -92,11 +92,29 @@ def _templates_libraries(tmpls) -> tuple[dict, dict]:
     return packed, plain
 
 
+def called_symbols(mod) -> set[str]:
+    """The packed functions ``mod`` calls by name: ``call_packed`` in its PrimFuncs and
+    ``call_dps_packed`` of an extern function in its Relax functions (read from the IR, not
+    from its printed text, where a name in a string or comment would count)."""
+    names: set[str] = set()
+
+    def tir_call(call):
+        if str(getattr(call.op, "name", "")) in ("tirx.tvm_call_packed", "tirx.tvm_call_packed_lowered") \
+                and call.args and isinstance(call.args[0], StringImm):
+            names.add(str(call.args[0].value))
+
+    def extern(func):
+        names.add(str(func.global_symbol))
+
+    tvm_ffi.structural_walk(mod, [(PrimCall, tir_call), (relax.ExternFunc, extern)], order="pre")
+    return names
+
+
 def needed_libraries(mod, tmpls) -> list[tuple[ExternLibrary, list[str]]]:
     """(library, extra -D flags) for every extern library the offloaded ``mod`` calls."""
     packed, plain = _templates_libraries(tmpls)
     out: dict[str, tuple] = {}
-    text = mod.script(show_meta=False)
+    called = called_symbols(mod)
     for gv, func in mod.functions.items():
         if isinstance(func, tirx.PrimFunc) and func.attrs is not None and "tirbyoc.libraries" in func.attrs:
             for path in func.attrs["tirbyoc.libraries"]:
@@ -106,11 +124,11 @@ def needed_libraries(mod, tmpls) -> list[tuple[ExternLibrary, list[str]]]:
                                        "templates declares; it cannot be linked into the library")
                 out.setdefault(lib.name, (lib, []))
     for symbol, lib in packed.items():
-        if f'"{symbol}"' in text:
+        if symbol in called:
             out.setdefault(lib.name, (lib, []))
     for t in tmpls:
         sim = t.simulator
-        if sim is not None and "tirbyoc.sim." in text:
+        if sim is not None and any(name.startswith("tirbyoc.sim.") for name in called):
             out[SIM_LIBRARY.name] = (SIM_LIBRARY, sim.deploy_defines())
     return list(out.values())
 
@@ -240,4 +258,5 @@ def build_library(model: str | None, templates=None, *, output, target=None, dat
     return built
 
 
-__all__ = ["Built", "bind_weights", "build_library", "export_module", "link_inputs", "needed_libraries"]
+__all__ = ["Built", "bind_weights", "build_library", "called_symbols", "export_module", "link_inputs",
+           "needed_libraries"]
