@@ -10,12 +10,14 @@ against ONNX Runtime (fast session and the graph as written), in output quantiza
 three latencies: tirbyoc's offloaded build, TVM's default build of the QDQ model, ONNX Runtime
 (each timed the same way in this process, ONNX Runtime's spinning off). A simulated template's
 latency is the host running its simulator, not the accelerator: its cycles are reported too.
+An emulated template's offloaded PrimFuncs run under QEMU (hexagon_hvx): no latency, the
+calls it emulated are reported instead.
 
 Also, for every int8 template (those that cannot run here included), the reach: the share of
 conv / matmul MACs the offload takes once the chains are integer (`offload_module` without
 verification, as bench/reach.py measures it).
 
-    python bench/qdq.py [--templates vta,x86_vnni] [--out bench/results/qdq.json]
+    python bench/qdq.py [--templates vta,x86_vnni,hexagon_hvx] [--out bench/results/qdq.json]
 """
 
 from __future__ import annotations
@@ -49,7 +51,13 @@ def measure(path: Path, template: str, repeat: int) -> dict:
            "onnxruntime": ref.to_json() if ref else None}
     for name, st in r.simulation.items():
         row["simulated"] = {"template": name, "cycles": st.cycles, "utilization": st.utilization}
+    if r.emulated is not None:
+        row["emulated"] = r.emulated.to_json()
     return row
+
+
+def _ms(value, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 REACH_TEMPLATES = ("x86_vnni", "vta", "hexagon_hvx", "cuda_mma")
@@ -70,7 +78,7 @@ def reach(path: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--templates", default="vta,x86_vnni")
+    parser.add_argument("--templates", default="vta,x86_vnni,hexagon_hvx")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--out", default=str(HERE / "results" / "qdq.json"))
     args = parser.parse_args()
@@ -91,7 +99,7 @@ def main() -> None:
                              str(row["steps_vs_float_qdq"]),
                              f"{row['onnxruntime']['max_abs_err'] / row['onnxruntime']['step']:.0f}"
                              if row["onnxruntime"]["step"] else "-",
-                             f"{lat['tirbyoc']:.1f}", f"{lat['tvm_default']:.1f}", f"{lat['onnxruntime']:.2f}"))
+                             _ms(lat["tirbyoc"]), _ms(lat["tvm_default"]), _ms(lat["onnxruntime"], 2)))
     print(render(("model", "template", "int chains", "coverage", "verified", "steps vs QDQ",
                   "steps vs ORT", "tirbyoc ms", "TVM ms", "ORT ms"), rows))
     print("\nreach (MAC coverage once the chains are integer; not run):")

@@ -263,3 +263,22 @@ def test_block_index_map_fuses_implicit_gemm_axes():
     # iterators (vn, vf, vy, vx, vrc, vry, vrx) -> (outer..., i = vy*4 + vx, j = vf, k = (vrc*3 + vry)*3 + vrx)
     out = [int(x) for x in imap.map_indices([0, 5, 2, 3, 7, 1, 2])]
     assert out[-3:] == [2 * 4 + 3, 5, (7 * 3 + 1) * 3 + 2]
+
+
+def test_two_buffers_with_one_name_offload():
+    """Relax's legalization can name two parameters alike (a QDQ attention's q.k^T): the
+    rewrite finds regions by name, so buffers are named apart first, and the offload works."""
+    from tirbyoc.ir.normalize import unique_buffer_names
+    from tirbyoc.testing.workloads import matmul
+    from tvm import tirx
+    from tvm_ffi import structural_map
+
+    f = matmul(64, 96, 64, "int8", "int8", "int32")
+    a, b = list(f.params)[:2]
+    alike = tirx.decl_buffer(b.shape, str(b.dtype), str(a.name), data=b.data)
+    f = structural_map(f, [(tirx.Buffer, lambda x: alike if x.same_as(b) else x)])
+    assert [str(p.name) for p in f.params] == ["A", "A", "C"]
+    assert [str(p.name) for p in unique_buffer_names(f).params] == ["A", "A_1", "C"]
+    out = tirbyoc.offload(f, "vta")
+    assert out.blocks[0].offloaded, out.blocks[0].reason
+    assert out.verification.passed is True

@@ -11,11 +11,26 @@ runs exactly once, only in another order, which a reduction's semantics allow.
 `simplify_indices` is the other normalisation: TVM's own ``te`` workloads write indices such
 as ``co // 64 * 64 + rc`` that are plain ``rc`` within the iterators' bounds (TVM's
 ``StmtSimplify`` proves it); read unsimplified, the output channel seems to index the input.
+
+`unique_buffer_names` gives every parameter buffer of a function its own name: Relax's
+legalization can name two parameters alike (``lv36`` and another ``lv36``, printed
+``lv36_1``), and the rewrite finds a block's regions and staged copies by buffer name.
 """
 
 from __future__ import annotations
 
-from tirbyoc._tvm import TensorLoad, iter_stores, prim_expr, root_block, s_tir, structural_equal, sym, tirx, tvm
+from tirbyoc._tvm import (
+    TensorLoad,
+    iter_stores,
+    prim_expr,
+    root_block,
+    s_tir,
+    structural_equal,
+    sym,
+    tirx,
+    tvm,
+    tvm_ffi,
+)
 from tirbyoc.ir.tir_walk import (
     always_true,
     iter_exprs,
@@ -128,4 +143,35 @@ def simplify_indices(func):
     return func if structural_equal(new, func) else new
 
 
-__all__ = ["simplify_indices", "trivial_loops"]
+def unique_buffer_names(func):
+    """``func`` with parameter buffers that share a name renamed ``name_1``, ``name_2``...
+    (as TVM's printer shows them), else ``func`` itself. Only names change."""
+    params = list(func.params)
+    names = [str(p.name) for p in params]
+    if len(set(names)) == len(names):
+        return func
+    taken, renamed = set(names), {}
+    for k, buf in enumerate(params):
+        if names[k] not in names[:k]:
+            continue
+        n = 1
+        while f"{names[k]}_{n}" in taken:
+            n += 1
+        new = f"{names[k]}_{n}"
+        taken.add(new)
+        renamed[k] = tirx.decl_buffer(buf.shape, str(buf.dtype), new, data=buf.data,
+                                      strides=list(buf.strides), elem_offset=buf.elem_offset,
+                                      scope=str(buf.scope()), data_alignment=buf.data_alignment,
+                                      offset_factor=buf.offset_factor)
+    olds = {k: params[k] for k in renamed}
+
+    def swap(buf):
+        for k, old in olds.items():
+            if buf.same_as(old):
+                return renamed[k]
+        return buf
+
+    return tvm_ffi.structural_map(func, [(tirx.Buffer, swap)])
+
+
+__all__ = ["simplify_indices", "trivial_loops", "unique_buffer_names"]

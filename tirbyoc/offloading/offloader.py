@@ -19,7 +19,7 @@ from tirbyoc.decl.registry import as_template
 from tirbyoc.decl.template import Template
 from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.errors import RewriteError, TirbyocError
-from tirbyoc.ir.normalize import simplify_indices
+from tirbyoc.ir.normalize import simplify_indices, unique_buffer_names
 from tirbyoc.ir.pattern import function_blocks
 from tirbyoc.matching.candidates import Candidate
 from tirbyoc.matching.matcher import explain, match_block
@@ -165,7 +165,8 @@ def offload(func, template, policy="first", *, verify: bool = True, target=None,
     choose = _policy(policy)
     target = target if target is not None else tmpl.target
     name = getattr(tmpl, "name", str(template))
-    simplified = simplify_indices(func)  # matched and rewritten with indices simplified
+    # matched and rewritten with every buffer named apart and indices simplified
+    simplified = simplify_indices(unique_buffer_names(func))
     results = explain(simplified, tmpl)
     if tuned is not None:
         hit = _from_tuned(func, tmpl, name, results, tuned, target, verify)
