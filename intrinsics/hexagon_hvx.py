@@ -289,6 +289,7 @@ def make_template(vtcm_bytes: int = 4 * 1024 * 1024, dma_tile: int = 128, arch: 
         requires=_requires,
         doc="Hexagon HVX 128B vrmpy dot products with VTCM staging and DMA",
         params={"vtcm_bytes": vtcm_bytes, "dma_tile": dma_tile, "arch": arch},
+        factory=make_template,
     )
 
 

@@ -119,6 +119,9 @@ def test_bad_requests_say_what_to_do(tmp_path):
         build_library("builtin:mlp", ["blas"], output=tmp_path / "mlp.tar")
     with pytest.raises(TirbyocError, match="cross targets"):
         build_library("builtin:mlp", ["blas"], output=tmp_path / "m.so", target={"kind": "cuda", "arch": "sm_80"})
+    # Hexagon's target is an llvm one for another architecture: refused, not handed to the host linker
+    with pytest.raises(TirbyocError, match="mtriple=hexagon.*cross targets.*qemu-hexagon"):
+        build_library("builtin:mlp_int8", ["hexagon_hvx"], output=tmp_path / "m.so")
 
 
 def test_export_module_saves_what_offload_tir_made(tmp_path):

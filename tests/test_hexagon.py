@@ -180,3 +180,14 @@ def test_hexagon_targets_are_not_this_cpu():
     assert not is_host_target(TARGET) and hexagon.is_hexagon(TARGET)
     assert is_host_target({"kind": "llvm"}) and not hexagon.is_hexagon({"kind": "llvm"})
     assert "aborts" in hexagon.cannot_run({"kind": "hexagon", "mcpu": "hexagonv68"})
+
+
+@needs_qemu
+def test_a_sweep_runs_each_variant_for_its_own_dsp():
+    """arch changes the target: v66 runs under QEMU and verifies; v68 is built only and says
+    so, instead of being run as v66 code."""
+    from tirbyoc.app.sweep import parse_params, sweep
+
+    v66, v68 = sweep("builtin:mlp_int8", "hexagon_hvx", parse_params(["ARCH=v66,v68"]))
+    assert v66.verified is True and v66.coverage == 1.0 and v66.error is None
+    assert v68.verified is None and "mcpu=hexagonv68 is built only" in v68.error

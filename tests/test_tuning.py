@@ -225,6 +225,9 @@ def test_cli_tune_arguments(capsys):
     assert "together" in capsys.readouterr().err
     assert main(["run", "--database", "/nonexistent/dir"]) == 2
     assert "no MetaSchedule database" in capsys.readouterr().err
+    # Hexagon code runs here only under QEMU, which does not time it: refused, with what to give
+    assert main(["tune", "-q", "-t", "hexagon_hvx", "-m", "builtin:mlp_int8", "--trials", "2"]) == 2
+    assert "qemu-hexagon" in capsys.readouterr().err
 
 
 def test_tune_on_blas_measures_valid_candidates(tmp_path):

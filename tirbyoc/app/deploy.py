@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tirbyoc._tvm import PrimCall, StringImm, make_target, relax, tirx, tvm, tvm_ffi
+from tirbyoc._tvm import PrimCall, StringImm, is_host_target, make_target, relax, tirx, tvm, tvm_ffi
 from tirbyoc.app.jsonout import dumps
 from tirbyoc.app.run import Progress, build_and_time, legalized_model, templates_and_target
 from tirbyoc.decl.extern import ExternLibrary, c_compiler
@@ -214,10 +214,15 @@ def export_module(mod, templates, output, target=None) -> tuple[list[Path], list
 
 
 def _cpu_only(target) -> None:
+    """Refuse, before any work, a target whose code this machine's linker cannot link into a
+    library it loads: another kind, or an ``llvm`` target for another architecture (Hexagon)."""
     kind = str(target.kind.name)
-    if kind != "llvm":
-        raise TirbyocError(f"target {kind}: tirbyoc build writes libraries for CPU targets (kind "
-                           "llvm); cross targets (CUDA, Hexagon) are not supported yet")
+    if kind != "llvm" or not is_host_target(target):
+        what = f"{kind} with mtriple={target.attrs.get('mtriple')}" if kind == "llvm" else kind
+        raise TirbyocError(f"target {what}: tirbyoc build writes libraries for this CPU (kind "
+                           "llvm, no foreign mtriple); cross targets (CUDA, Hexagon) are not "
+                           "supported yet: `tirbyoc run -t hexagon_hvx` runs Hexagon offloads "
+                           "under qemu-hexagon instead")
 
 
 def build_library(model: str | None, templates=None, *, output, target=None, database=None,

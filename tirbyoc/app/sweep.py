@@ -108,19 +108,21 @@ def sweep(model: str | None, template, grid: dict[str, list], *, target=None, se
     for n, params in enumerate(todo):
         if progress is not None:
             progress(n, len(todo), ", ".join(f"{k}={v}" for k, v in params.items()))
-        points.append(_run_point(model, base, params, tgt, seed, obj, input_shapes, references))
+        points.append(_run_point(model, base, params, target, seed, obj, input_shapes, references))
     if progress is not None:
         progress(len(todo), len(todo), "")
     return points
 
 
-def _run_point(model, base, params, tgt, seed, obj, input_shapes, references: dict) -> SweepPoint:
-    """One grid point: the variant offloaded, built, run and compared (``references``: TVM's
-    build per activation dtype, shared by the points of one process)."""
+def _run_point(model, base, params, target, seed, obj, input_shapes, references: dict) -> SweepPoint:
+    """One grid point: the variant offloaded, built, run and compared, on ``target`` or, when
+    none is given, the variant's own (a parameter may change it: hexagon_hvx's ``arch``);
+    ``references``: TVM's build per activation dtype, shared by the points of one process."""
     t0 = time.perf_counter()
     point = SweepPoint(params)
     try:
         variant = base.variant(**params)
+        tgt = check_target(complete_target(dict(variant.target) if target is None else target))
         act = activation_dtype([variant])
         if act not in references:
             _, mod, entry, arrays = legalized_model(model, [variant], seed, obj=obj,
@@ -151,9 +153,7 @@ def _run_point(model, base, params, tgt, seed, obj, input_shapes, references: di
 
 
 def _point_in_worker(model, name, params, target, seed, obj, input_shapes) -> SweepPoint:
-    base = get_template(name)
-    tgt = check_target(complete_target(dict(base.target) if target is None else target))
-    return _run_point(model, base, params, tgt, seed, obj, input_shapes, {})
+    return _run_point(model, get_template(name), params, target, seed, obj, input_shapes, {})
 
 
 def _sweep_parallel(model, name, todo, target, seed, obj, input_shapes, jobs, progress) -> list[SweepPoint]:

@@ -32,6 +32,7 @@ from tvm.s_tir.meta_schedule.runner import LocalRunner, RPCConfig, RPCRunner
 
 from tirbyoc.decl.registry import as_template
 from tirbyoc.errors import TirbyocError
+from tirbyoc.offloading.hexagon import is_hexagon
 from tirbyoc.offloading.table import render
 from tirbyoc.tuning.apply import write_manifest
 from tirbyoc.tuning.build import local_builder, tuning_target
@@ -283,8 +284,12 @@ def tune(mod, template, *, trials: int, work_dir: str, runner=None, builder=None
     if not tasks:
         return result
 
-    write_manifest(work_dir, template)
     tgt = tuning_target(template, target)
+    if runner is None and is_hexagon(tgt):
+        raise TirbyocError(f"tuning {template.name} measures candidates where its code runs: this "
+                           "machine runs Hexagon code only under qemu-hexagon, which does not time "
+                           "it; give a runner for a Hexagon board (--rpc-tracker, --rpc-key)")
+    write_manifest(work_dir, template)
     runner, result.unit = _runner(template, runner)
     scale = 1.0
     if result.unit == "cycles":
