@@ -135,10 +135,10 @@ static inline uintptr_t elem_addr(const DLTensor* t, int64_t i, int64_t j) {
   return (uintptr_t)tirbyoc_data(t) + (uintptr_t)(off * bytes);
 }
 
-static inline int64_t load(const DLTensor* t, int64_t i, int64_t j) {
-  const void* p = (const void*)elem_addr(t, i, j);
+/* The value at address p of t's dtype, widened (each branch on its own: a ?: of int32_t and
+ * uint32_t would be unsigned); store_at narrows by keeping the low bits, as a cast does. */
+static inline int64_t load_at(const DLTensor* t, uintptr_t p) {
   int signed_int = t->dtype.code == kDLInt;
-  /* (each branch widened on its own: a ?: of int32_t and uint32_t would be unsigned) */
   switch (t->dtype.bits) {
     case 8: return signed_int ? (int64_t)*(const int8_t*)p : (int64_t)*(const uint8_t*)p;
     case 16: return signed_int ? (int64_t)*(const int16_t*)p : (int64_t)*(const uint16_t*)p;
@@ -147,15 +147,18 @@ static inline int64_t load(const DLTensor* t, int64_t i, int64_t j) {
   }
 }
 
-static inline void store(const DLTensor* t, int64_t i, int64_t j, int64_t v) {
-  void* p = (void*)elem_addr(t, i, j);
-  switch (t->dtype.bits) { /* narrowing keeps the low bits, as a cast does */
+static inline void store_at(const DLTensor* t, uintptr_t p, int64_t v) {
+  switch (t->dtype.bits) {
     case 8: *(uint8_t*)p = (uint8_t)v; break;
     case 16: *(uint16_t*)p = (uint16_t)v; break;
     case 32: *(uint32_t*)p = (uint32_t)v; break;
     default: *(int64_t*)p = v;
   }
 }
+
+static inline int64_t load(const DLTensor* t, int64_t i, int64_t j) { return load_at(t, elem_addr(t, i, j)); }
+
+static inline void store(const DLTensor* t, int64_t i, int64_t j, int64_t v) { store_at(t, elem_addr(t, i, j), v); }
 
 static int64_t col_stride(const DLTensor* t) {
   return t->strides ? t->strides[t->ndim - 1] : 1;
@@ -164,14 +167,20 @@ static int64_t col_stride(const DLTensor* t) {
 static int rows(const DLTensor* t) { return t->ndim == 1 ? 1 : (int)t->shape[0]; }
 static int cols(const DLTensor* t) { return (int)t->shape[t->ndim - 1]; }
 
-static int check_tile(const char* fn, const char* name, const DLTensor* t) {
+/* An integer tensor in host memory of 1 to max_dims dimensions; `what` names the shape wanted. */
+static int check_array(const char* fn, const char* name, const DLTensor* t, int max_dims, const char* what) {
   if (t == NULL) return tirbyoc_fail("TypeError", "tirbyoc.sim.%s: %s is not a tensor", fn, name);
-  if (t->ndim < 1 || t->ndim > 2 || t->dtype.code == kDLFloat || t->dtype.lanes != 1 ||
+  if (t->ndim < 1 || t->ndim > max_dims || t->dtype.code == kDLFloat || t->dtype.lanes != 1 ||
       (t->dtype.bits != 8 && t->dtype.bits != 16 && t->dtype.bits != 32 && t->dtype.bits != 64))
-    return tirbyoc_fail("TypeError", "tirbyoc.sim.%s: %s must be a 1-D or 2-D integer tile", fn, name);
+    return tirbyoc_fail("TypeError", "tirbyoc.sim.%s: %s must be %s", fn, name, what);
   if (t->device.device_type != kDLCPU)
     return tirbyoc_fail("ValueError", "tirbyoc.sim.%s: %s is not in host memory", fn, name);
   return 0;
+}
+
+/* Operands of GEMM, reset and ALU ops: one intrinsic tile. */
+static int check_tile(const char* fn, const char* name, const DLTensor* t) {
+  return check_array(fn, name, t, 2, "a 1-D or 2-D integer tile");
 }
 
 /* ---------------------------------------------------------------- timing */
@@ -352,15 +361,9 @@ int __tvm_ffi_tirbyoc_sim_fill_zero(void* self, const TVMFFIAny* args, int32_t n
   return tirbyoc_return_none(rv);
 }
 
+/* DMA operands: a strided view of up to MAX_DIMS (6) dimensions. */
 static int check_view(const char* fn, const char* name, const DLTensor* t) {
-  if (t == NULL) return tirbyoc_fail("TypeError", "tirbyoc.sim.%s: %s is not a tensor", fn, name);
-  if (t->ndim < 1 || t->ndim > MAX_DIMS || t->dtype.code == kDLFloat || t->dtype.lanes != 1 ||
-      (t->dtype.bits != 8 && t->dtype.bits != 16 && t->dtype.bits != 32 && t->dtype.bits != 64))
-    return tirbyoc_fail("TypeError", "tirbyoc.sim.%s: %s must be an integer view of 1 to %d dimensions",
-                        fn, name, MAX_DIMS);
-  if (t->device.device_type != kDLCPU)
-    return tirbyoc_fail("ValueError", "tirbyoc.sim.%s: %s is not in host memory", fn, name);
-  return 0;
+  return check_array(fn, name, t, MAX_DIMS, "an integer view of 1 to 6 dimensions");
 }
 
 static int64_t count(const DLTensor* t) {
@@ -394,25 +397,6 @@ static void cursor_next(Cursor* c) {
     if (++c->idx[d] < c->ext[d]) return;
     c->addr -= (uintptr_t)(c->step[d] * c->ext[d]);
     c->idx[d] = 0;
-  }
-}
-
-static int64_t load_at(const DLTensor* t, uintptr_t p) {
-  int signed_int = t->dtype.code == kDLInt;
-  switch (t->dtype.bits) {
-    case 8: return signed_int ? (int64_t)*(const int8_t*)p : (int64_t)*(const uint8_t*)p;
-    case 16: return signed_int ? (int64_t)*(const int16_t*)p : (int64_t)*(const uint16_t*)p;
-    case 32: return signed_int ? (int64_t)*(const int32_t*)p : (int64_t)*(const uint32_t*)p;
-    default: return *(const int64_t*)p;
-  }
-}
-
-static void store_at(const DLTensor* t, uintptr_t p, int64_t v) {
-  switch (t->dtype.bits) {
-    case 8: *(uint8_t*)p = (uint8_t)v; break;
-    case 16: *(uint16_t*)p = (uint16_t)v; break;
-    case 32: *(uint32_t*)p = (uint32_t)v; break;
-    default: *(int64_t*)p = v;
   }
 }
 
