@@ -169,43 +169,50 @@ def _whole_call(func, templates, verify: bool):
     return None
 
 
+def replace_call_tir(mod, gvs, rewrite):
+    """``mod`` with every ``R.call_tir(gv, ...)`` of a ``gv`` in ``gvs`` replaced by
+    ``rewrite(call)`` (None keeps the call), and the PrimFuncs of ``gvs`` that no Relax
+    function calls any more dropped."""
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+
+    @mutator
+    class _Rewriter(PyExprMutator):
+        def visit_call_(self, op):
+            op = super().visit_call_(op)
+            if op.op.same_as(call_tir) and op.args[0] in gvs:
+                new = rewrite(op)
+                if new is not None:
+                    return new
+            return op
+
+    rewriter = _Rewriter(mod)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
+    new = rewriter.builder_.get()
+    called = [v for f in new.functions.values() if isinstance(f, relax.Function)
+              for v in relax.analysis.all_global_vars(f)]
+    dropped = [gv for gv in gvs if not any(v.same_as(gv) for v in called)]
+    return tvm.IRModule({g: f for g, f in new.functions.items() if not any(g.same_as(d) for d in dropped)},
+                        attrs=new.attrs)
+
+
 def _call_packed_instead(mod, calls: dict):
     """Every ``R.call_tir(gv, args, out)`` with ``gv`` in ``calls`` rewritten to
     ``R.call_dps_packed(symbol, kernel inputs, out)``; the PrimFuncs dropped, the kernels'
     libraries appended to ``external_mods``."""
 
-    call_tir = tvm.ir.Op.get("relax.call_tir")
+    def to_packed(op):
+        wc = calls[op.args[0]]
+        args = list(op.args[1].fields) if len(op.args) == 2 else []
+        if len(op.args) != 2 or len(op.ty_args) != 1 or wc.output != len(args):
+            return None
+        return relax.call_dps_packed(relax.ExternFunc(wc.symbol), relax.Tuple([args[i] for i in wc.inputs]),
+                                     op.ty_args[0])
 
-    @mutator
-    class _ToPacked(PyExprMutator):
-        def visit_call_(self, op):
-            op = super().visit_call_(op)
-            if op.op.same_as(call_tir) and len(op.args) == 2 and op.args[0] in calls:
-                wc = calls[op.args[0]]
-                args = list(op.args[1].fields)
-                if len(op.ty_args) == 1 and wc.output == len(args):
-                    return relax.call_dps_packed(
-                        relax.ExternFunc(wc.symbol), relax.Tuple([args[i] for i in wc.inputs]),
-                        op.ty_args[0])
-            return op
-
-    rewriter = _ToPacked(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-    new = rewriter.builder_.get()
-    for gv in calls:
-        if not any(v.same_as(gv) for f in new.functions.values() if isinstance(f, relax.Function)
-                   for v in relax.analysis.all_global_vars(f)):
-            new = _without(new, gv)
+    new = replace_call_tir(mod, calls, to_packed)
     return with_external_mods(new, [lib.runtime_module() for lib in
                                     dict.fromkeys(wc.packed.library for wc in calls.values())])
-
-
-def _without(mod, gv):
-
-    return tvm.IRModule({g: f for g, f in mod.functions.items() if not g.same_as(gv)},
-                        attrs=mod.attrs)
 
 
 def _offload_function(name: str, func, templates, policy, verify: bool, tuned):
@@ -303,4 +310,4 @@ def OffloadTIR(templates: Sequence, *, policy="first", verify: bool = True,
     return _pass
 
 
-__all__ = ["FunctionReport", "OffloadReport", "OffloadTIR", "offload_module"]
+__all__ = ["FunctionReport", "OffloadReport", "OffloadTIR", "offload_module", "replace_call_tir"]

@@ -13,11 +13,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from tvm.relax.expr_functor import PyExprMutator, mutator
-
 from tirbyoc._tvm import make_target, relax, tvm
 from tirbyoc.errors import TirbyocError
 from tirbyoc.offloading import hexagon
+from tirbyoc.relax.bridge import replace_call_tir
 
 PREFIX = "tirbyoc.emulated."
 
@@ -67,27 +66,15 @@ def emulate_offloaded(mod, names, target, capacities: dict | None = None):
     runs = EmulatedRuns(hexagon.emulator_name(target), json.loads(str(make_target(target))))
     symbols = {gv: _register(gv.name_hint, mod[gv], target, capacities or {}, runs)
                for gv in mod.functions if gv.name_hint in set(names)}
-    call_tir = tvm.ir.Op.get("relax.call_tir")
 
-    @mutator
-    class _ToEmulator(PyExprMutator):
-        def visit_call_(self, op):
-            op = super().visit_call_(op)
-            if op.op.same_as(call_tir) and op.args[0] in symbols:
-                if len(op.args) != 2:
-                    raise TirbyocError(f"{op.args[0].name_hint} is called with symbolic shape "
-                                       "arguments, which the emulated run cannot pass")
-                return relax.call_dps_packed(relax.ExternFunc(symbols[op.args[0]]), op.args[1],
-                                             op.ty_args[0] if len(op.ty_args) == 1 else op.ty_args)
-            return op
+    def to_emulator(op):
+        if len(op.args) != 2:
+            raise TirbyocError(f"{op.args[0].name_hint} is called with symbolic shape "
+                               "arguments, which the emulated run cannot pass")
+        return relax.call_dps_packed(relax.ExternFunc(symbols[op.args[0]]), op.args[1],
+                                     op.ty_args[0] if len(op.ty_args) == 1 else op.ty_args)
 
-    rewriter = _ToEmulator(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-    new = rewriter.builder_.get()
-    kept = {gv: f for gv, f in new.functions.items() if gv not in symbols}
-    return tvm.IRModule(kept, attrs=new.attrs), runs
+    return replace_call_tir(mod, symbols, to_emulator), runs
 
 
 __all__ = ["EmulatedRuns", "emulate_offloaded"]
