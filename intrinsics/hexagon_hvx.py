@@ -16,7 +16,7 @@ it is built only. TVM's own ``hexagon`` target kind is not used: it aborts this 
 on vrmpy.
 """
 
-from functools import cache
+from functools import cache, partial
 from typing import Optional
 
 from tirbyoc import Cost, Intrinsic, IntrinsicGroup, Operand, Role, Runtime, Scope, Template
@@ -43,6 +43,28 @@ _VRMPY = {
 _SHORT = {"uint8": "u8", "int8": "i8", "int16": "i16", "int32": "i32", "uint32": "u32"}
 
 
+def _dot_desc(k: int, dtype_a: str, dtype_b: str, dtype_c: str, mem_scope: str):
+    """C[32] += A[k] . B[32, k], widened to ``dtype_c``: what every HVX dot product computes
+    (vrmpy: k = 4 bytes, dmpy: k = 2 halfwords)."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def desc(
+        A: T.Buffer((k,), dtype_a, offset_factor=1, scope=mem_scope),
+        B: T.Buffer((32, k), dtype_b, offset_factor=1, scope=mem_scope),
+        C: T.Buffer((32,), dtype_c, offset_factor=1, scope=mem_scope),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:32], A[0:k], B[0:32, 0:k])
+            T.writes(C[0:32])
+            for i, r in T.grid(32, k):
+                with T.sblock("update"):
+                    vi, vk = T.axis.remap("SR", [i, r])
+                    C[vi] = C[vi] + T.cast(A[vk], dtype_c) * T.cast(B[vi, vk], dtype_c)
+
+    return desc
+
+
 @cache
 def vrmpy(dtype_a: str = "uint8", dtype_b: str = "uint8", mem_scope: str = "global",
           dtype_c: str = "int32") -> Intrinsic:
@@ -57,19 +79,7 @@ def vrmpy(dtype_a: str = "uint8", dtype_b: str = "uint8", mem_scope: str = "glob
     def build():
         from tvm.script import tirx as T
 
-        @T.prim_func(s_tir=True)
-        def desc(
-            A: T.Buffer((4,), dtype_a, offset_factor=1, scope=mem_scope),
-            B: T.Buffer((32, 4), dtype_b, offset_factor=1, scope=mem_scope),
-            C: T.Buffer((32,), dtype_c, offset_factor=1, scope=mem_scope),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(C[0:32], A[0:4], B[0:32, 0:4])
-                T.writes(C[0:32])
-                for i, k in T.grid(32, 4):
-                    with T.sblock("update"):
-                        vi, vk = T.axis.remap("SR", [i, k])
-                        C[vi] = C[vi] + T.cast(A[vk], dtype_c) * T.cast(B[vi, vk], dtype_c)
+        desc = _dot_desc(4, dtype_a, dtype_b, dtype_c, mem_scope)
 
         @T.prim_func(s_tir=True)
         def impl(
@@ -120,19 +130,7 @@ def dmpy_i16(mem_scope: str = "global") -> Intrinsic:
     def build():
         from tvm.script import tirx as T
 
-        @T.prim_func(s_tir=True)
-        def desc(
-            A: T.Buffer((2,), "int16", offset_factor=1, scope=mem_scope),
-            B: T.Buffer((32, 2), "int16", offset_factor=1, scope=mem_scope),
-            C: T.Buffer((32,), "int32", offset_factor=1, scope=mem_scope),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(C[0:32], A[0:2], B[0:32, 0:2])
-                T.writes(C[0:32])
-                for i, k in T.grid(32, 2):
-                    with T.sblock("update"):
-                        vi, vk = T.axis.remap("SR", [i, k])
-                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+        desc = _dot_desc(2, "int16", "int16", "int32", mem_scope)
 
         @T.prim_func(s_tir=True)
         def impl(
@@ -262,10 +260,11 @@ def dma_load(size: int, dtype: str = "uint8") -> Intrinsic:
     )
 
 
-def _requires() -> Optional[str]:
+def _requires(arch: str) -> Optional[str]:
+    """Why this DSP's code cannot run here: not emulated by this QEMU, or its tools missing."""
     from tirbyoc.decl.host import hexagon_emulator_missing
 
-    return hexagon_emulator_missing()
+    return hexagon_emulator_missing(f"hexagon{arch}")
 
 
 def make_template(vtcm_bytes: int = 4 * 1024 * 1024, dma_tile: int = 128, arch: str = "v66") -> Template:
@@ -286,7 +285,7 @@ def make_template(vtcm_bytes: int = 4 * 1024 * 1024, dma_tile: int = 128, arch: 
         runtime=Runtime.DEVICE,
         groups=tuple(groups),
         scopes=(Scope(VTCM, vtcm_bytes, 128, "vector tightly coupled memory"),),
-        requires=_requires,
+        requires=partial(_requires, arch),
         doc="Hexagon HVX 128B vrmpy dot products with VTCM staging and DMA",
         params={"vtcm_bytes": vtcm_bytes, "dma_tile": dma_tile, "arch": arch},
         factory=make_template,

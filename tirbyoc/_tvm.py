@@ -174,8 +174,7 @@ def is_host_target(target) -> bool:
     if str(target.kind.name) not in ("llvm", "c"):
         return False
     triple = str(target.attrs.get("mtriple") or "")
-    return not triple or triple.split("-")[0] in (platform.machine(), "x86_64" if
-                                                 platform.machine() == "AMD64" else "")
+    return not triple or triple.split("-")[0] == platform.machine()
 
 
 def register_tir_pipeline(name: str, after) -> None:

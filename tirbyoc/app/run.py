@@ -37,7 +37,7 @@ from tirbyoc.decl.extern import check_loaded
 from tirbyoc.decl.registry import as_template, get_template
 from tirbyoc.errors import ModelError, TirbyocError, last_line
 from tirbyoc.offloading.verification import compare_arrays
-from tirbyoc.offloading.hexagon import cannot_run, is_hexagon
+from tirbyoc.offloading.hexagon import is_hexagon
 from tirbyoc.relax.bridge import offload_module
 from tirbyoc.relax.emulated import EmulatedRuns, emulate_offloaded
 from tirbyoc.relax.quantized import QuantizedReport, QuantizedToInteger, has_quantize_ops
@@ -260,9 +260,6 @@ def run_offloaded(mod, tmpls, target, entry, arrays, ref_out, *, repeat: int = 1
         return OffloadRun(report, missing=["nothing was offloaded: the offloaded build would be "
                                            "TVM's build again, so it was not built"])
     emulated = None
-    if is_hexagon(check_target(target)) and cannot_run(check_target(target)) is not None:
-        return OffloadRun(report, missing=[f"the offloaded PrimFuncs cannot run here: "
-                                           f"{cannot_run(check_target(target))}"])
     if is_hexagon(check_target(target)):
         capacities = {s.name: s.capacity for t in tmpls for s in t.scopes if s.capacity}
         offloaded, emulated = emulate_offloaded(offloaded, [f.name for f in report.functions

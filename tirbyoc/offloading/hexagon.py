@@ -38,14 +38,15 @@ from tirbyoc._tvm import (
     ffi_build_paths,
     make_target,
     register_tir_pipeline,
+    structural_equal,
     tirx,
     tvm,
     tvm_ffi,
 )
+from tirbyoc.decl.host import HEXAGON_EMULATED_CPUS as EMULATED_CPUS
 from tirbyoc.decl.host import HEXAGON_INSTALL, hexagon_emulator_missing
 from tirbyoc.errors import VerificationError, last_line
 
-EMULATED_CPUS = ("hexagonv66", "hexagonv67")  # what QEMU 7.2's hexagon user mode runs
 VTCM = "global.vtcm"
 DEFAULT_VTCM_BYTES = 4 * 1024 * 1024
 PIPELINE = "tirbyoc_hexagon"
@@ -69,10 +70,7 @@ def cannot_run(target) -> str | None:
         return ("TVM's `hexagon` target kind aborts this TVM's LLVM on HVX vrmpy code; use an "
                 "`llvm` target with mtriple=hexagon and mcpu=hexagonv66 (the hexagon_hvx "
                 "template's default)")
-    if mcpu not in EMULATED_CPUS:
-        return (f"mcpu={mcpu or 'none'} is built only: qemu-hexagon (QEMU 7.2) runs HVX "
-                f"{' and '.join(c.removeprefix('hexagon') for c in EMULATED_CPUS)} code")
-    return hexagon_emulator_missing()
+    return hexagon_emulator_missing(mcpu or "none")
 
 
 def emulator_name(target) -> str:
@@ -135,6 +133,26 @@ def harness_object(mcpu: str) -> Path:
     return out
 
 
+_PROGRAMS: dict = {}  # (structural hash, target) -> [(function, linked program)]
+
+
+def _program(func, target) -> Path:
+    """``func`` built for ``target`` and linked with the harness, once per process: a model
+    calls the same PrimFunc at several sites, and each call runs the same program."""
+    target = make_target(target)
+    key = (tvm_ffi.structural_hash(func), str(target))
+    for known, path in _PROGRAMS.get(key, ()):
+        if structural_equal(known, func):
+            return path
+    path = _workdir() / f"program-{sum(map(len, _PROGRAMS.values()))}.elf"
+    with tempfile.TemporaryDirectory(dir=_workdir()) as tmp:
+        build_object(func, target, Path(tmp) / "kernel.o")
+        _tool(["ld.lld-16", "-static", "-o", str(path), str(harness_object(str(target.attrs["mcpu"]))),
+               str(Path(tmp) / "kernel.o")], "linking the Hexagon program")
+    _PROGRAMS.setdefault(key, []).append((func, path))
+    return path
+
+
 def _tool(argv: list[str], what: str) -> subprocess.CompletedProcess:
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -184,17 +202,14 @@ def run(func, target, arrays: list[np.ndarray], vtcm_bytes: int = DEFAULT_VTCM_B
     reason = cannot_run(target)
     if reason is not None:
         raise HexagonRunError(reason, crashed=False)
-    mcpu = str(make_target(target).attrs["mcpu"])
+    program = _program(func, target)
     with tempfile.TemporaryDirectory(dir=_workdir()) as tmp:
         tmp = Path(tmp)
-        build_object(func, target, tmp / "kernel.o")
-        _tool(["ld.lld-16", "-static", "-o", str(tmp / "run.elf"), str(harness_object(mcpu)),
-               str(tmp / "kernel.o")], "linking the Hexagon program")
         scopes = [str(p.scope()) for p in func.params]
         (tmp / "in.bin").write_bytes(_encode(arrays, scopes, vtcm_bytes))
         t0 = time.perf_counter()
         try:
-            done = subprocess.run(["qemu-hexagon", str(tmp / "run.elf"), str(tmp / "in.bin"),
+            done = subprocess.run(["qemu-hexagon", str(program), str(tmp / "in.bin"),
                                    str(tmp / "out.bin")], capture_output=True, text=True,
                                   timeout=RUN_TIMEOUT_S, check=False)
         except subprocess.TimeoutExpired:

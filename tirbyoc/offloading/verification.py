@@ -278,7 +278,7 @@ def _run_rewritten(rewritten, target, arrays, capacities):
     `hexagon.HexagonRunError` when an emulated run did not finish."""
     if hexagon.is_hexagon(target):
         vtcm = (capacities or {}).get(hexagon.VTCM) or hexagon.DEFAULT_VTCM_BYTES
-        done = hexagon.run(rewritten, target, [a.copy() for a in arrays], vtcm)
+        done = hexagon.run(rewritten, target, arrays, vtcm)  # reads them, writes files
         return done.arrays, done.emulator
     device = tvm.cuda(0) if str(target.kind.name) == "cuda" else tvm.cpu()
     exe = compile_func(rewritten, target, "rewritten")
