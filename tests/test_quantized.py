@@ -31,7 +31,7 @@ def test_hand_written_qdq_matmul_becomes_an_exact_integer_core(tmp_path, act):
     new, report = quantized_to_integer(mod, act)
     assert report.integer == ["matmul 32x24"] and not report.kept
     text = new.script(show_meta=False)
-    assert f'R.matmul(' in text and 'out_dtype="int32"' in text and act in text
+    assert 'R.matmul(' in text and 'out_dtype="int32"' in text and act in text
     x = np.random.default_rng(3).uniform(-1.2, 1.2, (4, 32)).astype("float32")  # some saturate
     np.testing.assert_array_equal(run(new, x), run(mod, x))
 
@@ -44,11 +44,16 @@ def test_asymmetric_weights_stay_float_with_the_reason(tmp_path):
     assert new.script(show_meta=False).count("R.dequantize(") == mod.script(show_meta=False).count("R.dequantize(")
 
 
+def _ort_quantized(tmp_path_factory, make_float, name: str):
+    """``make_float``'s model quantized by ONNX Runtime (the test skips without it)."""
+    pytest.importorskip("onnxruntime")
+    folder = tmp_path_factory.mktemp(name)
+    return ort_quantize(make_float(folder / f"{name}.onnx"), folder / f"{name}_qdq.onnx")
+
+
 @pytest.fixture(scope="module")
 def ort_cnn(tmp_path_factory):
-    pytest.importorskip("onnxruntime")
-    folder = tmp_path_factory.mktemp("qdq")
-    return ort_quantize(float_cnn(folder / "cnn.onnx"), folder / "cnn_qdq.onnx")
+    return _ort_quantized(tmp_path_factory, float_cnn, "cnn")
 
 
 @pytest.mark.parametrize("act", ["uint8", "int8"])
@@ -104,9 +109,7 @@ def test_reference_needs_an_onnx_file():
 
 @pytest.fixture(scope="module")
 def ort_transformer(tmp_path_factory):
-    pytest.importorskip("onnxruntime")
-    folder = tmp_path_factory.mktemp("qdq_tf")
-    return ort_quantize(float_transformer(folder / "enc.onnx"), folder / "enc_qdq.onnx")
+    return _ort_quantized(tmp_path_factory, float_transformer, "enc")
 
 
 @pytest.mark.parametrize("act", ["uint8", "int8"])

@@ -19,6 +19,7 @@ from math import prod
 from tirbyoc._tvm import TensorLoad, s_tir, sym, tirx, tvm, tvm_ffi
 from tirbyoc.errors import RewriteError
 from tirbyoc.ir.pattern import expr_vars
+from tirbyoc.ir.tir_walk import always_true
 
 
 def blockize_exact(sch, loop, traced: bool = False):
@@ -119,7 +120,7 @@ def plain_window_copy(sch, loops: list) -> WindowCopy | None:
     """The copy under ``loops`` (its whole nest) when it is a reshape of one window into
     another (see the module's docstring), else None."""
     realize = sch.get(loops[-1]).body
-    if not isinstance(realize, s_tir.SBlockRealize) or not _is_true(realize.predicate):
+    if not isinstance(realize, s_tir.SBlockRealize) or not always_true(realize.predicate):
         return None
     store = realize.block.body
     if not isinstance(store, tirx.BufferStore):
@@ -150,10 +151,6 @@ def plain_window_copy(sch, loops: list) -> WindowCopy | None:
 def _region(buffer, affine, window):
     return tirx.BufferRegion(buffer, [tvm.ir.Range.from_min_extent(base, ext)
                                       for (_, base), ext in zip(affine, window)])
-
-
-def _is_true(expr) -> bool:
-    return isinstance(expr, tirx.IntImm) and int(expr) == 1
 
 
 def _view(region, name: str):

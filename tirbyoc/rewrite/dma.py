@@ -13,9 +13,7 @@ because a tensorized window copy ends TVM's stage-pipeline analysis of the scope
 
 from __future__ import annotations
 
-from tirbyoc._tvm import s_tir, tirx
 from tirbyoc.errors import RewriteError
-from tirbyoc.ir.pattern import expr_vars
 from tirbyoc.matching.results import OperandMap
 from tirbyoc.rewrite import staging  # noqa: F401 - registers the stages these run among
 from tirbyoc.rewrite.block_dma import blockize_exact, plain_window_copy, replace_with_block_dma
