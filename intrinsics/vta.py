@@ -332,10 +332,12 @@ def make_template(batch: int = 1, block_in: int = 16, block_out: int = 16,
                   inp_kib: int = 32, wgt_kib: int = 256, acc_kib: int = 128,
                   in_dtype: str = "int8", wgt_dtype: str = "int8", acc_dtype: str = "int32",
                   dma_bytes_per_cycle: int = 8, dma_latency: int = 64, clock_mhz: int = 100,
-                  block_dma: bool = True, name: str = NAME) -> Template:
+                  block_dma: bool = True, double_buffer: bool = True, name: str = NAME) -> Template:
     """A VTA-style template; every parameter is validated, defaults are VTA's own.
     ``block_dma``: the DMA moves a whole scratchpad tile per instruction, as VTA's load and
-    store do (False: one DMA per intrinsic tile, the mapping before block DMA)."""
+    store do (False: one DMA per intrinsic tile, the mapping before block DMA).
+    ``double_buffer``: input and weight tiles get two versions each (half of each scratchpad
+    per tile), so loads overlap the GEMMs as with VTA's virtual threads (needs block DMA)."""
     for pname in ("batch", "block_in", "block_out", "inp_kib", "wgt_kib", "acc_kib",
                   "dma_bytes_per_cycle", "clock_mhz"):
         _positive(pname, locals()[pname])
@@ -370,7 +372,8 @@ def make_template(batch: int = 1, block_in: int = 16, block_out: int = 16,
         requires=_requires,
         block_dma=BlockDMA("tirbyoc.sim.dma_load", "tirbyoc.sim.dma_store",
                            {scope: (SCOPE_ID[scope],) for scope in SCOPE_ID},
-                           doc="VTA load/store: rows at a stride per instruction") if block_dma else None,
+                           doc="VTA load/store: rows at a stride per instruction",
+                           double_buffer=(INP, WGT) if double_buffer else ()) if block_dma else None,
         simulator=Simulator(config_for(
             scopes, core_macs=batch * block_in * block_out, alu_lanes=batch * block_out,
             dma_bytes_per_cycle=dma_bytes_per_cycle, dma_latency=dma_latency, clock_mhz=clock_mhz)),
@@ -379,7 +382,8 @@ def make_template(batch: int = 1, block_in: int = 16, block_out: int = 16,
         params=dict(name=name, batch=batch, block_in=block_in, block_out=block_out, inp_kib=inp_kib,
                     wgt_kib=wgt_kib, acc_kib=acc_kib, in_dtype=in_dtype, wgt_dtype=wgt_dtype,
                     acc_dtype=acc_dtype, dma_bytes_per_cycle=dma_bytes_per_cycle,
-                    dma_latency=dma_latency, clock_mhz=clock_mhz, block_dma=block_dma),
+                    dma_latency=dma_latency, clock_mhz=clock_mhz, block_dma=block_dma,
+                    double_buffer=double_buffer),
     )
 
 

@@ -107,13 +107,14 @@ def to_tensor(array, device=None):
     return tvm.runtime.tensor(array, device=device or tvm.cpu())
 
 
-def build(func_or_mod, target):
-    """Compile a PrimFunc or IRModule of PrimFuncs for ``target`` (a Target or dict).
+def build(func_or_mod, target, pipeline: str = "default"):
+    """Compile a PrimFunc or IRModule of PrimFuncs for ``target`` (a Target or dict) with the
+    TIR ``pipeline`` (a registered name).
 
     For CUDA targets the result holds the generated CUDA source; this TVM wheel does not
     compile it further. Use :func:`compile_cuda` to put that source through ``nvcc``.
     """
-    return tvm.compile(func_or_mod, target=make_target(target))
+    return tvm.compile(func_or_mod, target=make_target(target), tir_pipeline=pipeline)
 
 
 def cuda_source(executable) -> str:

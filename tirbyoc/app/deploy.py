@@ -35,6 +35,7 @@ from tirbyoc.app.jsonout import dumps
 from tirbyoc.app.run import Progress, build_and_time, legalized_model, templates_and_target
 from tirbyoc.decl.extern import ExternLibrary, c_compiler
 from tirbyoc.errors import TirbyocError
+from tirbyoc.offloading.lowering import PIPELINE
 from tirbyoc.relax.bridge import offload_module
 from tirbyoc.sim import LIBRARY as SIM_LIBRARY
 from tirbyoc.tuning.apply import tuned_schedules
@@ -205,7 +206,7 @@ def export_module(mod, templates, output, target=None) -> tuple[list[Path], list
     _cpu_only(tgt)
     output = Path(output)
     libs = needed_libraries(mod, tmpls)
-    exe = tvm.compile(_without_tirbyoc_modules(mod, libs), target=tgt)
+    exe = tvm.compile(_without_tirbyoc_modules(mod, libs), target=tgt, tir_pipeline=PIPELINE)
     output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="tirbyoc-build-") as work:
         objects, options, shipped = link_inputs(libs, Path(work), output.parent.resolve())

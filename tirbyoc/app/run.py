@@ -36,6 +36,7 @@ from tirbyoc.app.targets import (
 from tirbyoc.decl.extern import check_loaded
 from tirbyoc.decl.registry import as_template, get_template
 from tirbyoc.errors import ModelError, TirbyocError, last_line
+from tirbyoc.offloading.lowering import PIPELINE
 from tirbyoc.offloading.verification import compare_arrays
 from tirbyoc.offloading.hexagon import is_hexagon
 from tirbyoc.relax.bridge import offload_module
@@ -187,7 +188,7 @@ def build_and_time(mod, target, entry, arrays, repeat: int, simulators=(), *, tw
         for gv, func in mod.functions.items():
             if isinstance(func, tirx.PrimFunc):
                 check_loaded(func, f"PrimFunc {gv.name_hint}")
-    exe = tvm.compile(mod, target=target)
+    exe = tvm.compile(mod, target=target, tir_pipeline=PIPELINE)
     dev = tvm.cpu()
     vm = relax_vm(exe, dev)
     args = [tvm.runtime.tensor(a, dev) for a in arrays]

@@ -10,6 +10,10 @@ template's per-intrinsic-tile DMA intrinsics elsewhere.
 The functions take ``(destination view, source view, *scope_args[scope])``: two strided
 DLTensor views with as many elements, copied in the row-major order of each (a store may
 narrow, keeping the low bits as a cast does).
+
+``double_buffer`` names the scopes whose tiles get two versions, so that the load of the next
+tile overlaps the compute on this one (`tirbyoc.rewrite.double_buffer`): the tile planner
+gives such a scope half its capacity.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ class BlockDMA:
     store: str
     scope_args: Mapping = field(default_factory=dict)
     doc: str = ""
+    double_buffer: tuple = ()
 
     def __post_init__(self):
         for name in ("load", "store"):
@@ -38,6 +43,10 @@ class BlockDMA:
                 raise TemplateError(f"BlockDMA.{name} must name a packed function, got {value!r}")
         object.__setattr__(self, "scope_args",
                            MappingProxyType({str(k): tuple(v) for k, v in dict(self.scope_args).items()}))
+        if isinstance(self.double_buffer, str):
+            raise TemplateError("BlockDMA.double_buffer is a tuple of scope names, got the string "
+                                f"{self.double_buffer!r}")
+        object.__setattr__(self, "double_buffer", tuple(str(s) for s in self.double_buffer))
 
     def symbol(self, direction: str) -> str:
         return self.load if direction == "load" else self.store

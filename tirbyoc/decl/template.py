@@ -130,7 +130,8 @@ class Template:
             return
         if not isinstance(self.block_dma, BlockDMA):
             raise TemplateError(f"template {self.name!r}: block_dma must be a BlockDMA, got {self.block_dma!r}")
-        unknown = sorted(set(self.block_dma.scope_args) - {s.name for s in self.scopes})
+        unknown = sorted((set(self.block_dma.scope_args) | set(self.block_dma.double_buffer))
+                         - {s.name for s in self.scopes})
         if unknown:
             raise TemplateError(f"template {self.name!r}: block_dma names scopes {unknown} the "
                                 f"template does not declare")

@@ -27,6 +27,8 @@ from tirbyoc.matching.results import Match, Mismatch
 from tirbyoc.offloading.table import render
 from tirbyoc.offloading.verification import Verification
 from tirbyoc.offloading.verification import verify as run_verify
+from tirbyoc.rewrite.double_buffer import plan_double_buffering
+from tirbyoc.rewrite.scratchpad import scratchpad_usage
 from tirbyoc.rewrite.steps import DECISIONS, Step, StepKind
 from tirbyoc.rewrite.tensorize import Rewritten, tensorize
 
@@ -231,9 +233,14 @@ def _from_tuned(func, tmpl, name, results, tuned, target, verify):
 
 
 def _account_scratchpads(func, template, rewrites):
-    """For a simulated template: the function tells the simulator what it allocates."""
+    """For a simulated template: the scratchpad tiles that have room for two versions are
+    marked for double buffering (`tirbyoc.rewrite.double_buffer`), and the function tells the
+    simulator what it allocates."""
     sim = getattr(template, "simulator", None)
-    return sim.annotate(func) if sim is not None and rewrites else func
+    if sim is None or not rewrites:
+        return func
+    func, _notes = plan_double_buffering(func, template, scratchpad_usage(func, [s.name for s in template.scopes]))
+    return sim.annotate(func)
 
 
 MAX_FALLBACK_MATCHES = 3

@@ -36,6 +36,7 @@ from tirbyoc.decl.extern import check_loaded
 from tirbyoc.dtypes import is_float
 from tirbyoc.errors import TirbyocError, VerificationError, last_line
 from tirbyoc.ir.domains import buffer_domains, draw
+from tirbyoc.offloading.lowering import PIPELINE
 from tirbyoc.offloading import hexagon
 
 # Relative tolerance per float dtype, scaled by sqrt(reduction length) in `tolerance`.
@@ -222,7 +223,7 @@ def compile_func(func, target, what: str):
         except TirbyocError as err:
             raise VerificationError(str(err)) from None
     try:
-        return build(func, target)
+        return build(func, target, PIPELINE)
     except Exception as err:  # TVM raises many types; say which build failed
         raise VerificationError(f"building the {what} function for {target} failed: "
                                 f"{last_line(err)}") from err

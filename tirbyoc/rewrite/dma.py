@@ -46,9 +46,25 @@ def stage_scratchpads(state: RewriteState) -> RewriteState | None:
                                     tuple(n for n, *_ in outer if n in uses) + op.view_axes,
                                     dtypes[op.operand], op.is_output))
     capacity = {s: sc.capacity for s, sc in scopes.items()}
-    plans = rank_tiles(axes, tile_ops, capacity, {s: sc.alignment for s, sc in scopes.items()},
-                       state.where)
+    alignment = {s: sc.alignment for s, sc in scopes.items()}
+    halved = _double_buffer_budget(state.template, capacity)
+    if halved != capacity:
+        saved = (state.sch, list(state.steps), state.loops, list(state.copies))
+        try:
+            return _first_fitting(state, rank_tiles(axes, tile_ops, halved, alignment, state.where),
+                                  outer, halved)
+        except RewriteError:  # no tile fits half the scratchpad: single tiles in all of it
+            state.sch, state.steps, state.loops, state.copies = saved
+    plans = rank_tiles(axes, tile_ops, capacity, alignment, state.where)
     return _first_fitting(state, plans, outer, capacity)
+
+
+def _double_buffer_budget(template, capacity: dict) -> dict:
+    """Bytes per scope the tile planner may use: half the capacity of a scope whose tiles the
+    template double-buffers (`BlockDMA.double_buffer`), so that two versions fit."""
+    dma = getattr(template, "block_dma", None)
+    halves = set(getattr(dma, "double_buffer", ()))
+    return {s: (c // 2 if s in halves else c) for s, c in capacity.items()}
 
 
 def _first_fitting(state: RewriteState, plans, outer: list, capacity: dict) -> RewriteState:

@@ -19,6 +19,7 @@ import tvm
 
 from tirbyoc._tvm import s_tir, tirx
 from tirbyoc.decl.extern import ExternLibrary
+from tirbyoc.rewrite.double_buffer import FOOTPRINT_ATTR
 from tirbyoc.rewrite.scratchpad import scratchpad_usage
 
 OPS = ("gemm", "fill_zero", "dma_load", "dma_store", "alu_add", "alu_max", "alu_relu",
@@ -205,7 +206,11 @@ class Simulator:
                              tirx.Evaluate(tirx.call_packed("tirbyoc.sim.scratchpad_end", *sizes))])
         new = s_tir.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, body,
                            block.init, block.alloc_buffers, block.match_buffers, block.annotations)
-        return func.with_body(s_tir.SBlockRealize(realize.iter_values, realize.predicate, new))
+        # the calls that report the footprint, for tirbyoc's lowering to grow by what it adds
+        footprint = {"calls": ["tirbyoc.sim.scratchpad_begin", "tirbyoc.sim.scratchpad_end"],
+                     "scopes": list(self.config.scopes)}
+        return func.with_body(s_tir.SBlockRealize(realize.iter_values, realize.predicate, new)).with_attr(
+            FOOTPRINT_ATTR, footprint)
 
 
 __all__ = ["SCOPES", "SimConfig", "SimStats", "Simulator", "config_for", "load", "unavailable_reason"]

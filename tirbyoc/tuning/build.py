@@ -14,13 +14,14 @@ from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
 from tirbyoc._tvm import make_target
 from tirbyoc.decl.registry import as_template
+from tirbyoc.offloading.lowering import PIPELINE
 
 
 def build(mod, target, _params=None):
     """Build one scheduled candidate (the ``f_build`` of MetaSchedule's ``LocalBuilder``)."""
 
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
-    return tvm_build(mod, target=target)
+    return tvm_build(mod, target=target, pipeline=PIPELINE)  # tirbyoc's passes (double buffering)
 
 
 def local_builder(max_workers: int | None = None, timeout_sec: float = 60.0):
