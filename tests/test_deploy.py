@@ -10,9 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tvm
+from workloads import matmul
 
 import tirbyoc
-from tirbyoc.app.deploy import build_library
+from tirbyoc.app.deploy import build_library, export_module
+from tirbyoc.decl.host import hexagon_emulator_missing
 from tirbyoc.errors import TirbyocError
 
 RUNNER = Path(tirbyoc.__file__).parent / "app" / "runner.py"
@@ -117,11 +119,64 @@ def test_onnx_model_with_blas_through_the_command_line(tmp_path):
 def test_bad_requests_say_what_to_do(tmp_path):
     with pytest.raises(TirbyocError, match="PATH.so"):
         build_library("builtin:mlp", ["blas"], output=tmp_path / "mlp.tar")
-    with pytest.raises(TirbyocError, match="cross targets"):
+    with pytest.raises(TirbyocError, match="not yet CUDA"):
         build_library("builtin:mlp", ["blas"], output=tmp_path / "m.so", target={"kind": "cuda", "arch": "sm_80"})
-    # Hexagon's target is an llvm one for another architecture: refused, not handed to the host linker
-    with pytest.raises(TirbyocError, match="mtriple=hexagon.*cross targets.*qemu-hexagon"):
-        build_library("builtin:mlp_int8", ["hexagon_hvx"], output=tmp_path / "m.so")
+    with pytest.raises(TirbyocError, match="PATH.so or PATH.tar"):
+        build_library("builtin:mlp_int8", ["hexagon_hvx"], output=tmp_path / "m.a")
+    # the Python route links for this CPU only: a Hexagon target is not handed to the host linker
+    with pytest.raises(TirbyocError, match="mtriple=hexagon.*tirbyoc build writes Hexagon libraries"):
+        export_module(tvm.IRModule(), ["hexagon_hvx"], tmp_path / "m.so")
+
+
+ELF_QDSP6, ET_REL, ET_DYN = 164, 1, 3
+
+
+def _elf(path) -> tuple[int, int]:
+    """(e_type, e_machine) of a 32-bit little-endian ELF file."""
+    head = Path(path).read_bytes()[:20]
+    assert head[:4] == b"\x7fELF", f"{path} is not an ELF file"
+    return int.from_bytes(head[16:18], "little"), int.from_bytes(head[18:20], "little")
+
+
+@pytest.mark.skipif(hexagon_emulator_missing() is not None, reason=str(hexagon_emulator_missing()))
+def test_hexagon_library_as_objects_and_linked(tmp_path):
+    """A Hexagon build: the objects and the link command that makes them a Hexagon shared
+    object (run here), or that shared object; each offloaded function verified under QEMU,
+    the library itself not run (a manifest that says so; the runner refuses it)."""
+    import tarfile
+
+    tar = build_library("builtin:cnn_int8", ["hexagon_hvx"], output=tmp_path / "cnn.tar")
+    assert [f.verified for f in tar.report.functions if f.offloaded] == [True] * 4
+    manifest = json.loads((tmp_path / "cnn.json").read_text())
+    assert manifest["runs_here"] is False and manifest["link"][:3] == ["ld.lld-16", "-shared", "-o"]
+    with tarfile.open(tmp_path / "cnn.tar") as archive:
+        archive.extractall(tmp_path / "objects", filter="data")
+    objects = sorted((tmp_path / "objects").glob("*.o"))
+    assert [o.name for o in objects] == sorted(manifest["link"][4:])
+    assert all(_elf(o) == (ET_REL, ELF_QDSP6) for o in objects)
+    subprocess.run(manifest["link"], cwd=tmp_path / "objects", check=True, capture_output=True)
+    assert _elf(tmp_path / "objects" / "cnn.so") == (ET_DYN, ELF_QDSP6)
+    # what the device's process provides: TVM FFI, the C library, compiler routines; nothing of tirbyoc's
+    assert any(s.startswith("TVMFFI") for s in manifest["undefined"])
+    assert not any("irbyoc" in s for s in manifest["undefined"])
+
+    so = build_library("builtin:cnn_int8", ["hexagon_hvx"], output=tmp_path / "linked" / "cnn.so")
+    assert _elf(so.path) == (ET_DYN, ELF_QDSP6) and so.output is None
+    refused = subprocess.run([sys.executable, "-m", "tirbyoc.app.runner", str(so.path)],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "Hexagon shared object" in refused.stderr
+
+
+def test_hexagon_library_refuses_vtcm_staging():
+    from tirbyoc.app.deploy_hexagon import check_deployable
+    from tirbyoc_intrinsics.hexagon_hvx import make_template
+
+    t = make_template(vtcm_bytes=64 * 1024)
+    f = matmul(256, 256, 512, "uint8", "uint8", "int32", trans_b=True)
+    m = next(m for m in tirbyoc.match(f, [t]) if "vtcm" in m.intrinsic.name)
+    staged = tirbyoc.tensorize(f, m, template=t).func
+    with pytest.raises(TirbyocError, match="stage tiles in VTCM.*tirbyoc run -t hexagon_hvx"):
+        check_deployable(tvm.IRModule({"kernel": staged}), [])
 
 
 def test_export_module_saves_what_offload_tir_made(tmp_path):

@@ -259,6 +259,9 @@ def cmd_build(args) -> int:
         if f.verified is not True:
             print(f"  {f.name}: {'DISAGREES with TVM' if f.verified is False else 'not verified'}"
                   f"{' - ' + f.check_note if f.check_note else ''}")
+    if built.cross is not None:
+        _print_cross(built, inputs)
+        return 0 if all(f.verified is not False for f in r.functions) else 1
     print(f"wrote {built.path} (entry {built.entry}({inputs}); weights inside)")
     if built.linked:
         print(f"  linked in: {', '.join(built.linked)}")
@@ -267,6 +270,22 @@ def cmd_build(args) -> int:
     print(f"  manifest: {built.path.with_suffix('.json')}")
     print(f"run it with TVM alone: python -m tirbyoc.app.runner {built.path} --input x.npy")
     return 0 if all(f.verified is not False for f in r.functions) else 1
+
+
+def _print_cross(built, inputs: str) -> None:
+    """What a library for another processor is, how to link it, where it runs."""
+    cross = built.cross
+    print(f"wrote {built.path}: {cross.kind} (entry {built.entry}({inputs}); weights inside)")
+    if built.path.suffix == ".tar":
+        print(f"  link it: tar -xf {built.path.name} && {' '.join(cross.link)}   (or the Hexagon SDK's "
+              "hexagon-link with the same arguments)")
+    if cross.undefined:
+        print(f"  takes from the device's process: {', '.join(cross.undefined)}")
+    done = [f for f in built.report.functions if f.offloaded]
+    checked = ("each offloaded function was verified under qemu-hexagon" if all(f.verified is True for f in done)
+               else "its offloaded functions were not all verified: see above")
+    print(f"  not run here: TVM's Hexagon runtime loads it on the device ({checked})")
+    print(f"  manifest: {built.path.with_suffix('.json')}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -169,11 +169,12 @@ def _add_build(sub, common) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        help="offload a model and write one shared library that TVM alone loads and runs")
     p.add_argument("--output", "-o", required=True, metavar="PATH.so",
-                   help="the library (its manifest PATH.json and shared libraries it needs go beside it)")
+                   help="the library (its manifest PATH.json and shared libraries it needs go beside it); "
+                        "for a Hexagon target PATH.so (linked with ld.lld-16) or PATH.tar (objects + link command)")
     p.add_argument("--model", "-m", help="as for run (default: an MLP suited to the template)")
     _model_file_args(p)
     p.add_argument("--template", "-t", action="extend", nargs="+", metavar="T", help="as for run")
-    p.add_argument("--target", help="as for run (a CPU target: kind llvm)")
+    p.add_argument("--target", help="as for run (a CPU target, or a Hexagon one: -t hexagon_hvx)")
     p.add_argument("--database", metavar="DIR", help="apply the tuned schedules of a `tirbyoc tune` work directory")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights a built-in model is built with")
     p.add_argument("--no-whole-calls", action="store_true",

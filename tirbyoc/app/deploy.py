@@ -16,7 +16,8 @@ What `tirbyoc run` keeps in its own process has to travel inside the artifact:
   them through ``$ORIGIN``.
 
 A manifest (``PATH.json``) says what the library takes and gives and how it was made;
-`tirbyoc.app.runner` reads it.
+`tirbyoc.app.runner` reads it. For a Hexagon target the library is Hexagon code for TVM's
+Hexagon runtime, linked or as objects with its link command (`tirbyoc.app.deploy_hexagon`).
 """
 
 from __future__ import annotations
@@ -31,10 +32,13 @@ from pathlib import Path
 import numpy as np
 
 from tirbyoc._tvm import PrimCall, StringImm, is_host_target, make_target, relax, tirx, tvm, tvm_ffi
+from tirbyoc.app.deploy_hexagon import FORMATS as HEXAGON_FORMATS
+from tirbyoc.app.deploy_hexagon import HexagonArtifact, check_deployable, export_hexagon
 from tirbyoc.app.jsonout import dumps
 from tirbyoc.app.run import Progress, build_and_time, legalized_model, templates_and_target
 from tirbyoc.decl.extern import ExternLibrary, c_compiler
 from tirbyoc.errors import TirbyocError
+from tirbyoc.offloading.hexagon import is_hexagon
 from tirbyoc.offloading.lowering import PIPELINE
 from tirbyoc.relax.bridge import offload_module
 from tirbyoc.sim import LIBRARY as SIM_LIBRARY
@@ -56,9 +60,17 @@ class Built:
     linked: list[str]  # extern libraries linked in
     output: np.ndarray | None = field(default=None, repr=False)  # on the seeded inputs, if run
     sample_inputs: list = field(default_factory=list, repr=False)
+    cross: HexagonArtifact | None = None  # for a Hexagon target: what was written, how to link
+
+    @property
+    def kind(self) -> str:
+        return self.cross.kind if self.cross is not None else "shared library for this CPU"
 
     def to_json(self) -> dict:
-        return {"path": str(self.path), "shipped": [str(p) for p in self.shipped], "model": self.model,
+        cross = self.cross
+        return {"path": str(self.path), "kind": self.kind, "runs_here": cross is None,
+                "link": cross.link if cross else None, "undefined": cross.undefined if cross else None,
+                "shipped": [str(p) for p in self.shipped], "model": self.model,
                 "templates": self.templates, "target": self.target, "entry": self.entry,
                 "inputs": self.inputs, "linked": self.linked,
                 "offloaded_macs": self.report.offloaded_macs, "macs": self.report.total_macs,
@@ -216,14 +228,20 @@ def export_module(mod, templates, output, target=None) -> tuple[list[Path], list
 
 def _cpu_only(target) -> None:
     """Refuse, before any work, a target whose code this machine's linker cannot link into a
-    library it loads: another kind, or an ``llvm`` target for another architecture (Hexagon)."""
+    library it loads: another kind, or an ``llvm`` target for another architecture (Hexagon,
+    which `build_library` writes with `tirbyoc.app.deploy_hexagon` instead)."""
     kind = str(target.kind.name)
     if kind != "llvm" or not is_host_target(target):
         what = f"{kind} with mtriple={target.attrs.get('mtriple')}" if kind == "llvm" else kind
-        raise TirbyocError(f"target {what}: tirbyoc build writes libraries for this CPU (kind "
-                           "llvm, no foreign mtriple); cross targets (CUDA, Hexagon) are not "
-                           "supported yet: `tirbyoc run -t hexagon_hvx` runs Hexagon offloads "
-                           "under qemu-hexagon instead")
+        raise TirbyocError(f"target {what}: export_module links libraries for this CPU (kind llvm, "
+                           "no foreign mtriple); tirbyoc build writes Hexagon libraries (PATH.so or "
+                           "PATH.tar), and not yet CUDA ones (no GPU here to check them on)")
+
+
+def _check_target(target) -> None:
+    """Refuse, before any work, a target tirbyoc build cannot write a library for."""
+    if not is_hexagon(target):
+        _cpu_only(target)
 
 
 def build_library(model: str | None, templates=None, *, output, target=None, database=None,
@@ -238,12 +256,13 @@ def build_library(model: str | None, templates=None, *, output, target=None, dat
     (False: library kernels are called from inside PrimFuncs, never whole)."""
     progress = progress or Progress(enabled=False)
     output = Path(output)
-    if output.suffix != ".so":
-        raise TirbyocError(f"{output}: the library is a shared object; name it PATH.so")
     if target is not None:
-        _cpu_only(make_target(target))
+        _check_target(make_target(target))
     tmpls, tgt = templates_and_target(templates, target)
-    _cpu_only(tgt)
+    _check_target(tgt)
+    if output.suffix != ".so" and not (is_hexagon(tgt) and output.suffix in HEXAGON_FORMATS):
+        raise TirbyocError(f"{output}: the library is a shared object; name it PATH.so"
+                           + (" or PATH.tar" if is_hexagon(tgt) else ""))
     progress.phase(f"importing {model or 'the built-in model'}")
     spec, mod, entry, arrays = legalized_model(model, tmpls, seed, inputs, obj=obj, input_shapes=input_shapes)
     mod, arrays = bind_weights(mod, entry, arrays)
@@ -252,12 +271,17 @@ def build_library(model: str | None, templates=None, *, output, target=None, dat
     offloaded, report = offload_module(mod, tmpls, progress=progress.step, tuned=tuned,
                                        whole_calls=whole_calls)
     progress.phase("compiling and linking")
-    shipped, libs = export_module(offloaded, tmpls, output, tgt)
+    cross = None
+    if is_hexagon(tgt):
+        check_deployable(offloaded, [lib.name for lib, _ in needed_libraries(offloaded, tmpls)])
+        cross, shipped, libs = export_hexagon(offloaded, tgt, output), [], []
+    else:
+        shipped, libs = export_module(offloaded, tmpls, output, tgt)
     params = offloaded[entry].params
     built = Built(output, shipped, spec, [t.name for t in tmpls], json.loads(str(tgt)), entry,
                   [{"name": p.name, "shape": [int(d) for d in p.ty.shape.values], "dtype": str(p.ty.dtype)}
-                   for p in params], report, libs, None, arrays)
-    if run_check and all(t.runs_here() for t in tmpls):
+                   for p in params], report, libs, None, arrays, cross)
+    if run_check and cross is None and all(t.runs_here() for t in tmpls):
         sims = [t.simulator for t in tmpls if t.simulator is not None]
         built.output = build_and_time(offloaded, tgt, entry, arrays, 1, sims, timed=False)[0]
     output.with_suffix(".json").write_text(dumps(built.to_json()) + "\n")

@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     manifest = Path(args.library).with_suffix(".json")
     spec = json.loads(manifest.read_text()) if manifest.exists() else {}
+    if spec.get("runs_here") is False:
+        raise SystemExit(f"runner: {args.library} is a {spec.get('kind', 'library for another processor')}; "
+                         "it runs where that processor's TVM runtime loads it, not here")
     names = [p["name"] for p in spec.get("inputs", [])]
     outputs = run(args.library, _inputs(args.input, names), args.entry or spec.get("entry"))
     for i, out in enumerate(outputs):
