@@ -14,16 +14,25 @@ call sites - of:
 
 Models are legalized as they are for the template: float32 for ``blas``; `quantize`d
 (uint8 x int8 -> int32 cores) for ``x86_vnni`` and ``hexagon_hvx``; int8 x int8 for ``vta``
-and ``cuda_mma``. Usage::
+and ``cuda_mma``.
+
+``--qdq`` measures the same three models as a user of an int8 accelerator brings them: built
+as float ONNX graphs (`tirbyoc.testing.qdq`: the same architectures, batch norms folded,
+He-initialised weights), quantized by ONNX Runtime's ``quantize_static`` (QDQ, per-channel
+int8 weights, uint8 activations, 8 calibration inputs; needs ``onnx`` and ``onnxruntime``),
+imported by TVM and made integer by `QuantizedToInteger` for each int8 template, as
+``tirbyoc run`` does (the chains it made integer and those it kept float are counted).
+Usage::
 
     python bench/reach.py [--models resnet50,mobilenet_v2,bert_base] [--templates T,...]
-                          [--out bench/results/reach.json]
+                          [--qdq] [--out bench/results/reach.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,6 +45,33 @@ HERE = Path(__file__).resolve().parent
 MODELS = {"resnet50": resnet50, "mobilenet_v2": mobilenet_v2, "bert_base": bert_base}
 TEMPLATES = ("x86_vnni", "blas", "vta", "hexagon_hvx", "cuda_mma")
 VARIANT = {"blas": "float32", "x86_vnni": "uint8", "hexagon_hvx": "uint8", "vta": "int8", "cuda_mma": "int8"}
+
+
+QDQ_BUILDERS = {"resnet50": "float_resnet50", "mobilenet_v2": "float_mobilenet_v2", "bert_base": "float_bert_base"}
+INT8_TEMPLATES = ("x86_vnni", "vta", "hexagon_hvx", "cuda_mma")
+
+
+def qdq_model(model: str, folder: Path) -> Path:
+    """The QDQ ONNX file of ``model`` (made once: float graph, then ONNX Runtime's quantizer)."""
+    from tirbyoc.testing import qdq
+
+    out = folder / f"{model}_qdq.onnx"
+    if not out.exists():
+        t0 = time.perf_counter()
+        floating = getattr(qdq, QDQ_BUILDERS[model])(folder / f"{model}.onnx")
+        qdq.ort_quantize(floating, out)
+        print(f"[reach] {model}: float ONNX quantized by ONNX Runtime in {time.perf_counter() - t0:.1f} s", flush=True)
+    return out
+
+
+def legalized_qdq(path: Path, template):
+    """(the QDQ model made integer for ``template`` and legalized, the QuantizedReport)."""
+    from tirbyoc.app.run import legalized_model
+    from tirbyoc.relax.quantized import QuantizedReport
+
+    report = QuantizedReport()
+    _, mod, _, _ = legalized_model(str(path), [template], 0, quantized=report)
+    return mod, report
 
 
 def legalized(model: str, variant: str):
@@ -100,21 +136,27 @@ def top_reasons(report, limit: int = 3) -> list[dict]:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--templates", default=",".join(TEMPLATES))
-    parser.add_argument("--out", default=str(HERE / "results" / "reach.json"))
+    parser.add_argument("--templates", default=None, help=f"default {','.join(TEMPLATES)} ({','.join(INT8_TEMPLATES)} with --qdq)")
+    parser.add_argument("--qdq", action="store_true", help="the models quantized by ONNX Runtime (QDQ ONNX), int8 templates")
+    parser.add_argument("--out", default=None, help="default bench/results/reach.json (reach_qdq.json with --qdq)")
     args = parser.parse_args()
+    out = Path(args.out or HERE / "results" / ("reach_qdq.json" if args.qdq else "reach.json"))
+    templates = args.templates.split(",") if args.templates else (INT8_TEMPLATES if args.qdq else TEMPLATES)
     rows, results = [], []
     cache = {}
+    folder = Path(tempfile.mkdtemp(prefix="tirbyoc-reach-"))
     for model in args.models.split(","):
-        for name in args.templates.split(","):
+        for name in templates:
             template = tirbyoc.get_template(name)
             variant = VARIANT.get(name, "float32")
             key = (model, variant)
             if key not in cache:
                 t0 = time.perf_counter()
-                cache[key] = legalized(model, variant)
-                print(f"[reach] {model} ({variant}) legalized in {time.perf_counter() - t0:.1f} s", flush=True)
-            mod = cache[key]
+                cache[key] = (legalized_qdq(qdq_model(model, folder), template) if args.qdq
+                              else (legalized(model, variant), None))
+                print(f"[reach] {model} ({'QDQ, ' if args.qdq else ''}{variant}) legalized in "
+                      f"{time.perf_counter() - t0:.1f} s", flush=True)
+            mod, quantized = cache[key]
             t0 = time.perf_counter()
             _, report = offload_module(mod, [template], verify=False, whole_calls=False)
             t_offload = time.perf_counter() - t0
@@ -128,17 +170,23 @@ def main():
                 "seconds": {"tirbyoc": round(t_offload, 1), "tvm_exact": round(t_exact, 1)},
                 "not_covered": top_reasons(report),
             }
+            if quantized is not None:
+                entry["variant"] = f"QDQ (ONNX Runtime), {variant} activations"
+                entry["chains_integer"] = len(quantized.integer)
+                entry["chains_kept_float"] = [{"chain": c, "why": w} for c, w in quantized.kept]
             assert total == report.total_macs, (total, report.total_macs)
             results.append(entry)
             print(f"[reach] {model} on {name}: tirbyoc {report.coverage:.1%}, TVM exact "
                   f"{entry['tvm_exact_coverage']:.1%} ({t_offload:.0f} s + {t_exact:.0f} s)", flush=True)
-            rows.append([model, name, variant, f"{report.total_macs / 1e9:.2f} G",
-                         f"{report.coverage:.1%}", f"{entry['tvm_exact_coverage']:.1%}"])
+            rows.append([model, name, ("QDQ " if quantized else "") + variant, f"{report.total_macs / 1e9:.2f} G",
+                         f"{report.coverage:.1%}", f"{entry['tvm_exact_coverage']:.1%}"]
+                        + ([f"{len(quantized.integer)} / {len(quantized.kept)}"] if quantized else []))
     print()
-    print(render(["model", "template", "operands", "MACs", "tirbyoc", "TVM exact"], rows))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"benchmark": "reach", "results": results}, indent=2))
-    print(f"\nwritten to {args.out}")
+    print(render(["model", "template", "operands", "MACs", "tirbyoc", "TVM exact"]
+                 + (["chains integer / float"] if args.qdq else []), rows))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"benchmark": "reach_qdq" if args.qdq else "reach", "results": results}, indent=2))
+    print(f"\nwritten to {out}")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ def main():
 
     import tvm
 
-    from tirbyoc import get_template
+    from tirbyoc import PIPELINE, get_template
     from tirbyoc._tvm import make_target, relax_vm
     from tirbyoc.relax.bridge import offload_module
     from tirbyoc.app.run import compare, legalized_model
@@ -45,7 +45,7 @@ def main():
 
     target = make_target(dict(template.target))
     t0 = time.perf_counter()
-    vm = relax_vm(tvm.compile(offloaded, target=target), tvm.cpu())
+    vm = relax_vm(tvm.compile(offloaded, target=target, tir_pipeline=PIPELINE), tvm.cpu())
     t_build = time.perf_counter() - t0
     args_nd = [tvm.runtime.tensor(a) for a in arrays]
     sim = template.simulator

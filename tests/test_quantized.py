@@ -11,6 +11,7 @@ from tvm import relax
 
 from tirbyoc._tvm import relax_vm, tvm
 from tirbyoc.app.loaders import import_onnx
+from tirbyoc.app.reference import output_step
 from tirbyoc.app.run import run_model
 from tirbyoc.relax.quantized import has_quantize_ops, quantized_to_integer
 from tirbyoc.testing.qdq import float_cnn, float_transformer, ort_quantize, qdq_matmul
@@ -174,3 +175,28 @@ def test_a_quantized_model_deploys(ort_cnn, tmp_path):
     built = build_library(str(ort_cnn), ["vta"], output=tmp_path / "out" / "cnn.so")
     assert built.report.offloaded_macs == built.report.total_macs
     np.testing.assert_array_equal(run_fresh(built, tmp_path), built.output)
+
+
+@pytest.mark.parametrize("builder, kwargs, shape, cores, steps", [
+    ("float_resnet50", {"size": 32, "classes": 10}, (1, 3, 32, 32), 53 + 1, 4),
+    ("float_mobilenet_v2", {"size": 32, "classes": 10}, (1, 3, 32, 32), 52 + 1, 0),
+    ("float_bert_base", {"seq": 16, "dim": 64, "heads": 4, "hidden": 128, "layers": 2}, (16, 64), 2 * 8, 0),
+], ids=["resnet50", "mobilenet_v2", "bert_base"])
+def test_benchmark_architectures_quantized_by_onnxruntime_become_integer(tmp_path, builder, kwargs, shape, cores,
+                                                                         steps):
+    """The float graphs bench/reach.py --qdq quantizes (here at small sizes): ONNX Runtime's
+    quantizer wraps every conv and matmul, and every such chain becomes an integer core
+    (attention's two per head as activation x activation matmuls) computing what the QDQ graph
+    computes: exactly, or within ``steps`` output quantization steps where the float graph's
+    rounded float32 sums put a value on the other side of a rounding tie and the residual adds
+    of ResNet-50's 16 blocks carry that step on (measured: 3)."""
+    pytest.importorskip("onnxruntime")
+    from tirbyoc.testing import qdq
+
+    floating = getattr(qdq, builder)(tmp_path / "f.onnx", **kwargs)
+    mod = import_onnx(ort_quantize(floating, tmp_path / "q.onnx"))
+    new, report = quantized_to_integer(mod, "int8")
+    assert len(report.integer) == cores and not report.kept, report.kept
+    x = np.random.default_rng(3).uniform(-1, 1, shape).astype("float32")
+    got, want = run(new, x), run(mod, x)
+    assert np.abs(got - want).max() <= steps * output_step(tmp_path / "q.onnx") * (1 + 1e-5)

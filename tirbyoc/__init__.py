@@ -40,6 +40,7 @@ _LAZY = {
     "tensorize": "rewrite.tensorize", "Rewritten": "rewrite.tensorize",
     "offload": "offloading.offloader", "Offloaded": "offloading.offloader",
     "verify": "offloading.verification", "Verification": "offloading.verification", "relax_vm": "_tvm",
+    "PIPELINE": "offloading.lowering",
 }
 
 

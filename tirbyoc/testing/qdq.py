@@ -143,6 +143,123 @@ def float_transformer(path, *, seed: int = 0, seq: int = 16, dim: int = 64, hidd
     return _save(path, "encoder", nodes, inits, [seq, dim], [seq, dim])
 
 
+class _Net:
+    """An ONNX graph under construction: seeded He-initialised weights, fresh value names."""
+
+    def __init__(self, seed: int):
+        _, _, self.helper, self.nh = _onnx()
+        self.rng, self.inits, self.nodes, self.count = np.random.default_rng(seed), [], [], 0
+
+    def name(self, prefix: str) -> str:
+        self.count += 1
+        return f"{prefix}{self.count}"
+
+    def const(self, array, prefix: str = "k") -> str:
+        name = self.name(prefix)
+        self.inits.append(self.nh.from_array(np.asarray(array), name))
+        return name
+
+    def node(self, op: str, inputs: list, **attrs) -> str:
+        out = self.name(op.lower())
+        self.nodes.append(self.helper.make_node(op, inputs, [out], **attrs))
+        return out
+
+    def conv(self, x: str, cin: int, cout: int, k: int, stride: int = 1, groups: int = 1,
+             act: str | None = "Relu", gain: float = 1.0) -> str:
+        """Conv (batch norm folded into its bias) -> ``act`` (Relu, Relu6 as Clip, or None);
+        ``gain`` scales the weights (a residual branch's last conv starts small, as a trained
+        network's batch norm keeps the sum O(1))."""
+        fan_in = cin // groups * k * k
+        w = self.const(gain * self.rng.normal(0, (2 / fan_in) ** 0.5, (cout, cin // groups, k, k)).astype("float32"), "w")
+        b = self.const(self.rng.normal(0, 0.05, (cout,)).astype("float32"), "b")
+        y = self.node("Conv", [x, w, b], pads=[k // 2] * 4, strides=[stride, stride], group=groups)
+        if act == "Relu6":
+            return self.node("Clip", [y, self.const(np.float32(0)), self.const(np.float32(6))])
+        return self.node(act, [y]) if act else y
+
+    def linear(self, x: str, n_in: int, n_out: int) -> str:
+        w = self.const(self.rng.normal(0, n_in ** -0.5, (n_in, n_out)).astype("float32"), "w")
+        return self.node("Add", [self.node("MatMul", [x, w]), self.const(self.rng.normal(0, 0.02, (n_out,)).astype("float32"), "b")])
+
+    def classifier(self, x: str, cin: int, classes: int) -> str:
+        flat = self.node("Flatten", [self.node("GlobalAveragePool", [x])])
+        w = self.const(self.rng.normal(0, cin ** -0.5, (classes, cin)).astype("float32"), "fc_w")
+        return self.node("Gemm", [flat, w, self.const(np.zeros(classes, "float32"), "fc_b")], transB=1)
+
+    def save(self, path, name: str, out: str, x_shape, y_shape) -> Path:
+        """Saved with ``out`` (the last node's output) renamed "y"."""
+        assert self.nodes[-1].output[0] == out, "the graph's output must be its last node's"
+        self.nodes[-1].output[0] = "y"
+        return _save(path, name, self.nodes, self.inits, x_shape, y_shape)
+
+
+def float_resnet50(path, *, seed: int = 0, size: int = 224, classes: int = 1000) -> Path:
+    """ResNet-50 as ONNX (batch 1, batch norms folded): a 7x7/2 stem, max pool, bottleneck
+    stages of 3, 4, 6, 3 blocks (1x1, 3x3 with the stage's stride, 1x1 x4; 1x1 projections),
+    global average pool, a Gemm classifier."""
+    g = _Net(seed)
+    x = g.node("MaxPool", [g.conv("x", 3, 64, 7, 2)], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    cin = 64
+    for stage, (width, blocks) in enumerate(((64, 3), (128, 4), (256, 6), (512, 3))):
+        for i in range(blocks):
+            stride = 2 if stage > 0 and i == 0 else 1
+            y = g.conv(g.conv(g.conv(x, cin, width, 1), width, width, 3, stride), width, 4 * width, 1, act=None,
+                       gain=0.2)
+            skip = x if stride == 1 and cin == 4 * width else g.conv(x, cin, 4 * width, 1, stride, act=None)
+            x, cin = g.node("Relu", [g.node("Add", [y, skip])]), 4 * width
+    return g.save(path, "resnet50", g.classifier(x, cin, classes), [1, 3, size, size], [1, classes])
+
+
+def float_mobilenet_v2(path, *, seed: int = 0, size: int = 224, classes: int = 1000) -> Path:
+    """MobileNetV2 as ONNX (batch 1, batch norms folded, ReLU6 as Clip): inverted residual
+    blocks (1x1 expansion, 3x3 depthwise, 1x1 linear projection; residual where shapes allow)."""
+    g = _Net(seed)
+    x, cin = g.conv("x", 3, 32, 3, 2, act="Relu6"), 32
+    for t, c, n, s in ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
+                       (6, 160, 3, 2), (6, 320, 1, 1)):
+        for i in range(n):
+            stride, hidden = (s if i == 0 else 1), cin * t
+            y = g.conv(x, cin, hidden, 1, act="Relu6") if t != 1 else x
+            y = g.conv(g.conv(y, hidden, hidden, 3, stride, groups=hidden, act="Relu6"), hidden, c, 1, act=None,
+                       gain=0.5)
+            x, cin = (g.node("Add", [x, y]) if stride == 1 and cin == c else y), c
+    x = g.conv(x, cin, 1280, 1, act="Relu6")
+    return g.save(path, "mobilenet_v2", g.classifier(x, 1280, classes), [1, 3, size, size], [1, classes])
+
+
+def float_bert_base(path, *, seed: int = 0, seq: int = 128, dim: int = 768, heads: int = 12,
+                    hidden: int = 3072, layers: int = 12) -> Path:
+    """A BERT-base encoder as ONNX (one sequence of ``seq`` embeddings in): per layer,
+    multi-head self-attention (q, k, v projections, softmax(q.k^T / sqrt(d_head)).v per head,
+    an output projection), residual + LayerNormalization, a GELU (erf) feed-forward, residual
+    + LayerNormalization."""
+    g = _Net(seed)
+    dh = dim // heads
+    split = g.const(np.array([seq, heads, dh], np.int64), "shape")
+    merge = g.const(np.array([seq, dim], np.int64), "shape")
+
+    def norm(x):
+        return g.node("LayerNormalization", [x, g.const(np.ones(dim, "float32"), "gamma"),
+                                             g.const(np.zeros(dim, "float32"), "beta")], axis=-1, epsilon=1e-12)
+
+    def per_head(x, perm):
+        return g.node("Transpose", [g.node("Reshape", [g.linear(x, dim, dim), split])], perm=perm)
+
+    x = "x"
+    for _ in range(layers):
+        q, kt, v = per_head(x, [1, 0, 2]), per_head(x, [1, 2, 0]), per_head(x, [1, 0, 2])
+        scores = g.node("Mul", [g.node("MatMul", [q, kt]), g.const(np.float32(dh ** -0.5), "scale")])
+        ctx = g.node("MatMul", [g.node("Softmax", [scores], axis=-1), v])
+        ctx = g.node("Reshape", [g.node("Transpose", [ctx], perm=[1, 0, 2]), merge])
+        h = norm(g.node("Add", [g.linear(ctx, dim, dim), x]))
+        f = g.linear(h, dim, hidden)
+        erf = g.node("Erf", [g.node("Mul", [f, g.const(np.float32(2 ** -0.5), "c")])])
+        gelu = g.node("Mul", [g.node("Mul", [f, g.node("Add", [erf, g.const(np.float32(1), "one")])]),
+                              g.const(np.float32(0.5), "half")])
+        x = norm(g.node("Add", [g.linear(gelu, hidden, dim), h]))
+    return g.save(path, "bert_base", x, [seq, dim], [seq, dim])
+
+
 def ort_quantize(float_path, out_path, *, samples: int = 8, seed: int = 0, per_channel: bool = True,
                  activation: str = "uint8") -> Path:
     """``float_path`` quantized by ONNX Runtime's ``quantize_static`` (QDQ format, int8
@@ -208,5 +325,5 @@ def qdq_matmul(path, *, weight_zero_point: int = 0, seed: int = 0, m: int = 4, k
     return _save(path, "mm", nodes, inits, [m, k], [m, n])
 
 
-__all__ = ["float_cnn", "float_depthwise", "float_resnet18", "float_transformer", "ort_quantize", "ort_quantize_dynamic",
-           "qdq_matmul"]
+__all__ = ["float_bert_base", "float_cnn", "float_depthwise", "float_mobilenet_v2", "float_resnet18", "float_resnet50",
+           "float_transformer", "ort_quantize", "ort_quantize_dynamic", "qdq_matmul"]
