@@ -14,6 +14,8 @@ from tvm.relax.frontend import nn
 
 from tirbyoc._tvm import IRModule, PrimFunc
 from tirbyoc.errors import ModelError, TirbyocError
+from tirbyoc.relax.pt2e import CONVERTERS as PT2E_CONVERTERS
+from tirbyoc.relax.pt2e import fold_constant_casts
 
 
 class LoadError(TirbyocError):
@@ -99,10 +101,21 @@ def _from_torch(path: Path, model, namespace: dict):
     from tvm.relax.frontend.torch import from_exported_program
 
     try:
-        exported = torch.export.export(model.eval(), example)
-        return from_exported_program(exported, keep_params_as_input=False)
+        exported = torch.export.export(_in_eval_mode(model), example)
+        # PT2E's quantize/dequantize ops: TVM's frontend has no converter of its own
+        mod = from_exported_program(exported, keep_params_as_input=False, custom_convert_map=PT2E_CONVERTERS)
     except Exception as err:
         raise ModelImportError(f"{path}: exporting the torch model failed: {type(err).__name__}: {err}") from err
+    return fold_constant_casts(mod)
+
+
+def _in_eval_mode(model):
+    """``model`` in inference mode; a PT2E model (an exported GraphModule, which refuses
+    ``eval()``) is used as it is, as ``convert_pt2e`` left it."""
+    try:
+        return model.eval()
+    except NotImplementedError:
+        return model
 
 
 def _kind(value, torch) -> str | None:

@@ -9,7 +9,9 @@ float: TVM imports it as ``dequantize(x_q) , dequantize(w_q) -> conv2d | matmul 
     real  = (acc - zx * sum(w_q)) * (sx * sw) + bias        # per output channel
     y_q   = quantize(relu?(real), sy, zy)                   # ONNX's rounding (half to even)
 
-which is exact: ``sum((x_q - zx) * w_q) = x_q . w_q - zx * sum(w_q)`` over every position the
+(a float bias, as PyTorch's PT2E models have it, is added as it is; a chain with no output
+``quantize`` - a PT2E model's last layer - gives ``relu?(real)`` in float), which is exact:
+``sum((x_q - zx) * w_q) = x_q . w_q - zx * sum(w_q)`` over every position the
 core sees, and a padded convolution pads ``x_q`` with ``zx`` (the real zero) before the core.
 The weight sums, scales and bias are constants computed here, once. A matmul of two quantized
 activations (attention) takes both zero points' shares from row and column sums at run time.
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from tvm import relax
-from tvm.relax.dpl import is_op, rewrite_call, wildcard
+from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
 from tirbyoc._tvm import const_value, tvm
 
@@ -44,6 +46,7 @@ class QuantizedReport:
     integer: list[str] = field(default_factory=list)  # "conv2d 8x3x3x3", ...
     kept: list[tuple[str, str]] = field(default_factory=list)  # (chain, why it stayed float)
     seen: list = field(default_factory=list, repr=False)  # the calls kept float, reported once
+    done: list = field(default_factory=list, repr=False)  # the cores made integer, reported once
     # set by a run: the integer model's output against the float QDQ graph's, and the
     # output's quantization step
     float_max_abs_diff: float | None = None
@@ -67,7 +70,9 @@ class QuantizedReport:
 
 class _Pattern:
     """``quantize(relu?(core (+ bias)), sy, zy)`` with ``core`` a conv2d or matmul of two
-    dequantized tensors (the weight possibly transposed)."""
+    dequantized tensors (the weight possibly transposed), the bias quantized (ONNX) or a float
+    constant (PyTorch), on either side of the add; ``float_root``: the same chain without the
+    output quantize (a PT2E model's last layer keeps a float output)."""
 
     def __init__(self):
         self.x, self.sx, self.zx = wildcard(), wildcard(), wildcard()
@@ -82,11 +87,13 @@ class _Pattern:
         self.matmul = is_op("relax.matmul")(dq_x, weight)
         core = self.conv | self.matmul
         dq_b = is_op("relax.dequantize")(self.b, self.sb, self.zb)
-        bias = dq_b | is_op("relax.reshape")(dq_b, wildcard())
-        self.biased = is_op("relax.add")(core, bias)
+        self.fb = is_const()
+        bias = dq_b | is_op("relax.reshape")(dq_b, wildcard()) | self.fb | is_op("relax.reshape")(self.fb, wildcard())
+        self.biased = is_op("relax.add")(core, bias) | is_op("relax.add")(bias, core)
         body = self.biased | core
         self.relu = is_op("relax.nn.relu")(body)
         self.root = is_op("relax.quantize")(self.relu | body, self.sy, self.zy)
+        self.float_root = self.relu | body
 
 
 class _Refused(Exception):
@@ -172,8 +179,8 @@ def _rewrite(call, m: dict, p: _Pattern, act_dtype: str, report: QuantizedReport
         bias = _bias(m, p, scale.size)
     except _Refused as why:
         # rewrite_call matches until nothing changes: a chain kept float is seen again
-        if not any(call.same_as(c) for c in report.seen):
-            report.seen.append(call)
+        if not any(core_call.same_as(c) for c in report.seen):  # once per chain, however matched
+            report.seen.append(core_call)
             report.kept.append((f"{what} {'x'.join(map(str, _shape(core_call)))}", str(why)))
         return call
     real = relax.op.multiply(relax.op.astype(corrected, "float32"), relax.const(scale.reshape(shape), "float32"))
@@ -181,7 +188,11 @@ def _rewrite(call, m: dict, p: _Pattern, act_dtype: str, report: QuantizedReport
         real = relax.op.add(real, relax.const(np.broadcast_to(bias, (scale.size,)).reshape(shape), "float32"))
     if p.relu in m:
         real = relax.op.nn.relu(real)
-    report.integer.append(label)
+    if not any(core_call.same_as(c) for c in report.done):  # a chain is matched at each of its ops
+        report.done.append(core_call)
+        report.integer.append(label)
+    if p.sy not in m:  # a chain with a float output
+        return real
     at = call.attrs
     return relax.op.quantize(real, m[p.sy], m[p.zy], int(at.axis), str(at.out_dtype))
 
@@ -225,13 +236,19 @@ def _dynamic_matmul(m: dict, p: _Pattern, act_dtype: str):
 
 
 def _bias(m: dict, p: _Pattern, channels: int) -> np.ndarray | None:
-    """The bias as float constants per channel (``sb * (b_q - zb)``), or None without one."""
-    if p.b not in m:
+    """The bias as float constants per channel (``sb * (b_q - zb)``, or the float constant
+    itself), or None without one."""
+    if p.fb in m:
+        real = const_value(m[p.fb])
+        if str(real.dtype) != "float32":
+            raise _Refused(f"a {real.dtype} bias")
+    elif p.b not in m:
         return None
-    b, sb, zb = (const_value(m[e]) for e in (p.b, p.sb, p.zb))
-    if b is None or sb is None or zb is None:
-        raise _Refused("the bias is not a constant")
-    real = (sb.astype(np.float64) * (b.astype(np.float64) - zb.astype(np.float64))).astype(np.float32)
+    else:
+        b, sb, zb = (const_value(m[e]) for e in (p.b, p.sb, p.zb))
+        if b is None or sb is None or zb is None:
+            raise _Refused("the bias is not a constant")
+        real = (sb.astype(np.float64) * (b.astype(np.float64) - zb.astype(np.float64))).astype(np.float32)
     if real.size not in (1, channels):
         raise _Refused(f"a bias of {real.size} values for {channels} channels")
     return np.broadcast_to(real.reshape(-1), (channels,)).copy()
@@ -275,8 +292,8 @@ def _rewrite_integer(call, m: dict, p: _IntegerPattern, act_dtype: str, report: 
         k = None
     if str(a.ty.dtype) not in _ACT_RANGE or str(w.ty.dtype) not in _ACT_RANGE or k is None \
             or str(call.attrs.out_dtype) != "int32":
-        if not any(call.same_as(c) for c in report.seen):
-            report.seen.append(call)
+        if not any(core_call.same_as(c) for c in report.seen):  # once per chain, however matched
+            report.seen.append(core_call)
             report.kept.append(("matmul_integer", "operands not 8-bit, or a symbolic reduction length"))
         return call
     a, za = _widened(a, m[p.za], act_dtype)
@@ -296,6 +313,7 @@ def quantized_to_integer(mod, act_dtype: str = "uint8") -> tuple[object, Quantiz
     for gv, func in mod.functions_items():
         if isinstance(func, relax.Function):
             func = rewrite_call(p.root, lambda call, m: _rewrite(call, m, p, act_dtype, report), func)
+            func = rewrite_call(p.float_root, lambda call, m: _rewrite(call, m, p, act_dtype, report), func)
             func = rewrite_call(q.root, lambda call, m: _rewrite_integer(call, m, q, act_dtype, report), func)
         out[gv] = func
     return tvm.IRModule(out, attrs=mod.attrs), report
