@@ -37,12 +37,46 @@ def test_hand_written_qdq_matmul_becomes_an_exact_integer_core(tmp_path, act):
     np.testing.assert_array_equal(run(new, x), run(mod, x))
 
 
-def test_asymmetric_weights_stay_float_with_the_reason(tmp_path):
-    mod = import_onnx(qdq_matmul(tmp_path / "mm.onnx", weight_zero_point=3))
-    new, report = quantized_to_integer(mod, "uint8")
-    assert not report.integer and report.kept == [("matmul 32x24", "asymmetric weights (a non-zero weight zero point)")]
-    assert "asymmetric weights" in report.describe()
-    assert new.script(show_meta=False).count("R.dequantize(") == mod.script(show_meta=False).count("R.dequantize(")
+@pytest.mark.parametrize("act", ["uint8", "int8"])
+@pytest.mark.parametrize("zero_point", [3, list(range(-12, 12))], ids=["per-tensor", "per-column"])
+def test_asymmetric_weights_become_an_exact_integer_core(tmp_path, act, zero_point):
+    """Weight zero points (3, or one per output column): the core multiplies the raw
+    weights, the zero points' share comes from the input's row sums."""
+    mod = import_onnx(qdq_matmul(tmp_path / "mm.onnx", weight_zero_point=zero_point))
+    new, report = quantized_to_integer(mod, act)
+    assert report.integer == ["matmul 32x24"] and not report.kept
+    x = np.random.default_rng(5).uniform(-1, 1, (4, 32)).astype("float32")
+    np.testing.assert_array_equal(run(new, x), run(mod, x))
+
+
+@pytest.mark.parametrize("make", ["float_cnn", "float_depthwise"])
+def test_asymmetric_weights_from_onnxruntime_are_exact_and_offload(tmp_path, make):
+    """ONNX Runtime's quantizer with asymmetric weights (per tensor: it keeps per-channel int8
+    weights symmetric): the convolutions' window sums come from an 8-bit conv with a kernel of
+    ones (per channel for the depthwise one), so every chain is integer, equal to the QDQ
+    graph, and offloads."""
+    pytest.importorskip("onnxruntime")
+    from onnx import numpy_helper
+
+    import tirbyoc.testing.qdq as qdq
+
+    path = ort_quantize(getattr(qdq, make)(tmp_path / "f.onnx"), tmp_path / "q.onnx", symmetric_weights=False,
+                        per_channel=False)
+    zero_points = [numpy_helper.to_array(i) for i in __import__("onnx").load(str(path)).graph.initializer
+                   if i.name.endswith("zero_point") and i.data_type == 3]  # int8: the weights'
+    assert any(np.any(z != 0) for z in zero_points), "the quantizer wrote symmetric weights"
+    mod = import_onnx(path)
+    new, report = quantized_to_integer(mod, "int8")
+    assert len(report.integer) == 3 and not report.kept, report.kept
+    x = np.random.default_rng(9).uniform(-1, 1, (1, 3, 8, 8)).astype("float32")
+    np.testing.assert_array_equal(run(new, x), run(mod, x))
+    r = run_model(str(path), ["vta"], repeat=1)
+    assert r.verified is True and r.comparison.abs_err == 0, r.table()
+    # every 8-bit core offloads; what stays is the window sums' one-channel int32 box filter,
+    # 1/(C*O) of its convolution's MACs (C*O >= 24 here, in the thousands in real networks)
+    kept = [f for f in r.report.functions if f.macs and not f.offloaded_macs]
+    assert kept and all("int32" in (f.reason or "") for f in kept), r.table()
+    assert sum(f.macs * f.calls for f in kept) * 16 <= r.report.offloaded_macs, r.table()
 
 
 def _ort_quantized(tmp_path_factory, make_float, name: str):

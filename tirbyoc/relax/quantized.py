@@ -21,9 +21,14 @@ Activations are converted to the signedness the template's core takes (``u8 -> i
 ONNX's ``MatMulInteger`` (dynamic quantization), which TVM imports as an int32 x int32 matmul of
 zero-point-centred operands, becomes an 8-bit core plus the zero points' shares the same way.
 
+Asymmetric weights (a non-zero weight zero point ``zw``, per tensor or per channel) also take
+``- zw * sum(x_q) + K * zx * zw``: the input's window sums come from an 8-bit convolution with
+a kernel of ones (one output channel; one per channel for a depthwise convolution), row sums
+for a matmul, computed at run time.
+
 A chain the pass cannot prove exact stays float, with its reason in the report: weights that
-are not constants, asymmetric weights (a non-zero weight zero point needs window sums of the
-input), per-channel activation scales, layouts other than NCHW / OIHW.
+are not constants, per-channel activation scales, layouts other than NCHW / OIHW, asymmetric
+weights in a grouped (not depthwise) convolution.
 """
 
 from __future__ import annotations
@@ -110,14 +115,12 @@ def _check(m: dict, p: _Pattern, act_dtype: str):
         raise _Refused("the weights are not constants")
     if str(w.dtype) != "int8":
         raise _Refused(f"the weights are {w.dtype}, the cores take int8")
-    if np.any(zw != 0):
-        raise _Refused("asymmetric weights (a non-zero weight zero point)")
     if sx is None or zx is None or sx.size != 1 or zx.size != 1:
         raise _Refused("the activation scale or zero point is not one constant")
     if p.perm in m:
         axes = m[p.perm].attrs.axes
         w = np.transpose(w, [int(a) for a in axes]) if axes is not None else w.T
-    return w, sw.astype(np.float32), float(sx.reshape(())), int(zx.reshape(()))
+    return w, sw.astype(np.float32), zw.astype(np.int64), float(sx.reshape(())), int(zx.reshape(()))
 
 
 def _shifted(x, dtype: str) -> tuple[object, int]:
@@ -148,7 +151,8 @@ def _centred_matmul(x, w, zx, zw, k: int):
 
 
 def _integer_conv(call, x, zx: int, w: np.ndarray):
-    """(int32 conv of ``x`` (padded with ``zx``) and ``w``, per-channel broadcast shape)."""
+    """(int32 conv of ``x`` (padded with ``zx``) and ``w``, per-channel broadcast shape,
+    weight sums, each output's window sum of the padded ``x`` (for weight zero points))."""
     at = call.attrs
     if str(at.data_layout) != "NCHW" or str(at.kernel_layout) != "OIHW":
         raise _Refused(f"layout {at.data_layout}/{at.kernel_layout} (NCHW/OIHW only)")
@@ -156,16 +160,32 @@ def _integer_conv(call, x, zx: int, w: np.ndarray):
     if any(pad):
         top, left, bottom, right = pad
         x = relax.op.nn.pad(x, [0, 0, 0, 0, top, bottom, left, right], pad_value=float(zx))
-    acc = relax.op.nn.conv2d(x, relax.const(w, "int8"), at.strides, 0, at.dilation, at.groups,
-                             "NCHW", "OIHW", "NCHW", "int32")
-    return acc, (1, w.shape[0], 1, 1), w.reshape(w.shape[0], -1).astype(np.int64).sum(axis=1)
+
+    def conv(data, weights, groups):
+        return relax.op.nn.conv2d(data, weights, at.strides, 0, at.dilation, groups, "NCHW", "OIHW", "NCHW", "int32")
+
+    def window_sums():
+        """Each output's sum of its input window: the channel sum's box filter (a one-channel
+        int32 conv, 1/(C*O) of the core's MACs), or for a depthwise convolution an 8-bit one
+        with a kernel of ones, shaped as the core is."""
+        groups, ones = int(at.groups), np.ones(w.shape[2:], "int8")
+        if groups == 1:
+            summed = relax.op.sum(relax.op.astype(x, "int32"), axis=[1], keepdims=True)
+            return conv(summed, relax.const(ones[None, None].astype("int32")), 1)
+        if groups == w.shape[0] and w.shape[1] == 1:
+            return conv(x, relax.const(np.broadcast_to(ones, w.shape).copy()), groups)
+        raise _Refused(f"asymmetric weights in a convolution of {groups} groups (1 or depthwise only)")
+
+    return (conv(x, relax.const(w, "int8"), at.groups), (1, w.shape[0], 1, 1),
+            w.reshape(w.shape[0], -1).astype(np.int64).sum(axis=1), window_sums)
 
 
 def _integer_matmul(x, w: np.ndarray):
     if w.ndim != 2:
         raise _Refused(f"a {w.ndim}-D matmul weight (2-D only)")
     acc = relax.op.matmul(x, relax.const(w, "int8"), out_dtype="int32")
-    return acc, (w.shape[1],), w.astype(np.int64).sum(axis=0)
+    return (acc, (w.shape[1],), w.astype(np.int64).sum(axis=0),
+            lambda: relax.op.sum(relax.op.astype(x, "int32"), axis=[-1], keepdims=True))
 
 
 def _rewrite(call, m: dict, p: _Pattern, act_dtype: str, report: QuantizedReport):
@@ -200,12 +220,19 @@ def _rewrite(call, m: dict, p: _Pattern, act_dtype: str, report: QuantizedReport
 def _static_core(m: dict, p: _Pattern, act_dtype: str, what: str, core_call):
     """A conv or matmul with constant weights: (the int32 core minus the input zero point's
     share, the per-channel scale, its broadcast shape, a label)."""
-    w, sw, sx, zx = _check(m, p, act_dtype)
+    w, sw, zw, sx, zx = _check(m, p, act_dtype)
     x, zx = _to_act_dtype(m[p.x], zx, act_dtype)
-    acc, shape, wsum = _integer_conv(core_call, x, zx, w) if what == "conv2d" else _integer_matmul(x, w)
+    acc, shape, wsum, window_sums = _integer_conv(core_call, x, zx, w) if what == "conv2d" else _integer_matmul(x, w)
     channels = shape[1] if what == "conv2d" else shape[0]
     scale = np.broadcast_to(sw.reshape(-1) * np.float32(sx), (channels,)).astype(np.float32)
     corrected = relax.op.subtract(acc, relax.const((zx * wsum).astype(np.int32).reshape(shape), "int32"))
+    if np.any(zw != 0):  # sum((x - zx)(w - zw)) also loses zw * sum(x) and gains K * zx * zw
+        if zw.size not in (1, channels):
+            raise _Refused(f"{zw.size} weight zero points for {channels} channels")
+        zw = np.broadcast_to(zw.reshape(-1), (channels,)).reshape(shape)
+        k = w.size // w.shape[0] if what == "conv2d" else w.shape[0]
+        corrected = relax.op.subtract(corrected, relax.op.multiply(window_sums(), relax.const(zw.astype(np.int32))))
+        corrected = relax.op.add(corrected, relax.const((k * zx * zw).astype(np.int32)))
     return corrected, scale, shape, f"{what} {'x'.join(map(str, w.shape))}"
 
 

@@ -261,9 +261,10 @@ def float_bert_base(path, *, seed: int = 0, seq: int = 128, dim: int = 768, head
 
 
 def ort_quantize(float_path, out_path, *, samples: int = 8, seed: int = 0, per_channel: bool = True,
-                 activation: str = "uint8") -> Path:
+                 activation: str = "uint8", symmetric_weights: bool = True) -> Path:
     """``float_path`` quantized by ONNX Runtime's ``quantize_static`` (QDQ format, int8
-    weights, ``activation`` activations), calibrated on ``samples`` seeded inputs in [-1, 1]."""
+    weights - asymmetric, with zero points, when not ``symmetric_weights`` - ``activation``
+    activations), calibrated on ``samples`` seeded inputs in [-1, 1]."""
     # deferred: optional dependency (onnxruntime)
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
@@ -287,7 +288,8 @@ def ort_quantize(float_path, out_path, *, samples: int = 8, seed: int = 0, per_c
 
     act = QuantType.QUInt8 if activation == "uint8" else QuantType.QInt8
     quantize_static(str(float_path), str(out_path), Reader(), quant_format=QuantFormat.QDQ,
-                    per_channel=per_channel, activation_type=act, weight_type=QuantType.QInt8)
+                    per_channel=per_channel, activation_type=act, weight_type=QuantType.QInt8,
+                    extra_options={"WeightSymmetric": symmetric_weights})
     return Path(out_path)
 
 
@@ -301,11 +303,12 @@ def ort_quantize_dynamic(float_path, out_path) -> Path:
     return Path(out_path)
 
 
-def qdq_matmul(path, *, weight_zero_point: int = 0, seed: int = 0, m: int = 4, k: int = 32,
+def qdq_matmul(path, *, weight_zero_point=0, seed: int = 0, m: int = 4, k: int = 32,
                n: int = 24) -> Path:
     """x -> QuantizeLinear -> DequantizeLinear -> MatMul(DequantizeLinear(w_q)) -> Quantize ->
     Dequantize, written by hand: per-tensor uint8 activations, int8 weights with the given
-    zero point (0: symmetric, what the integer rewrite needs)."""
+    zero point (0: symmetric; a sequence of ``n``: one per output column, with as many
+    scales)."""
     _, _, helper, nh = _onnx()
     rng = np.random.default_rng(seed)
     wq = rng.integers(-100, 100, (k, n)).astype(np.int8)
@@ -313,12 +316,14 @@ def qdq_matmul(path, *, weight_zero_point: int = 0, seed: int = 0, m: int = 4, k
     def scalar(name, value, dtype):
         return nh.from_array(np.array(value, dtype=dtype), name)
 
+    per_column = np.ndim(weight_zero_point) == 1
+    sw = np.linspace(0.01, 0.03, n) if per_column else 0.02
     inits = [nh.from_array(wq, "wq"), scalar("sx", 0.01, np.float32), scalar("zx", 128, np.uint8),
-             scalar("sw", 0.02, np.float32), scalar("zw", weight_zero_point, np.int8),
+             scalar("sw", sw, np.float32), scalar("zw", weight_zero_point, np.int8),
              scalar("sy", 0.05, np.float32), scalar("zy", 120, np.uint8)]
     nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
              helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"]),
-             helper.make_node("DequantizeLinear", ["wq", "sw", "zw"], ["wd"]),
+             helper.make_node("DequantizeLinear", ["wq", "sw", "zw"], ["wd"], **({"axis": 1} if per_column else {})),
              helper.make_node("MatMul", ["xd", "wd"], ["m"]),
              helper.make_node("QuantizeLinear", ["m", "sy", "zy"], ["yq"]),
              helper.make_node("DequantizeLinear", ["yq", "sy", "zy"], ["y"])]
