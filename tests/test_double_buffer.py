@@ -12,6 +12,7 @@ from tirbyoc import sim
 from tirbyoc._tvm import host_target
 from tirbyoc.offloading.verification import compile_func
 from tirbyoc.rewrite.double_buffer import ATTR
+from tirbyoc.rewrite.steps import StepKind
 
 LAT, BPC = 10, 8
 VTA = tirbyoc.get_template("vta")
@@ -58,6 +59,8 @@ def test_double_buffered_tiles_overlap_loads_and_stay_bit_exact():
         out = tirbyoc.offload(f, template)
         assert out.verification.passed is True, out.verification.describe()
         assert (ATTR in out.func.attrs) is double
+        said = [s for s in out.blocks[0].steps if s.kind is StepKind.DOUBLE_BUFFER]
+        assert bool(said) is double and (not said or "local.inp_buffer, local.wgt_buffer" in said[0])
         stats[double] = template.simulator.stats()
     single, double = stats[False], stats[True]
     # the planner gave each version half the input and weight scratchpads: as many bytes held

@@ -177,7 +177,7 @@ def offload(func, template, policy="first", *, verify: bool = True, target=None,
     current, outcomes, rewrites = _apply(simplified, results, choose, target, schedule, tmpl,
                                          check_each=False)
     current = current if rewrites else func  # verified against the function as given
-    current = _account_scratchpads(current, tmpl, rewrites)
+    current, outcomes = _account_scratchpads(current, tmpl, rewrites, outcomes)
     verification = None
     unavailable = tmpl.unavailable_reason() if isinstance(tmpl, Template) else None
     if verify and rewrites and unavailable and is_host_target(target):
@@ -193,7 +193,7 @@ def offload(func, template, policy="first", *, verify: bool = True, target=None,
             current, outcomes, rewrites = _apply(simplified, results, choose, target, schedule, tmpl,
                                                  check_each=True)
             current = current if rewrites else func
-            current = _account_scratchpads(current, tmpl, rewrites)
+            current, outcomes = _account_scratchpads(current, tmpl, rewrites, outcomes)
             verification = _verify_on(tmpl, func, current, target) if rewrites else None
     return Offloaded(current, func, name, tuple(outcomes), verification, tuple(rewrites))
 
@@ -219,7 +219,7 @@ def _from_tuned(func, tmpl, name, results, tuned, target, verify):
     if found is None or not found[1]:
         return None
     new, blocks = found
-    new = _account_scratchpads(new, tmpl, blocks)
+    new, _ = _account_scratchpads(new, tmpl, blocks, [])
     verification = None
     if verify and not (tmpl.unavailable_reason() and is_host_target(target)):
         verification = _verify_on(tmpl, func, new, target)
@@ -232,15 +232,18 @@ def _from_tuned(func, tmpl, name, results, tuned, target, verify):
     return Offloaded(new, func, name, outcomes, verification)
 
 
-def _account_scratchpads(func, template, rewrites):
-    """For a simulated template: the scratchpad tiles that have room for two versions are
-    marked for double buffering (`tirbyoc.rewrite.double_buffer`), and the function tells the
-    simulator what it allocates."""
+def _account_scratchpads(func, template, rewrites, outcomes):
+    """For a simulated template: (the function with the scratchpad tiles that have room for
+    two versions marked for double buffering (`tirbyoc.rewrite.double_buffer`) and telling the
+    simulator what it allocates, ``outcomes`` with that decision among the offloaded blocks'
+    steps)."""
     sim = getattr(template, "simulator", None)
     if sim is None or not rewrites:
-        return func
-    func, _notes = plan_double_buffering(func, template, scratchpad_usage(func, [s.name for s in template.scopes]))
-    return sim.annotate(func)
+        return func, outcomes
+    func, notes = plan_double_buffering(func, template, scratchpad_usage(func, [s.name for s in template.scopes]))
+    noted = [replace(o, steps=tuple(o.steps) + tuple(Step(StepKind.DOUBLE_BUFFER, n) for n in notes))
+             if o.offloaded else o for o in outcomes]
+    return sim.annotate(func), noted
 
 
 MAX_FALLBACK_MATCHES = 3

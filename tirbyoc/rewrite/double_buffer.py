@@ -51,12 +51,12 @@ def plan_double_buffering(func, template, used: dict) -> tuple[object, list[str]
         if not need:
             continue
         if capacity.get(scope) is not None and 2 * need > capacity[scope]:
-            notes.append(f"{scope}: single tiles (2 x {need} B > {capacity[scope]} B)")
+            notes.append(f"one {scope} tile (2 x {need} B > {capacity[scope]} B)")
             continue
         chosen.append(scope)
     if not chosen:
         return func, notes
-    notes.append("double-buffered " + ", ".join(chosen))
+    notes.append("double buffer " + ", ".join(chosen) + " (two versions of each tile its loop reloads)")
     return func.with_attr(ATTR, {"load": dma.load, "scopes": chosen}), notes
 
 

@@ -32,12 +32,13 @@ class StepKind(enum.Enum):
     LINK = "link"  # extern libraries the result calls
     TUNED = "tuned"  # a schedule taken from a MetaSchedule database
     CALL = "call"  # a whole function replaced by a library call
+    DOUBLE_BUFFER = "double buffer"  # scratchpad tiles marked for two versions (or why not)
 
 
 # The kinds a report shows as "how" an offload was done.
 DECISIONS = frozenset({StepKind.TUNED, StepKind.PAD, StepKind.PACK, StepKind.TRANSPOSE,
                        StepKind.SCRATCHPAD_PLAN, StepKind.SCHEDULE, StepKind.CALL,
-                       StepKind.COPY_LOOP, StepKind.INIT_LEFT, StepKind.LINK})
+                       StepKind.COPY_LOOP, StepKind.INIT_LEFT, StepKind.LINK, StepKind.DOUBLE_BUFFER})
 
 
 class Step(str):
