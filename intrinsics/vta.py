@@ -343,6 +343,9 @@ def make_template(batch: int = 1, block_in: int = 16, block_out: int = 16,
         _positive(pname, locals()[pname])
     if isinstance(dma_latency, bool) or not isinstance(dma_latency, int) or dma_latency < 0:
         raise ValueError(f"vta parameter dma_latency must be a non-negative int, got {dma_latency!r}")
+    for pname in ("block_dma", "double_buffer"):
+        if not isinstance(locals()[pname], bool):
+            raise ValueError(f"vta parameter {pname} must be true or false, got {locals()[pname]!r}")
     core = gemm(batch, block_in, block_out, in_dtype, wgt_dtype, acc_dtype, prefix=name)
     group = IntrinsicGroup(
         "gemm",

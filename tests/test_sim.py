@@ -191,6 +191,10 @@ def test_sweep_reports_invalid_points_and_rejects_unknown_parameters():
         sweep("builtin:mlp_int8", "vta", parse_params(["BLOCK_SIZE=8"]))
     with pytest.raises(TirbyocError, match="NAME=V1,V2"):
         parse_params(["BLOCK_OUT"])
+    # switches are booleans: "false" must not switch anything on
+    assert parse_params(["DOUBLE_BUFFER=true,False"]) == {"double_buffer": [True, False]}
+    points = sweep("builtin:mlp_int8", "vta", parse_params(["double_buffer=no"]))
+    assert points[0].error and "double_buffer must be true or false, got 'no'" in points[0].error
 
 
 def test_programs_report_scratchpad_high_water_and_fail_past_a_capacity():

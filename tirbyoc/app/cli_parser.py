@@ -22,7 +22,7 @@ _EXAMPLES = {
     "run": "tirbyoc run -m builtin:resnet18_int8 -t vta --json",
     "tune": "tirbyoc tune -m builtin:mlp_int8 -t x86_vnni --trials 16 --work-dir /tmp/tw",
     "sweep": "tirbyoc sweep -t vta -p BLOCK_OUT=8,16,32 -p ACC_KIB=64,128 -m builtin:cnn_int8",
-    "build": "tirbyoc build -m builtin:cnn_int8 -t vta -o dist/cnn.so",
+    "build": "tirbyoc build -m builtin:cnn_int8 -t vta -o dist/cnn.so   (Hexagon: -t hexagon_hvx -o dist/cnn.tar)",
 }
 
 
@@ -35,7 +35,8 @@ def _epilog(command: str) -> str:
              "templates (--template): " + ", ".join(template_names())]
     if command == "sweep":
         lines.append("sweep parameters: a template's factory arguments, e.g. vta's batch, block_in, "
-                     "block_out, inp_kib, wgt_kib, acc_kib, dma_bytes_per_cycle, dma_latency, clock_mhz")
+                     "block_out, inp_kib, wgt_kib, acc_kib, dma_bytes_per_cycle, dma_latency, clock_mhz, "
+                     "block_dma and double_buffer (true / false)")
     text = "\n".join(textwrap.fill(ln, 88, subsequent_indent="  ") for ln in lines)
     return f"{text}\n\nexample:\n  {_EXAMPLES[command]}\n\n{EXIT_CODES}"
 

@@ -60,7 +60,10 @@ class SweepPoint:
 
 
 def _value(text: str):
+    """A grid value as the factory takes it: an int, a bool (true / false), or the text."""
     text = text.strip()
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
     try:
         return int(text)
     except ValueError:
