@@ -232,6 +232,14 @@ def _from_tuned(func, tmpl, name, results, tuned, target, verify):
     return Offloaded(new, func, name, outcomes, verification)
 
 
+def prepare_for_simulator(func, template):
+    """``func`` (rewritten for a simulated ``template``) as `offload` hands it over: its tiles
+    marked for double buffering where they fit twice, its scratchpad footprint reported to the
+    simulator. MetaSchedule's candidates go through it too, so the cycles a tuning measures are
+    those of the code `offload` gives."""
+    return _account_scratchpads(func, template, True, [])[0]
+
+
 def _account_scratchpads(func, template, rewrites, outcomes):
     """For a simulated template: (the function with the scratchpad tiles that have room for
     two versions marked for double buffering (`tirbyoc.rewrite.double_buffer`) and telling the
@@ -290,4 +298,4 @@ def _apply(func, results, choose, target, schedule, template, *, check_each: boo
 
 
 __all__ = ["BlockOutcome", "Offloaded", "POLICIES", "estimated_cycles", "exact_size",
-           "first_match", "lowest_cost", "offload"]
+           "first_match", "lowest_cost", "offload", "prepare_for_simulator"]

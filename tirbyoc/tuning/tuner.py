@@ -35,7 +35,7 @@ from tirbyoc.errors import TirbyocError
 from tirbyoc.offloading.hexagon import is_hexagon
 from tirbyoc.offloading.table import render
 from tirbyoc.tuning.apply import write_manifest
-from tirbyoc.tuning.build import local_builder, tuning_target
+from tirbyoc.tuning.build import SimulatorBuilder, local_builder, tuning_target
 from tirbyoc.tuning.rule import TirbyocRule
 from tirbyoc.tuning.sim_runner import SimulatorRunner
 from tirbyoc.tuning.tasks import TuneTask, offloadable_tasks, workload
@@ -183,6 +183,13 @@ def _runner(template, runner):
     return LocalRunner(initializer=partial(_load_libraries, paths) if paths else None), "s"
 
 
+def _builder(template, builder):
+    """The builder candidates go through: ``builder`` (default a `local_builder`), behind a
+    `SimulatorBuilder` for a simulated template (candidates prepared as `offload` prepares)."""
+    builder = builder or local_builder()
+    return SimulatorBuilder(template, builder) if getattr(template, "simulator", None) is not None else builder
+
+
 def _load_libraries(paths: list) -> None:
     """In a runner's worker: load the template's C libraries globally, as `prepare` does in
     this process (kept importable by path, so that it pickles to the worker)."""
@@ -303,7 +310,7 @@ def tune(mod, template, *, trials: int, work_dir: str, runner=None, builder=None
                                    search_strategy="evolutionary", task_name=t.name,
                                    rand_state=seed + i, num_threads="physical")
                     for i, t in enumerate(tasks)]
-        builder = builder or local_builder()
+        builder = _builder(template, builder)
         database = ms.database.JSONDatabase(work_dir=work_dir)
         seeded = _seed_defaults(template, contexts, result.tasks, database, builder, runner, tgt, scale)
         if progress is not None:
