@@ -161,6 +161,9 @@ def offload(func, template, policy="first", *, verify: bool = True, target=None,
     ``"cost"`` (lowest estimated cycles) or a callable choosing among a block's matches.
     ``verify``: build and compare the result with ``func`` (blocks are rewritten one by one;
     if the whole does not verify, each block is re-checked and the culprit dropped).
+    ``tuned``: a lookup of tuned schedules (`tirbyoc.tuning.apply.tuned_schedules`); on a
+    simulated template a tuned schedule the simulator finds slower than the untuned rewrite
+    gives way to it, and the outcome says so.
     """
 
     tmpl = as_template(template)
@@ -170,10 +173,39 @@ def offload(func, template, policy="first", *, verify: bool = True, target=None,
     # matched and rewritten with every buffer named apart and indices simplified
     simplified = simplify_indices(unique_buffer_names(func))
     results = explain(simplified, tmpl)
+
+    def untuned():
+        return _untuned(func, simplified, results, choose, target, schedule, tmpl, name, verify)
+
     if tuned is not None:
         hit = _from_tuned(func, tmpl, name, results, tuned, target, verify)
         if hit is not None:
-            return hit
+            return _faster_in_simulator(hit, untuned, tmpl)
+    return untuned()
+
+
+def _faster_in_simulator(tuned: Offloaded, untuned, template) -> Offloaded:
+    """``tuned``, or for a simulated template whose two results both ran verified in the
+    simulator, the untuned rewrite when it takes fewer cycles (a search can lose a mapping
+    the rewrite makes, e.g. a replayed trace without the block DMA)."""
+    sim = getattr(template, "simulator", None)
+    if sim is None or tuned.verification is None or tuned.verification.passed is not True:
+        return tuned
+    tuned_cycles = sim.stats().cycles  # the verification's run of the tuned function
+    other = untuned()
+    if other.verification is None or other.verification.passed is not True:
+        return tuned
+    untuned_cycles = sim.stats().cycles
+    if untuned_cycles >= tuned_cycles:
+        return tuned
+    note = Step(StepKind.TUNED, f"tuned schedule not used: {tuned_cycles:,} simulated cycles against "
+                                f"{untuned_cycles:,} for the untuned rewrite")
+    blocks = tuple(replace(b, steps=tuple(b.steps) + (note,)) if b.offloaded else b for b in other.blocks)
+    return replace(other, blocks=blocks)
+
+
+def _untuned(func, simplified, results, choose, target, schedule, tmpl, name, verify) -> Offloaded:
+    """`offload`'s result from the rewrite engine (no tuned schedule)."""
     current, outcomes, rewrites = _apply(simplified, results, choose, target, schedule, tmpl,
                                          check_each=False)
     current = current if rewrites else func  # verified against the function as given
