@@ -234,3 +234,27 @@ def test_benchmark_architectures_quantized_by_onnxruntime_become_integer(tmp_pat
     x = np.random.default_rng(3).uniform(-1, 1, shape).astype("float32")
     got, want = run(new, x), run(mod, x)
     assert np.abs(got - want).max() <= steps * output_step(tmp_path / "q.onnx") * (1 + 1e-5)
+
+
+def test_matmul_integer_of_wider_operands_stays_int32_with_the_reason():
+    """The MatMulInteger shape (zero-point-centred operands widened to int32) on int16
+    operands: no 8-bit core takes them, so the matmul stays as it is and the report says why."""
+    from tvm.script import ir as I
+    from tvm.script import relax as R
+
+    @I.ir_module
+    class Wide:
+        @R.function
+        def main(a: R.Tensor((4, 8), "int16"), w: R.Tensor((8, 3), "int16"), za: R.Tensor((), "int16"),
+                 zw: R.Tensor((), "int16")):
+            with R.dataflow():
+                x = R.subtract(R.astype(a, "int32"), R.astype(za, "int32"))
+                y = R.subtract(R.astype(w, "int32"), R.astype(zw, "int32"))
+                out = R.matmul(x, y, out_dtype="int32")
+                R.output(out)
+            return out
+
+    new, report = quantized_to_integer(Wide, "uint8")
+    assert not report.integer
+    assert report.kept == [("matmul_integer", "operands not 8-bit, or a symbolic reduction length")]
+    assert new.script(show_meta=False).count("R.matmul(") == 1

@@ -319,8 +319,8 @@ def _rewrite_integer(call, m: dict, p: _IntegerPattern, act_dtype: str, report: 
         k = None
     if str(a.ty.dtype) not in _ACT_RANGE or str(w.ty.dtype) not in _ACT_RANGE or k is None \
             or str(call.attrs.out_dtype) != "int32":
-        if not any(core_call.same_as(c) for c in report.seen):  # once per chain, however matched
-            report.seen.append(core_call)
+        if not any(call.same_as(c) for c in report.seen):
+            report.seen.append(call)
             report.kept.append(("matmul_integer", "operands not 8-bit, or a symbolic reduction length"))
         return call
     a, za = _widened(a, m[p.za], act_dtype)
