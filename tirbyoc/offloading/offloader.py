@@ -280,10 +280,11 @@ def _account_scratchpads(func, template, rewrites, outcomes):
     sim = getattr(template, "simulator", None)
     if sim is None or not rewrites:
         return func, outcomes
-    func, notes = plan_double_buffering(func, template, scratchpad_usage(func, [s.name for s in template.scopes]))
+    used = scratchpad_usage(func, list(sim.config.scopes))  # measured once: marking keeps it
+    func, notes = plan_double_buffering(func, template, used)
     noted = [replace(o, steps=tuple(o.steps) + tuple(Step(StepKind.DOUBLE_BUFFER, n) for n in notes))
              if o.offloaded else o for o in outcomes]
-    return sim.annotate(func), noted
+    return sim.annotate(func, used), noted
 
 
 MAX_FALLBACK_MATCHES = 3

@@ -22,9 +22,9 @@ ONNX's ``MatMulInteger`` (dynamic quantization), which TVM imports as an int32 x
 zero-point-centred operands, becomes an 8-bit core plus the zero points' shares the same way.
 
 Asymmetric weights (a non-zero weight zero point ``zw``, per tensor or per channel) also take
-``- zw * sum(x_q) + K * zx * zw``: the input's window sums come from an 8-bit convolution with
-a kernel of ones (one output channel; one per channel for a depthwise convolution), row sums
-for a matmul, computed at run time.
+``- zw * sum(x_q) + K * zx * zw``, the input's sums computed at run time: row sums for a
+matmul; for a convolution, window sums - the channel sum's box filter (a one-channel int32
+convolution), or for a depthwise one an 8-bit depthwise convolution with a kernel of ones.
 
 A chain the pass cannot prove exact stays float, with its reason in the report: weights that
 are not constants, per-channel activation scales, layouts other than NCHW / OIHW, asymmetric
@@ -143,11 +143,16 @@ def _centred_matmul(x, w, zx, zw, k: int):
     """``(x - zx) . (w - zw)`` as an 8-bit core plus the zero points' shares, exact in int32:
     ``x.w - zw*rowsum(x) - zx*colsum(w) + K*zx*zw`` (``zx``, ``zw``: int32 scalars)."""
     acc = relax.op.matmul(x, w, out_dtype="int32")
-    rows = relax.op.sum(relax.op.astype(x, "int32"), axis=[-1], keepdims=True)
+    rows = _row_sums(x)
     cols = relax.op.sum(relax.op.astype(w, "int32"), axis=[-2], keepdims=True)
     out = relax.op.subtract(acc, relax.op.multiply(rows, zw))
     out = relax.op.subtract(out, relax.op.multiply(cols, zx))
     return relax.op.add(out, relax.op.multiply(relax.op.multiply(zx, zw), relax.const(k, "int32")))
+
+
+def _row_sums(x):
+    """Each row's sum of ``x`` in int32 (what a weight zero point multiplies)."""
+    return relax.op.sum(relax.op.astype(x, "int32"), axis=[-1], keepdims=True)
 
 
 def _integer_conv(call, x, zx: int, w: np.ndarray):
@@ -184,8 +189,7 @@ def _integer_matmul(x, w: np.ndarray):
     if w.ndim != 2:
         raise _Refused(f"a {w.ndim}-D matmul weight (2-D only)")
     acc = relax.op.matmul(x, relax.const(w, "int8"), out_dtype="int32")
-    return (acc, (w.shape[1],), w.astype(np.int64).sum(axis=0),
-            lambda: relax.op.sum(relax.op.astype(x, "int32"), axis=[-1], keepdims=True))
+    return acc, (w.shape[1],), w.astype(np.int64).sum(axis=0), lambda: _row_sums(x)
 
 
 def _rewrite(call, m: dict, p: _Pattern, act_dtype: str, report: QuantizedReport):

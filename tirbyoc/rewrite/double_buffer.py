@@ -60,13 +60,18 @@ def plan_double_buffering(func, template, used: dict) -> tuple[object, list[str]
     return func.with_attr(ATTR, {"load": dma.load, "scopes": chosen}), notes
 
 
-def const_value(expr) -> int | None:
+def _int_value(expr) -> int | None:
     """An integer constant's value, None for any other expression."""
     return int(expr.value) if isinstance(expr, tirx.IntImm) else None
 
 
 def _name(call) -> str:
     return str(getattr(call.op, "name", ""))
+
+
+def _with_args(call, args):
+    """``call`` with ``args`` in place of its arguments."""
+    return PrimCall(call.op, args, call.attrs, call.ty_args, call.span, call.ty)
 
 
 def _data_of(expr, buffer) -> bool:
@@ -119,15 +124,15 @@ def _fills_tile(stmt, var, load: str, elements: int) -> bool:
     view = call.args[1]
     if not (isinstance(view, PrimCall) and _name(view) == _MAKE_ARRAY and _data_of(view.args[0], var)):
         return False
-    shape = [const_value(d) for d in view.args[1].args]
-    if any(d is None for d in shape) or prod(shape) != elements or const_value(view.args[5]) != 0:
+    shape = [_int_value(d) for d in view.args[1].args]
+    if any(d is None for d in shape) or prod(shape) != elements or _int_value(view.args[5]) != 0:
         return False
     strides = view.args[2]
     if isinstance(strides, PrimCall) and _name(strides) == "tirx.tvm_stack_make_shape":
         dense = [prod(shape[i + 1:]) for i in range(len(shape))]
-        got = [const_value(s) for s in strides.args]
+        got = [_int_value(s) for s in strides.args]
         return all(g == d for g, d, n in zip(got, dense, shape) if n != 1)
-    return const_value(strides) == 0  # no strides: compact
+    return _int_value(strides) == 0  # no strides: compact
 
 
 def versioning_loop(body, buffer, load: str):
@@ -138,15 +143,15 @@ def versioning_loop(body, buffer, load: str):
     if not uses or any(kind != "array" for _, _, kind in uses):
         return None
     path, first, _ = uses[0]
-    elements = prod(const_value(d) or 0 for d in buffer.shape)
+    elements = prod(_int_value(d) or 0 for d in buffer.shape)
     if not path or not isinstance(path[-1], tirx.For) or not _fills_tile(first, buffer, load, elements):
         return None
     loop = path[-1]
     if int(loop.kind) not in (int(tirx.ForKind.SERIAL), int(tirx.ForKind.UNROLLED)):
         return None
-    if loop.step is not None and const_value(loop.step) != 1:
+    if loop.step is not None and _int_value(loop.step) != 1:
         return None
-    extent = const_value(loop.extent)
+    extent = _int_value(loop.extent)
     if extent is not None and extent < 2:
         return None
     n = len(path)
@@ -169,7 +174,7 @@ def _version(body, alloc, loop):
         shift = parity * tirx.const(elements, expr_dtype(loop.loop_var))
         off = args[5]
         args[5] = off + (shift if expr_dtype(shift) == expr_dtype(off) else tirx.Cast(expr_dtype(off), shift))
-        return PrimCall(call.op, args, call.attrs, call.ty_args, call.span, call.ty)
+        return _with_args(call, args)
 
     def per_loop(stmt):
         if not stmt.same_as(loop):
@@ -202,7 +207,7 @@ def _grow_footprint(body, footprint, extra: dict):
         for i, scope in enumerate(scopes):
             if extra.get(scope) and 1 + i < len(args):
                 args[1 + i] = args[1 + i] + tirx.const(extra[scope], expr_dtype(args[1 + i]))
-        return PrimCall(call.op, args, call.attrs, call.ty_args, call.span, call.ty)
+        return _with_args(call, args)
 
     return tvm_ffi.structural_map(body, [(PrimCall, grow)])
 

@@ -187,15 +187,16 @@ class Simulator:
             {k: v[f"{k}_ops"] for k in ("gemm", "alu", "load", "store")}, v["macs"],
             {s: v[f"high_water_{s}"] for s in SCOPES})
 
-    def annotate(self, func):
+    def annotate(self, func, used: dict | None = None):
         """``func`` (an offloaded PrimFunc) bracketed by ``scratchpad_begin/end`` calls with the
         bytes it allocates in each scratchpad scope (read from its lowered allocations), so a
         run reports high-water marks and fails clearly past a capacity. Unchanged when the
-        config names no scopes or the function allocates none."""
+        config names no scopes or the function allocates none. ``used``: those bytes per scope
+        (`scratchpad_usage`) when the caller has already measured them."""
 
         if not self.config.scopes:
             return func
-        used = scratchpad_usage(func, list(self.config.scopes))
+        used = used if used is not None else scratchpad_usage(func, list(self.config.scopes))
         if not any(used.values()):
             return func
         sizes = [tirx.const(used[s], "int64") for s in self.config.scopes]
