@@ -15,6 +15,7 @@ from typing import Optional
 from tirbyoc.sim import Simulator, config_for
 from tirbyoc import (
     DENSE,
+    BlockALU,
     BlockDMA,
     Cost,
     Intrinsic,
@@ -332,18 +333,21 @@ def make_template(batch: int = 1, block_in: int = 16, block_out: int = 16,
                   inp_kib: int = 32, wgt_kib: int = 256, acc_kib: int = 128,
                   in_dtype: str = "int8", wgt_dtype: str = "int8", acc_dtype: str = "int32",
                   dma_bytes_per_cycle: int = 8, dma_latency: int = 64, clock_mhz: int = 100,
-                  block_dma: bool = True, double_buffer: bool = True, name: str = NAME) -> Template:
+                  block_dma: bool = True, double_buffer: bool = True, fused_epilogue: bool = True,
+                  name: str = NAME) -> Template:
     """A VTA-style template; every parameter is validated, defaults are VTA's own.
     ``block_dma``: the DMA moves a whole scratchpad tile per instruction, as VTA's load and
     store do (False: one DMA per intrinsic tile, the mapping before block DMA).
     ``double_buffer``: input and weight tiles get two versions each (half of each scratchpad
-    per tile), so loads overlap the GEMMs as with VTA's virtual threads (needs block DMA)."""
+    per tile), so loads overlap the GEMMs as with VTA's virtual threads (needs block DMA).
+    ``fused_epilogue``: the ALU runs the elementwise blocks after a core (bias, requantization,
+    ReLU) on the accumulator tile and the store narrows, as VTA does (needs block DMA)."""
     for pname in ("batch", "block_in", "block_out", "inp_kib", "wgt_kib", "acc_kib",
                   "dma_bytes_per_cycle", "clock_mhz"):
         _positive(pname, locals()[pname])
     if isinstance(dma_latency, bool) or not isinstance(dma_latency, int) or dma_latency < 0:
         raise ValueError(f"vta parameter dma_latency must be a non-negative int, got {dma_latency!r}")
-    for pname in ("block_dma", "double_buffer"):
+    for pname in ("block_dma", "double_buffer", "fused_epilogue"):
         if not isinstance(locals()[pname], bool):
             raise ValueError(f"vta parameter {pname} must be true or false, got {locals()[pname]!r}")
     core = gemm(batch, block_in, block_out, in_dtype, wgt_dtype, acc_dtype, prefix=name)
@@ -377,6 +381,9 @@ def make_template(batch: int = 1, block_in: int = 16, block_out: int = 16,
                            {scope: (SCOPE_ID[scope],) for scope in SCOPE_ID},
                            doc="VTA load/store: rows at a stride per instruction",
                            double_buffer=(INP, WGT) if double_buffer else ()) if block_dma else None,
+        block_alu=BlockALU("tirbyoc.sim.alu_imm", "tirbyoc.sim.alu_tensor", ACC,
+                           doc="VTA's ALU: add, max, min, shift right over an accumulator tile")
+        if block_dma and fused_epilogue else None,
         simulator=Simulator(config_for(
             scopes, core_macs=batch * block_in * block_out, alu_lanes=batch * block_out,
             dma_bytes_per_cycle=dma_bytes_per_cycle, dma_latency=dma_latency, clock_mhz=clock_mhz)),
@@ -386,7 +393,7 @@ def make_template(batch: int = 1, block_in: int = 16, block_out: int = 16,
                     wgt_kib=wgt_kib, acc_kib=acc_kib, in_dtype=in_dtype, wgt_dtype=wgt_dtype,
                     acc_dtype=acc_dtype, dma_bytes_per_cycle=dma_bytes_per_cycle,
                     dma_latency=dma_latency, clock_mhz=clock_mhz, block_dma=block_dma,
-                    double_buffer=double_buffer),
+                    double_buffer=double_buffer, fused_epilogue=fused_epilogue),
     )
 
 

@@ -92,6 +92,30 @@ def test_store_narrows_and_alu_ops(simulator):
     assert simulator.stats().ops == {"gemm": 0, "alu": 3, "load": 0, "store": 1}
 
 
+def test_block_alu_on_whole_tiles_with_immediates_and_broadcast(simulator):
+    """One ALU call per tile (VTA's ALU instruction loops over a tile): immediates, a tensor
+    operand broadcast along the dimensions it does not follow, in place, one cycle per 16
+    lanes."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(-2**20, 2**20, (2, 3, 16), dtype=np.int64).astype("int32")
+    bias = rng.integers(-1000, 1000, (3,), dtype=np.int64).astype("int32")
+    z = t(np.zeros_like(x))
+    before = simulator.stats().busy["compute"]
+    op("alu_tensor")(z, t(x), t(bias), 0, 1)  # bias follows Z's dimension 1
+    np.testing.assert_array_equal(z.numpy(), x + bias[None, :, None])
+    assert simulator.stats().busy["compute"] - before == 6  # 96 lanes / 16
+    op("alu_imm")(z, z, 0, 1 << 5)  # in place: + round
+    op("alu_imm")(z, z, 3, 6)  # >> 6
+    op("alu_imm")(z, z, 2, 127)
+    op("alu_imm")(z, z, 1, -128)
+    want = np.clip((x.astype(np.int64) + bias[None, :, None] + 32) >> 6, -128, 127)
+    np.testing.assert_array_equal(z.numpy(), want)
+    with pytest.raises(Exception, match="shift by 40"):
+        op("alu_imm")(z, z, 3, 40)
+    with pytest.raises(Exception, match="does not follow a dimension"):
+        op("alu_tensor")(z, t(x), t(bias), 0, 2)
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda: op("gemm")(t(np.zeros((1, 16), "int32")), t(i8(1, 16))), "expects \\(C, A, B\\)"),
     (lambda: op("gemm")(t(np.zeros((1, 16), "int32")), t(i8(1, 8)), t(i8(16, 16))), "do not chain"),

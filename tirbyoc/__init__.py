@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 
+from tirbyoc.decl.alu import BlockALU
 from tirbyoc.decl.dma import BlockDMA
 from tirbyoc.decl.extern import ExternLibrary, PackedFunction
 from tirbyoc.decl.intrinsic import DENSE, Axis, Cost, Intrinsic, IntrinsicGroup, Layout, Operand, Role
@@ -53,7 +54,7 @@ def __getattr__(name):
 
 
 __all__ = [
-    "Axis", "BlockDMA", "Cost", "DENSE", "DeclarationError", "ExternLibrary", "ExternLibraryError", "GLOBAL", "PackedFunction",
+    "Axis", "BlockALU", "BlockDMA", "Cost", "DENSE", "DeclarationError", "ExternLibrary", "ExternLibraryError", "GLOBAL", "PackedFunction",
     "Intrinsic", "IntrinsicError", "IntrinsicGroup", "Layout", "Operand", "RegistrationConflict",
     "RewriteError", "Role", "Runtime", "Scope", "ScopeError", "Template", "TemplateError", "TirbyocError",
     "UnknownTemplateError", "VerificationError", "get_template", "register_template", "template_names", "templates",

@@ -178,6 +178,23 @@ def is_host_target(target) -> bool:
     return not triple or triple.split("-")[0] == platform.machine()
 
 
+# Builtins a packed call's arguments are made of (``T.call_packed(f, buf)`` passes
+# ``tvm_stack_make_array(buffer_data(buf), shape, strides, ndim, dtype, elem_offset)``).
+MAKE_ARRAY = "tirx.tvm_stack_make_array"
+BUFFER_DATA = "tirx.buffer_data"
+CALL_PACKED = "tirx.tvm_call_packed"
+
+
+def call_name(call) -> str:
+    """The name of a call's operator ("" for a call of a function value)."""
+    return str(getattr(call.op, "name", ""))
+
+
+def with_call_args(call, args):
+    """``call`` with ``args`` in place of its arguments."""
+    return PrimCall(call.op, args, call.attrs, call.ty_args, call.span, call.ty)
+
+
 def register_tir_pipeline(name: str, after) -> None:
     """Register, as TIR pipeline ``name`` (for ``tvm.compile(..., tir_pipeline=name)``),
     TVM's default lowering followed by the passes ``after`` returns, run before the host

@@ -19,6 +19,14 @@ def last_line(err: BaseException) -> str:
     return text.splitlines()[-1] if text else type(err).__name__
 
 
+def schedule_error_line(err: BaseException) -> str:
+    """The line of a TVM schedule error that says what went wrong (its "Error message" or
+    "ScheduleError" line), else `last_line`."""
+    text = str(err).strip().splitlines()
+    line = next((ln for ln in text if "Error message" in ln or ln.startswith("ScheduleError")), None)
+    return line.strip() if line else last_line(err)
+
+
 class ModelError(TirbyocError):
     """TVM itself could not import or build the user's model, before any offload: the
     model or TVM is at fault, not tirbyoc's rewrite. The command line exits with 3."""

@@ -14,8 +14,8 @@ from tirbyoc.app.html_report import write
 from tirbyoc.app.jsonout import dumps
 from tirbyoc.app.loaders import legalize
 from tirbyoc.app.model_inputs import load_inputs
-from tirbyoc.app.run import (Progress, default_templates, integer_module, legalized_model, load_model,
-                             run_model)
+from tirbyoc.app.preparation import integer_module
+from tirbyoc.app.run import Progress, default_templates, legalized_model, load_model, run_model
 from tirbyoc.app.sweep import parse_params, plot, sweep, table
 from tirbyoc.decl.registry import get_template, template_names
 from tirbyoc.errors import TirbyocError

@@ -151,11 +151,28 @@ def mlp(batch: int = 16, sizes=(256, 512, 512, 128), dtype: str = "float32"):
     return mod
 
 
-def mlp_int8(act_dtype: str = "uint8", batch: int = 16, sizes=(256, 512, 512, 128)):
+REQUANTIZE = ("float", "shift")
+
+
+def _shift_to_int8(acc, shift: int):
+    """int32 accumulators -> int8 in integer arithmetic: (acc + 2^(shift-1)) >> shift, clipped
+    to [-128, 127] (round half up, VTA's requantization)."""
+    rounded = relax.op.add(acc, relax.const(1 << (shift - 1), "int32"))
+    return relax.op.astype(relax.op.clip(relax.op.right_shift(rounded, relax.const(shift, "int32")),
+                                         -128, 127), "int8")
+
+
+def mlp_int8(act_dtype: str = "uint8", requantize: str = "float", batch: int = 16,
+             sizes=(256, 512, 512, 128)):
     """A quantized MLP as a quantized model has it: ``act_dtype`` activations (uint8, or int8
     for cores with signed inputs) x int8 weights -> int32 accumulators, dequantized
     (per-channel scale, float bias), ReLU, requantized (x 1/4, rounded, clipped to the
-    activation range) for the next layer; float output."""
+    activation range) for the next layer; float output. ``requantize="shift"``: the
+    accumulators are first requantized to int8 in integers (add 32, shift right by 6, clip),
+    as an accelerator's ALU does before a narrowing store, and the per-channel scale applies
+    to those."""
+    if requantize not in REQUANTIZE:
+        raise ValueError(f"requantize must be one of {REQUANTIZE}, got {requantize!r}")
     nn = _nn()
 
     class QLinear(nn.Module):
@@ -166,9 +183,12 @@ def mlp_int8(act_dtype: str = "uint8", batch: int = 16, sizes=(256, 512, 512, 12
 
         def forward(self, x):
             acc = nn.op.matmul(x, nn.op.permute_dims(self.weight), out_dtype="int32")
+            if requantize == "shift":
+                q8 = _shift_to_int8(acc._expr, 6)
+                return _wrap(relax.op.astype(q8, "float32"), "dequantize") * (self.scale * 64.0) + self.bias
             return nn.op.astype(acc, "float32") * self.scale + self.bias
 
-    def requantize(y):
+    def to_activations(y):
         lo, hi = (0, 255) if act_dtype == "uint8" else (-128, 127)
         q = relax.op.clip(relax.op.round(relax.op.multiply(y._expr, relax.const(0.25, "float32"))), lo, hi)
         return _wrap(relax.op.astype(q, act_dtype), "requantize")
@@ -182,7 +202,7 @@ def mlp_int8(act_dtype: str = "uint8", batch: int = 16, sizes=(256, 512, 512, 12
                 y = layer(x)
                 if i + 1 == len(self.layers):
                     return y
-                x = requantize(nn.op.relu(y))
+                x = to_activations(nn.op.relu(y))
 
     mod, _ = QMLP().export_tvm({"forward": {"x": nn.spec.Tensor((batch, sizes[0]), act_dtype)}})
     return mod
@@ -276,19 +296,36 @@ ACT_SCALE = 32.0  # activations -> uint8: round(x * 32) clipped to [0, 255]
 WEIGHT_SCALE = 64.0  # second operands -> int8: round(w * 64) clipped to [-127, 127]
 
 
-def quantize(mod, act_dtype: str = "uint8"):
+def quantize(mod, act_dtype: str = "uint8", requantize: str = "float"):
     """The int8 variant of a float model, as a quantized model has it: every ``conv2d`` and
     ``matmul`` of float tensors becomes ``act_dtype`` activations (uint8, or int8 for cores
-    that take signed inputs: VTA, tensor cores) x int8 weights -> int32 accumulators,
-    dequantized back to float32 (fixed per-tensor scales); the rest stays float. Templates
-    that are int8-only (x86_vnni, vta, hexagon_hvx) see the integer cores."""
+    that take signed inputs: VTA, tensor cores) x int8 weights -> int32 accumulators; the rest
+    stays float. Templates that are int8-only (x86_vnni, vta, hexagon_hvx) see the integer
+    cores.
+
+    ``requantize``: how the int32 accumulators come back (fixed per-tensor scales):
+    ``"float"`` dequantizes them to float32; ``"shift"`` first requantizes them to int8 at the
+    activations' scale in integer arithmetic, as VTA's quantizer does with its power-of-two
+    scales (add half, shift right by log2 of the weight scale, clip to [-128, 127], cast), then
+    dequantizes the int8 values - the elementwise chain an accelerator's ALU runs on its
+    accumulator tile before a narrowing store."""
     if act_dtype not in ("uint8", "int8"):
         raise ValueError(f"act_dtype must be uint8 or int8, got {act_dtype!r}")
+    if requantize not in REQUANTIZE:
+        raise ValueError(f"requantize must be one of {REQUANTIZE}, got {requantize!r}")
     act_lo, act_hi = (0, 255) if act_dtype == "uint8" else (-127, 127)
+    shift = int(WEIGHT_SCALE).bit_length() - 1  # acc * 2^-shift is at the activations' scale
 
     def q(expr, scale, lo, hi, dtype):
         scaled = relax.op.multiply(expr, relax.const(scale, "float32"))
         return relax.op.astype(relax.op.clip(relax.op.round(scaled), lo, hi), dtype)
+
+    def back(acc):
+        if requantize == "float":
+            return relax.op.multiply(relax.op.astype(acc, "float32"),
+                                     relax.const(1.0 / (ACT_SCALE * WEIGHT_SCALE), "float32"))
+        q8 = _shift_to_int8(acc, shift)
+        return relax.op.multiply(relax.op.astype(q8, "float32"), relax.const(1.0 / ACT_SCALE, "float32"))
 
     x, w = wildcard(), wildcard()
     patterns = [is_op("relax.nn.conv2d")(x, w), is_op("relax.matmul")(x, w)]
@@ -305,8 +342,7 @@ def quantize(mod, act_dtype: str = "uint8"):
                                      at.data_layout, at.kernel_layout, at.out_layout, "int32")
         else:
             acc = relax.op.matmul(qa, qb, out_dtype="int32")
-        return relax.op.multiply(relax.op.astype(acc, "float32"),
-                                 relax.const(1.0 / (ACT_SCALE * WEIGHT_SCALE), "float32"))
+        return back(acc)
 
     out = {}
     for gv, func in mod.functions_items():
@@ -319,8 +355,8 @@ def quantize(mod, act_dtype: str = "uint8"):
 
 
 def _int8(builder: Callable) -> Callable:
-    def build(act_dtype: str = "uint8"):
-        return quantize(builder(), act_dtype)
+    def build(act_dtype: str = "uint8", requantize: str = "float"):
+        return quantize(builder(), act_dtype, requantize)
 
     build.__doc__ = (f"{builder.__name__} quantized with `quantize` (uint8 or int8 activations "
                      "x int8 weights -> int32 cores).")
@@ -338,14 +374,14 @@ MODELS: dict[str, Callable] = {
 }
 
 
-def build_model(name: str, act_dtype: str | None = None):
+def build_model(name: str, act_dtype: str | None = None, requantize: str = "float"):
     """A built-in model by name (Relax IRModule, not legalized). ``act_dtype``: for the
     ``_int8`` variants, the activations' dtype (uint8 for x86_vnni / Hexagon, int8 for VTA
-    and tensor cores)."""
+    and tensor cores); ``requantize``: how their accumulators come back (`quantize`)."""
     try:
         builder = MODELS[name]
     except KeyError:
         raise KeyError(f"unknown built-in model {name!r}; known: {sorted(MODELS)}") from None
     if act_dtype is not None and getattr(builder, "quantized", False):
-        return builder(act_dtype)
+        return builder(act_dtype, requantize)
     return builder()

@@ -41,7 +41,8 @@ from tirbyoc.offloading.verification import compare_arrays
 from tirbyoc.offloading.hexagon import is_hexagon
 from tirbyoc.relax.bridge import offload_module
 from tirbyoc.relax.emulated import EmulatedRuns, emulate_offloaded
-from tirbyoc.relax.quantized import QuantizedReport, QuantizedToInteger, has_quantize_ops
+from tirbyoc.app.preparation import activation_dtype, fuse, fuses_epilogues, integer_module, requantize_mode
+from tirbyoc.relax.quantized import QuantizedReport
 from tirbyoc.tuning.apply import tuned_schedules
 
 DEFAULT_TEMPLATES = ("x86_vnni", "blas")  # the first that runs here is the default
@@ -109,29 +110,7 @@ def load_model(spec: str | None, templates, obj: str | None = None,
     name = spec.split(":", 1)[1]
     if name not in MODELS:
         raise TirbyocError(f"unknown built-in model {name!r}; known: {sorted(MODELS)}")
-    return spec, build_model(name, activation_dtype(templates))
-
-
-def activation_dtype(templates) -> str | None:
-    """The activation dtype the first template's GEMM takes (uint8 or int8), if any: the
-    quantized built-ins are quantized to it."""
-
-    for t in templates[:1]:
-        for g in as_template(t).groups:
-            dtype = str(g.compute.operands[0].dtype)
-            if dtype in ("uint8", "int8"):
-                return dtype
-    return None
-
-
-def integer_module(mod, templates, report: QuantizedReport | None = None):
-    """``mod`` (a Relax module, before legalization) as an int8 template offloads it: a
-    quantized model's chains made integer (`QuantizedToInteger`; ``report`` collects what it
-    did) when the first template computes on 8-bit integers, else ``mod`` itself."""
-    act = activation_dtype(templates)
-    if act is not None and has_quantize_ops(mod):
-        return QuantizedToInteger(act, report)(mod)
-    return mod
+    return spec, build_model(name, activation_dtype(templates), requantize_mode(templates))
 
 
 def legalized_model(model: str | None, templates, seed: int, inputs: dict | None = None, *,
@@ -141,12 +120,15 @@ def legalized_model(model: str | None, templates, seed: int, inputs: dict | None
     user's ``inputs`` (name -> array) where given, else seeded data in each input's domain
     (`tirbyoc.app.model_inputs`). A quantized model's chains are made integer first
     (`integer_module`; ``quantized`` collects the report); ``as_given`` receives the model
-    legalized as it was given (the same module when nothing was made integer)."""
+    legalized as it was given (the same module when nothing was made integer). For a
+    template that fuses epilogues the module comes fused (`fuse`)."""
     spec, loaded = load_model(model, templates, obj, input_shapes)
     converted = integer_module(loaded, templates, quantized)
     mod = relax.transform.LegalizeOps()(converted)
     if as_given is not None:
         as_given.append(mod if converted is loaded else relax.transform.LegalizeOps()(loaded))
+    if fuses_epilogues(templates):
+        mod = fuse(mod)
     entry = entry_function(mod)
     return spec, mod, entry, model_inputs(mod, entry, seed, inputs)
 

@@ -21,9 +21,9 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
+from tirbyoc.app.preparation import activation_dtype, preparation
 from tirbyoc.app.run import (
     UNSTABLE,
-    activation_dtype,
     build_reference,
     check_target,
     check_templates_on_target,
@@ -120,19 +120,24 @@ def sweep(model: str | None, template, grid: dict[str, list], *, target=None, se
 def _run_point(model, base, params, target, seed, obj, input_shapes, references: dict) -> SweepPoint:
     """One grid point: the variant offloaded, built, run and compared, on ``target`` or, when
     none is given, the variant's own (a parameter may change it: hexagon_hvx's ``arch``);
-    ``references``: TVM's build per activation dtype, shared by the points of one process."""
+    ``references``: TVM's build per model preparation (`preparation`: activation dtype,
+    requantization, fusion), shared by the points of one process. Every point runs the model
+    as the base template prepares it, unless its cores take other activations."""
     t0 = time.perf_counter()
     point = SweepPoint(params)
     try:
         variant = base.variant(**params)
         tgt = check_target(complete_target(dict(variant.target) if target is None else target))
-        act = activation_dtype([variant])
-        if act not in references:
-            _, mod, entry, arrays = legalized_model(model, [variant], seed, obj=obj,
-                                                    input_shapes=input_shapes)
+        # one model for the whole grid: prepared as for the base template (a variant without
+        # its ALU runs the same requantized model, its epilogues on the host), unless the
+        # variant's cores take other activations
+        prep = [base] if activation_dtype([base]) == activation_dtype([variant]) else [variant]
+        key = preparation(prep)
+        if key not in references:
+            _, mod, entry, arrays = legalized_model(model, prep, seed, obj=obj, input_shapes=input_shapes)
             ref, _, _ = build_reference(mod, model_target(tgt), entry, arrays, 1, "default", timed=False)
-            references[act] = (mod, entry, arrays, ref)
-        mod, entry, arrays, ref = references[act]
+            references[key] = (mod, entry, arrays, ref)
+        mod, entry, arrays, ref = references[key]
         done = run_offloaded(mod, [variant], tgt, entry, arrays, ref, repeat=1)
         report, comparison, simulation, missing = (done.report, done.comparison,
                                                    done.simulation, done.missing)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Mapping
 
+from tirbyoc.decl.alu import BlockALU
 from tirbyoc.decl.dma import BlockDMA
 from tirbyoc.decl.extern import ExternLibrary
 from tirbyoc.decl.intrinsic import Intrinsic, IntrinsicGroup
@@ -68,6 +69,10 @@ class Template:
     block_dma : BlockDMA or None
         A DMA engine that moves whole scratchpad tiles (`tirbyoc.decl.dma`); without it each
         intrinsic tile is copied by the groups' load / store intrinsics.
+    block_alu : BlockALU or None
+        A vector ALU over whole accumulator tiles (`tirbyoc.decl.alu`): with it (and a block
+        DMA) the elementwise blocks after a core - bias, requantization, ReLU - run on the
+        accumulator tile and the store narrows (`tirbyoc.rewrite.epilogue`).
     """
 
     name: str
@@ -84,6 +89,7 @@ class Template:
     simulator: object = None
     factory: Callable | None = None
     block_dma: BlockDMA | None = None
+    block_alu: BlockALU | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -106,6 +112,7 @@ class Template:
             object.__setattr__(self, attr, tuple(getattr(self, attr)))
         self._check_scopes()
         self._check_block_dma()
+        self._check_block_alu()
         self._check_intrinsics()
         self._check_simulator()
         for lib in self.libraries:
@@ -135,6 +142,19 @@ class Template:
         if unknown:
             raise TemplateError(f"template {self.name!r}: block_dma names scopes {unknown} the "
                                 f"template does not declare")
+
+    def _check_block_alu(self) -> None:
+        alu = self.block_alu
+        if alu is None:
+            return
+        if not isinstance(alu, BlockALU):
+            raise TemplateError(f"template {self.name!r}: block_alu must be a BlockALU, got {alu!r}")
+        if alu.scope not in {s.name for s in self.scopes}:
+            raise TemplateError(f"template {self.name!r}: block_alu works in scope {alu.scope!r}, "
+                                "which the template does not declare")
+        if self.block_dma is None:
+            raise TemplateError(f"template {self.name!r}: block_alu needs a block_dma (the fused "
+                                "accumulator tile is stored by it)")
 
     def _check_simulator(self) -> None:
         """A simulator that names the template's scratchpad scopes must be configured with

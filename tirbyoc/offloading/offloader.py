@@ -294,7 +294,14 @@ def _apply(func, results, choose, target, schedule, template, *, check_each: boo
     current = func
     outcomes: list[BlockOutcome] = []
     rewrites: list[Rewritten] = []
+    fused_into: dict[str, tuple] = {}  # epilogue block -> (core whose tiles it runs on, unit)
     for result in results:
+        if result.block in fused_into:
+            core, unit = fused_into[result.block]
+            outcomes.append(BlockOutcome(
+                result.block, result.macs, f"{template.name}.{unit}", None,
+                (Step(StepKind.EPILOGUE, f"epilogue of {core}: on its accumulator tile"),)))
+            continue
         compute = [m for m in result.matches if m.intrinsic.role is Role.COMPUTE]
         if not compute:
             outcomes.append(BlockOutcome(result.block, result.macs, None,
@@ -326,6 +333,7 @@ def _apply(func, results, choose, target, schedule, template, *, check_each: boo
                 continue
         current = rw.func
         rewrites.append(rw)
+        fused_into.update({block: (result.block, unit) for block, unit in rw.fused})
         outcomes.append(BlockOutcome(result.block, result.macs, ", ".join(rw.intrinsics), None, rw.steps))
     return current, outcomes, rewrites
 

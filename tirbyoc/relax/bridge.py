@@ -8,6 +8,10 @@ Where it goes in TVM's CPU pipeline::
 
     LegalizeOps -> [AnnotateTIROpPattern -> FuseOps -> FuseTIR] -> OffloadTIR -> tvm.compile
 
+For a template that runs epilogues on its accumulator tiles (a `BlockALU`: vta), fuse first:
+only then does a core's PrimFunc carry the bias, requantization and ReLU that follow it
+(`tirbyoc.app.preparation.fuse`, which `tirbyoc run` applies for such a template).
+
 Offloaded PrimFuncs are marked opaque (``op_pattern`` = kOpaque) so a later FuseOps does
 not merge them into their neighbours; running the pass again (another template) only
 looks at blocks still left.

@@ -67,7 +67,7 @@ def blockize_exact(sch, loop, traced: bool = False):
     return outer_block
 
 
-def _affine(indices, subst: dict, loop_vars: list, analyzer):
+def affine_indices(indices, subst: dict, loop_vars: list, analyzer):
     """Per index: (coefficient per loop, base), or None when one is not affine with
     non-negative constant coefficients."""
     out = []
@@ -84,7 +84,7 @@ def _affine(indices, subst: dict, loop_vars: list, analyzer):
     return out
 
 
-def _row_major(affine, extents: list[int]) -> tuple[list[int], list[int]] | None:
+def row_major(affine, extents: list[int]) -> tuple[list[int], list[int]] | None:
     """(window extent per dimension, each loop's step in the window's row-major order), or
     None when the loops do not cover the window exactly once."""
     window = [sum(c * (e - 1) for c, e in zip(coefs, extents)) + 1 for coefs, _ in affine]
@@ -139,21 +139,21 @@ def plain_window_copy(sch, loops: list) -> WindowCopy | None:
     for v, e in zip(loop_vars, extents):
         analyzer.bind(v, tvm.ir.Range(0, e))
     subst = {iv.var: val for iv, val in zip(realize.block.iter_vars, realize.iter_values)}
-    dst, src = _affine(store.indices, subst, loop_vars, analyzer), _affine(value.indices, subst, loop_vars, analyzer)
+    dst, src = affine_indices(store.indices, subst, loop_vars, analyzer), affine_indices(value.indices, subst, loop_vars, analyzer)
     if dst is None or src is None:
         return None
-    d, s = _row_major(dst, extents), _row_major(src, extents)
+    d, s = row_major(dst, extents), row_major(src, extents)
     if d is None or s is None or d[1] != s[1]:
         return None
-    return WindowCopy(_region(value.source, src, s[0]), _region(store.buffer, dst, d[0]), tuple(d[0]))
+    return WindowCopy(window_region(value.source, src, s[0]), window_region(store.buffer, dst, d[0]), tuple(d[0]))
 
 
-def _region(buffer, affine, window):
+def window_region(buffer, affine, window):
     return tirx.BufferRegion(buffer, [tvm.ir.Range.from_min_extent(base, ext)
                                       for (_, base), ext in zip(affine, window)])
 
 
-def _view(region, name: str):
+def strided_view(region, name: str):
     """A buffer over ``region`` (a BufferRegion) with symbolic strides and offset."""
     buf = region.source
     shape = [r.extent for r in region.region]
@@ -166,7 +166,7 @@ def _view(region, name: str):
 def replace_with_block_dma(sch, dma, loops: list, copy: WindowCopy, direction: str, scope: str) -> None:
     """Replace the copy nest rooted at ``loops[0]`` by one opaque block calling ``dma`` (a
     `BlockDMA`) on the two windows."""
-    src, dst = _view(copy.read, "S"), _view(copy.write, "D")
+    src, dst = strided_view(copy.read, "S"), strided_view(copy.write, "D")
     call = tirx.call_packed(dma.symbol(direction), dst, src, *dma.scope_args.get(scope, ()))
     old = sch.get(loops[-1]).body.block
     block = s_tir.SBlock([], [copy.read], [copy.write], old.name_hint + "_dma", tirx.Evaluate(call), None,
@@ -176,4 +176,5 @@ def replace_with_block_dma(sch, dma, loops: list, copy: WindowCopy, direction: s
                       {old: block})
 
 
-__all__ = ["WindowCopy", "blockize_exact", "plain_window_copy", "replace_with_block_dma"]
+__all__ = ["WindowCopy", "affine_indices", "blockize_exact", "plain_window_copy", "replace_with_block_dma",
+           "row_major", "strided_view", "window_region"]

@@ -27,14 +27,12 @@ from __future__ import annotations
 
 from math import prod
 
-from tirbyoc._tvm import PrimCall, StringImm, child_stmts, expr_dtype, tirx, tvm_ffi
+from tirbyoc._tvm import (BUFFER_DATA, CALL_PACKED, MAKE_ARRAY, PrimCall, StringImm, call_name, child_stmts,
+                          expr_dtype, tirx, tvm_ffi, with_call_args)
 from tirbyoc.dtypes import dtype_bytes
 
 ATTR = "tirbyoc.double_buffer"  # {"load": packed function, "scopes": [scope, ...]}
 FOOTPRINT_ATTR = "tirbyoc.footprint"  # {"calls": [packed function, ...], "scopes": [scope, ...]}
-_MAKE_ARRAY = "tirx.tvm_stack_make_array"
-_BUFFER_DATA = "tirx.buffer_data"
-_CALL_PACKED = "tirx.tvm_call_packed"
 
 
 def plan_double_buffering(func, template, used: dict) -> tuple[object, list[str]]:
@@ -65,18 +63,9 @@ def _int_value(expr) -> int | None:
     return int(expr.value) if isinstance(expr, tirx.IntImm) else None
 
 
-def _name(call) -> str:
-    return str(getattr(call.op, "name", ""))
-
-
-def _with_args(call, args):
-    """``call`` with ``args`` in place of its arguments."""
-    return PrimCall(call.op, args, call.attrs, call.ty_args, call.span, call.ty)
-
-
 def _data_of(expr, buffer) -> bool:
     """Whether ``expr`` is ``buffer``'s data pointer (``tirx.buffer_data(buffer)``)."""
-    return isinstance(expr, PrimCall) and _name(expr) == _BUFFER_DATA and expr.args[0].same_as(buffer)
+    return isinstance(expr, PrimCall) and call_name(expr) == BUFFER_DATA and expr.args[0].same_as(buffer)
 
 
 def _leaf_use(stmt, buffer) -> str | None:
@@ -84,7 +73,7 @@ def _leaf_use(stmt, buffer) -> str | None:
     ``"array"`` (only as the data of ``tvm_stack_make_array``) or ``"other"``."""
     seen, arrays = [], []
     tvm_ffi.structural_walk(stmt, [(tirx.Var, lambda v: seen.append(v) if v.same_as(buffer) else None),
-                                   (PrimCall, lambda c: arrays.append(c) if _name(c) == _MAKE_ARRAY
+                                   (PrimCall, lambda c: arrays.append(c) if call_name(c) == MAKE_ARRAY
                                     and _data_of(c.args[0], buffer) else None)], order="pre")
     if not seen:
         return None
@@ -118,17 +107,17 @@ def _fills_tile(stmt, var, load: str, elements: int) -> bool:
     """Whether ``stmt`` is ``call_packed(load, whole tile, ...)``: a dense view of all
     ``elements`` at offset 0 as the destination."""
     call = getattr(stmt, "value", None) if isinstance(stmt, tirx.Evaluate) else None
-    if not (isinstance(call, PrimCall) and _name(call) == _CALL_PACKED and len(call.args) > 1
+    if not (isinstance(call, PrimCall) and call_name(call) == CALL_PACKED and len(call.args) > 1
             and isinstance(call.args[0], StringImm) and str(call.args[0].value) == load):
         return False
     view = call.args[1]
-    if not (isinstance(view, PrimCall) and _name(view) == _MAKE_ARRAY and _data_of(view.args[0], var)):
+    if not (isinstance(view, PrimCall) and call_name(view) == MAKE_ARRAY and _data_of(view.args[0], var)):
         return False
     shape = [_int_value(d) for d in view.args[1].args]
     if any(d is None for d in shape) or prod(shape) != elements or _int_value(view.args[5]) != 0:
         return False
     strides = view.args[2]
-    if isinstance(strides, PrimCall) and _name(strides) == "tirx.tvm_stack_make_shape":
+    if isinstance(strides, PrimCall) and call_name(strides) == "tirx.tvm_stack_make_shape":
         dense = [prod(shape[i + 1:]) for i in range(len(shape))]
         got = [_int_value(s) for s in strides.args]
         return all(g == d for g, d, n in zip(got, dense, shape) if n != 1)
@@ -167,14 +156,14 @@ def _version(body, alloc, loop):
     doubled = tirx.decl_buffer((2 * elements,), buf.dtype, buf.name, scope=str(buf.scope()))
 
     def offset_view(call):
-        if _name(call) != _MAKE_ARRAY or not _data_of(call.args[0], buf):
+        if call_name(call) != MAKE_ARRAY or not _data_of(call.args[0], buf):
             return call
         args = list(call.args)
         parity = tirx.floormod(loop.loop_var - loop.min, 2)
         shift = parity * tirx.const(elements, expr_dtype(loop.loop_var))
         off = args[5]
         args[5] = off + (shift if expr_dtype(shift) == expr_dtype(off) else tirx.Cast(expr_dtype(off), shift))
-        return _with_args(call, args)
+        return with_call_args(call, args)
 
     def per_loop(stmt):
         if not stmt.same_as(loop):
@@ -200,14 +189,14 @@ def _grow_footprint(body, footprint, extra: dict):
     scopes = [str(s) for s in footprint["scopes"]]
 
     def grow(call):
-        if not (_name(call) == _CALL_PACKED and call.args and isinstance(call.args[0], StringImm)
+        if not (call_name(call) == CALL_PACKED and call.args and isinstance(call.args[0], StringImm)
                 and str(call.args[0].value) in calls):
             return call
         args = list(call.args)
         for i, scope in enumerate(scopes):
             if extra.get(scope) and 1 + i < len(args):
                 args[1 + i] = args[1 + i] + tirx.const(extra[scope], expr_dtype(args[1 + i]))
-        return _with_args(call, args)
+        return with_call_args(call, args)
 
     return tvm_ffi.structural_map(body, [(PrimCall, grow)])
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from tirbyoc._tvm import TensorLoad, expr_dtype, iter_blocks, s_tir, tirx
 from tirbyoc.errors import RewriteError
 from tirbyoc.ir.pattern import load_source
+from tirbyoc.rewrite.addresses import address_merged_tiles
 from tirbyoc.rewrite.cpu import default_schedule
 from tirbyoc.rewrite.pipeline import stage
 from tirbyoc.rewrite.state import Loops, RewriteState
@@ -177,9 +178,11 @@ def tensorize_init(state: RewriteState) -> RewriteState | None:
 
 @stage("link", after="init")
 def link_libraries(state: RewriteState) -> RewriteState:
-    """The result function; with the template's extern libraries loaded (RTLD_GLOBAL, so this
-    process can JIT and run it) and their paths attached for export_library / Relax."""
-    func = state.sch.mod["main"]
+    """The result function (tiles that share a scratchpad addressed so that TVM's merging of
+    their allocations keeps them apart, `tirbyoc.rewrite.addresses`); with the template's
+    extern libraries loaded (RTLD_GLOBAL, so this process can JIT and run it) and their paths
+    attached for export_library / Relax."""
+    func = address_merged_tiles(state.sch.mod["main"])
     libraries = list(state.template.libraries) if state.template is not None else []
     if libraries:
         for lib in libraries:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 
-from tirbyoc.errors import RewriteError, last_line
+from tirbyoc.errors import RewriteError, last_line, schedule_error_line
 from tirbyoc.ir.pattern import Access, BlockPattern, read_block
 from tirbyoc.matching.results import Match, OperandMap
 from tirbyoc.rewrite.steps import Step, StepKind
@@ -51,6 +51,7 @@ class RewriteState:
     init_block: object = None
     intrinsics: list = field(default_factory=list)  # compute and init intrinsics used
     func: object = None  # the result, once the last stage ran
+    fused: list = field(default_factory=list)  # (block, what runs it) fused after the core
 
     @property
     def where(self) -> str:
@@ -102,10 +103,7 @@ class RewriteState:
         except RewriteError:
             raise
         except Exception as err:  # noqa: BLE001 - TVM's errors have no common base
-            text = str(err).strip().splitlines()
-            msg = next((ln for ln in text if "Error message" in ln or ln.startswith("ScheduleError")),
-                       None) or (text[-1] if text else type(err).__name__)
-            raise RewriteError(f"{self.where}: step '{detail}' failed: {msg.strip()}") from err
+            raise RewriteError(f"{self.where}: step '{detail}' failed: {schedule_error_line(err)}") from err
         self.record(kind, detail, operand)
 
     # -- questions about the block ----------------------------------------------------

@@ -33,12 +33,14 @@ class StepKind(enum.Enum):
     TUNED = "tuned"  # a schedule taken from a MetaSchedule database
     CALL = "call"  # a whole function replaced by a library call
     DOUBLE_BUFFER = "double buffer"  # scratchpad tiles marked for two versions (or why not)
+    EPILOGUE = "epilogue"  # elementwise blocks fused onto the accumulator tile (or why not)
 
 
 # The kinds a report shows as "how" an offload was done.
 DECISIONS = frozenset({StepKind.TUNED, StepKind.PAD, StepKind.PACK, StepKind.TRANSPOSE,
                        StepKind.SCRATCHPAD_PLAN, StepKind.SCHEDULE, StepKind.CALL,
-                       StepKind.COPY_LOOP, StepKind.INIT_LEFT, StepKind.LINK, StepKind.DOUBLE_BUFFER})
+                       StepKind.COPY_LOOP, StepKind.INIT_LEFT, StepKind.LINK, StepKind.DOUBLE_BUFFER,
+                       StepKind.EPILOGUE})
 
 
 class Step(str):

@@ -21,7 +21,7 @@ from tirbyoc.errors import RewriteError, last_line
 from tirbyoc.ir.init_merge import merge_separate_init
 from tirbyoc.ir.normalize import trivial_loops
 from tirbyoc.matching.results import Match
-from tirbyoc.rewrite import cuda  # noqa: F401 - registers the last target-specific stages
+from tirbyoc.rewrite import cuda, epilogue  # noqa: F401 - register the last stages
 from tirbyoc.rewrite.pipeline import run
 from tirbyoc.rewrite.state import Loops, RewriteState, new_state
 from tirbyoc.rewrite.steps import Step
@@ -37,6 +37,7 @@ class Rewritten:
     steps: tuple[Step, ...]  # what was done (records that read as sentences)
     intrinsics: tuple[str, ...]  # the tensor intrinsics the result calls
     schedule: object = field(default=None, repr=False)  # the s_tir.Schedule that made it
+    fused: tuple = ()  # (block, unit) of the blocks after it now run on its tiles (epilogue)
 
     def describe(self) -> str:
         return "; ".join(self.steps)
@@ -55,7 +56,7 @@ def resolve(match: Match, target, template):
 def _carry_out(state: RewriteState) -> Rewritten:
     state = run(state)
     return Rewritten(state.func, state.match, state.sch.trace, tuple(state.steps),
-                     tuple(state.intrinsics + state.copy_intrinsics), state.sch)
+                     tuple(state.intrinsics + state.copy_intrinsics), state.sch, tuple(state.fused))
 
 
 def tensorize(func, match: Match, *, target=None, schedule: bool | Callable = True,

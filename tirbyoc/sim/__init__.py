@@ -23,7 +23,7 @@ from tirbyoc.rewrite.double_buffer import FOOTPRINT_ATTR
 from tirbyoc.rewrite.scratchpad import scratchpad_usage
 
 OPS = ("gemm", "fill_zero", "dma_load", "dma_store", "alu_add", "alu_max", "alu_relu",
-       "alu_shift_clip", "scratchpad_begin", "scratchpad_end")
+       "alu_shift_clip", "alu_imm", "alu_tensor", "scratchpad_begin", "scratchpad_end")
 CONTROL = ("configure", "reset", "stats")
 SCOPES = ("input", "weight", "accumulator")  # the scope ids DMA calls pass: 0, 1, 2
 

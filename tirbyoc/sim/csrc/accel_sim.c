@@ -7,6 +7,13 @@
  *   fill_zero(C)                  C = 0                                (compute unit)
  *   alu_add / alu_max(Z, X, Y)    Z = X op Y                           (compute unit)
  *   alu_relu(Z, X), alu_shift_clip(Z, X, shift, lo, hi)                (compute unit)
+ *   alu_imm(Z, X, op, imm)        Z = X op imm, op 0 add, 1 max, 2 min, 3 shift right
+ *   alu_tensor(Z, X, Y, op, m...) Z = X op Y (op 0 add, 1 max, 2 min) with Y broadcast:
+ *                                 Y's dimension d follows Z's dimension m[d] (-1: a unit
+ *                                 dimension, always index 0)
+ *                                 (VTA's ALU instruction: one op over a whole accumulator
+ *                                 tile; Z, X: N-D views with as many elements, walked in
+ *                                 row-major order like a DMA's; X may be Z: in place)
  *   dma_load(D, S, scope)         DRAM window S -> scratchpad window D (load unit)
  *   dma_store(D, S, scope)        scratchpad window S -> DRAM window D (store unit)
  *                                 D and S are N-D strided views (up to 6 dimensions) with as
@@ -494,6 +501,86 @@ int __tvm_ffi_tirbyoc_sim_alu_add(void* s, const TVMFFIAny* a, int32_t n, TVMFFI
 int __tvm_ffi_tirbyoc_sim_alu_max(void* s, const TVMFFIAny* a, int32_t n, TVMFFIAny* rv) { (void)s; return alu("alu_max", 1, a, n, rv); }
 int __tvm_ffi_tirbyoc_sim_alu_relu(void* s, const TVMFFIAny* a, int32_t n, TVMFFIAny* rv) { (void)s; return alu("alu_relu", 2, a, n, rv); }
 int __tvm_ffi_tirbyoc_sim_alu_shift_clip(void* s, const TVMFFIAny* a, int32_t n, TVMFFIAny* rv) { (void)s; return alu("alu_shift_clip", 3, a, n, rv); }
+
+/* ALU over whole accumulator tiles (VTA's ALU instruction loops over a tile): Z and X are
+ * N-D views walked in row-major order; Y (alu_tensor) is indexed by Z's position through the
+ * dimension map. Values are int32 accumulator values; results wrap like the int32 arithmetic of
+ * the code they replace (an arithmetic shift right by 0..31). */
+static int64_t alu_apply(int op, int64_t a, int64_t b) {
+  switch (op) {
+    case 0: return (int32_t)((uint32_t)a + (uint32_t)b);
+    case 1: return a > b ? a : b;
+    case 2: return a < b ? a : b;
+    default: return a >> b;
+  }
+}
+
+static int alu_block(const char* fn, int tensor, const TVMFFIAny* args, int32_t n, TVMFFIAny* rv) {
+  if (n < 4) return tirbyoc_fail("TypeError", "tirbyoc.sim.%s: too few arguments", fn);
+  DLTensor *z = tirbyoc_tensor_arg(&args[0]), *x = tirbyoc_tensor_arg(&args[1]);
+  DLTensor* y = tensor ? tirbyoc_tensor_arg(&args[2]) : NULL;
+  if (check_view(fn, "Z", z) || check_view(fn, "X", x) || (tensor && check_view(fn, "Y", y))) return -1;
+  const TVMFFIAny* opa = &args[tensor ? 3 : 2];
+  if (opa->type_index != kTVMFFIInt || opa->v_int64 < 0 || opa->v_int64 > (tensor ? 2 : 3))
+    return tirbyoc_fail("ValueError", "tirbyoc.sim.%s: unknown ALU op", fn);
+  int op = (int)opa->v_int64;
+  int64_t imm = 0;
+  int64_t map[MAX_DIMS] = {0};
+  if (!tensor) {
+    if (n != 4 || args[3].type_index != kTVMFFIInt)
+      return tirbyoc_fail("TypeError", "tirbyoc.sim.%s: expects (Z, X, op, imm)", fn);
+    imm = args[3].v_int64;
+    if (op == 3 && (imm < 0 || imm > 31))
+      return tirbyoc_fail("ValueError", "tirbyoc.sim.%s: shift by %lld", fn, (long long)imm);
+  } else {
+    if (n != 4 + y->ndim)
+      return tirbyoc_fail("TypeError", "tirbyoc.sim.%s: expects (Z, X, Y, op) and one dimension of Z per "
+                          "dimension of Y", fn);
+    for (int d = 0; d < y->ndim; ++d) {
+      int64_t m = args[4 + d].type_index == kTVMFFIInt ? args[4 + d].v_int64 : -2;
+      if (m == -1 && y->shape[d] == 1) { /* a unit dimension: always index 0 */
+        map[d] = -1;
+        continue;
+      }
+      if (m < 0 || m >= z->ndim || z->shape[m] != y->shape[d])
+        return tirbyoc_fail("ValueError", "tirbyoc.sim.%s: Y's dimension %d does not follow a dimension of Z "
+                            "of its extent", fn, d);
+      map[d] = args[4 + d].v_int64;
+    }
+  }
+  int64_t elems = count(z);
+  if (count(x) != elems)
+    return tirbyoc_fail("ValueError", "tirbyoc.sim.%s: Z has %lld elements, X %lld", fn,
+                        (long long)elems, (long long)count(x));
+  int64_t ystride[MAX_DIMS] = {0}, compact = 1;
+  if (tensor)
+    for (int d = y->ndim - 1; d >= 0; --d) {
+      ystride[d] = y->strides ? y->strides[d] : compact;
+      compact *= y->shape[d];
+    }
+  Cursor cz, cx;
+  cursor_init(&cz, z);
+  cursor_init(&cx, x);
+  uintptr_t ybase = tensor ? (uintptr_t)tirbyoc_data(y) : 0;
+  int64_t ybytes = tensor ? y->dtype.bits / 8 : 0;
+  for (int64_t i = 0; i < elems; ++i, cursor_next(&cz), cursor_next(&cx)) {
+    int64_t b = imm;
+    if (tensor) {
+      int64_t off = 0;
+      for (int d = 0; d < y->ndim; ++d)
+        if (map[d] >= 0) off += ystride[d] * cz.idx[map[d]];
+      b = load_at(y, ybase + (uintptr_t)(off * ybytes));
+    }
+    store_at(z, cz.addr, alu_apply(op, load_at(x, cx.addr), b));
+  }
+  stats[ST_OPS_ALU] += 1;
+  Access r[2] = {{x, 2}, {y, 2}}, w[1] = {{z, 2}};
+  if (issue(fn, UNIT_COMPUTE, ceil_div(elems, cfg[CFG_ALU_LANES]), r, tensor ? 2 : 1, w, 1)) return -1;
+  return tirbyoc_return_none(rv);
+}
+
+int __tvm_ffi_tirbyoc_sim_alu_imm(void* s, const TVMFFIAny* a, int32_t n, TVMFFIAny* rv) { (void)s; return alu_block("alu_imm", 0, a, n, rv); }
+int __tvm_ffi_tirbyoc_sim_alu_tensor(void* s, const TVMFFIAny* a, int32_t n, TVMFFIAny* rv) { (void)s; return alu_block("alu_tensor", 1, a, n, rv); }
 
 static int scratchpad(int begin, const TVMFFIAny* args, int32_t n, TVMFFIAny* rv) {
   const char* fn = begin ? "scratchpad_begin" : "scratchpad_end";

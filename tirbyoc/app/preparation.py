@@ -1,0 +1,65 @@
+"""How a model is prepared for the templates it is offloaded to, before offload: which
+activation dtype and requantization the quantized built-ins take, whether a quantized model's
+chains are made integer, whether the module is fused so that a core's PrimFunc carries its
+epilogue. `run`, `build`, `sweep` and the benchmarks all prepare models through here.
+"""
+
+from __future__ import annotations
+
+from tvm import relax
+
+from tirbyoc.decl.registry import as_template
+from tirbyoc.relax.quantized import QuantizedReport, QuantizedToInteger, has_quantize_ops
+
+
+def fuses_epilogues(templates) -> bool:
+    """Whether the first template runs the elementwise work after a core on its accumulator
+    tile (a `BlockALU`): the model is then fused (``FuseOps`` / ``FuseTIR``) before offload,
+    so that each core's PrimFunc carries its epilogue."""
+    return any(getattr(as_template(t), "block_alu", None) is not None for t in templates[:1])
+
+
+def requantize_mode(templates) -> str:
+    """How the quantized built-ins bring accumulators back for ``templates``: ``"shift"``
+    (integer requantization, which an accelerator's ALU runs before a narrowing store) where
+    the first template fuses epilogues, else ``"float"`` (`tirbyoc.app.models.quantize`)."""
+    return "shift" if fuses_epilogues(templates) else "float"
+
+
+def preparation(templates) -> tuple:
+    """What the model a run offloads depends on in ``templates``: two template lists with the
+    same preparation offload the same legalized model (a sweep builds it once)."""
+    return activation_dtype(templates), requantize_mode(templates), fuses_epilogues(templates)
+
+
+def fuse(mod):
+    """TVM's operator fusion of a legalized module (``AnnotateTIROpPattern``, ``FuseOps``,
+    ``FuseTIR``), as its default pipeline does before building."""
+    mod = relax.transform.AnnotateTIROpPattern()(mod)
+    mod = relax.transform.FuseOps()(mod)
+    return relax.transform.FuseTIR()(mod)
+
+
+def activation_dtype(templates) -> str | None:
+    """The activation dtype the first template's GEMM takes (uint8 or int8), if any: the
+    quantized built-ins are quantized to it."""
+
+    for t in templates[:1]:
+        for g in as_template(t).groups:
+            dtype = str(g.compute.operands[0].dtype)
+            if dtype in ("uint8", "int8"):
+                return dtype
+    return None
+
+
+def integer_module(mod, templates, report: QuantizedReport | None = None):
+    """``mod`` (a Relax module, before legalization) as an int8 template offloads it: a
+    quantized model's chains made integer (`QuantizedToInteger`; ``report`` collects what it
+    did) when the first template computes on 8-bit integers, else ``mod`` itself."""
+    act = activation_dtype(templates)
+    if act is not None and has_quantize_ops(mod):
+        return QuantizedToInteger(act, report)(mod)
+    return mod
+
+
+__all__ = ["activation_dtype", "fuse", "fuses_epilogues", "integer_module", "preparation", "requantize_mode"]
