@@ -130,3 +130,16 @@ def test_a_sweep_over_the_alu_runs_one_model_and_the_fused_point_stores_less():
     # instead of int32 (the last layer too: its requantization runs before the float output)
     assert host.dma_bytes - fused.dma_bytes == 3 * 16 * (512 + 512 + 128)
     assert fused.cycles < host.cycles
+
+
+def test_run_reports_where_each_functions_epilogue_runs(capsys):
+    import json
+
+    from tirbyoc.app.cli import main
+
+    assert main(["run", "--json", "-q", "-t", "vta"]) == 0  # the built-in quantized MLP
+    out = json.loads(capsys.readouterr().out)
+    assert out["verified"] is True
+    cores = [f for f in out["functions"] if f["macs"]]
+    assert len(cores) == 3 and all(f["epilogue"].startswith("fused epilogue on the accumulator tile")
+                                   and "(store as int8)" in f["epilogue"] for f in cores), cores

@@ -334,7 +334,8 @@ def _apply(func, results, choose, target, schedule, template, *, check_each: boo
         current = rw.func
         rewrites.append(rw)
         fused_into.update({block: (result.block, unit) for block, unit in rw.fused})
-        outcomes.append(BlockOutcome(result.block, result.macs, ", ".join(rw.intrinsics), None, rw.steps))
+        outcomes.append(BlockOutcome(result.block, result.macs, ", ".join(dict.fromkeys(rw.intrinsics)), None,
+                                     rw.steps))
     return current, outcomes, rewrites
 
 

@@ -39,6 +39,7 @@ from tirbyoc.ir.pattern import block_macs
 from tirbyoc.matching.matcher import match
 from tirbyoc.offloading.offloader import TUNED_STEP, offload
 from tirbyoc.offloading.whole_function import find_whole_call, verify_whole_call
+from tirbyoc.rewrite.steps import StepKind
 
 OPAQUE = 8  # relay/relax OpPatternKind::kOpaque
 log = logging.getLogger("tirbyoc.offload")
@@ -60,12 +61,13 @@ class FunctionReport:
     tuned: bool = False  # its schedule came from a tuning database
     check_note: str | None = None  # why verified is None (not run here, not meaningfully checked)
     ms: dict | None = None  # `tirbyoc run --profile`: ms per call, {"tvm": .., "offloaded": ..}
+    epilogue: str | None = None  # where the elementwise work after its cores runs, and why
 
     def to_json(self) -> dict:
         return {"name": self.name, "calls": self.calls, "macs": self.macs,
                 "offloaded_macs": self.offloaded_macs, "template": self.template,
                 "intrinsics": list(self.intrinsics), "extern": self.extern, "reason": self.reason,
-                "verified": self.verified, "ms_per_call": self.ms}
+                "verified": self.verified, "ms_per_call": self.ms, "epilogue": self.epilogue}
 
     @property
     def offloaded(self) -> bool:
@@ -80,12 +82,17 @@ class FunctionReport:
         """The intrinsics or library kernel it now calls, for a report ("-" if none)."""
         if self.extern:
             return f"{self.extern} (call_dps_packed)"
-        return ", ".join(dict.fromkeys(self.intrinsics)) if self.offloaded else "-"
+        names = (name for per_block in self.intrinsics for name in per_block.split(", "))
+        return ", ".join(dict.fromkeys(names)) if self.offloaded else "-"
 
     def note(self) -> str:
         """Why (part of) it stayed, else whether the rewrite was verified."""
         unchecked = self.check_note or "not run here"
         note = self.reason or ("verified" if self.verified else unchecked if self.offloaded else "")
+        if self.epilogue:
+            short = ("epilogue on the accumulator tile" if self.epilogue.startswith("fused")
+                     else self.epilogue)
+            note = f"{note}; {short}" if note else short
         return f"tuned, {note}" if self.tuned and note else note
 
 
@@ -222,7 +229,7 @@ def _call_packed_instead(mod, calls: dict):
 def _offload_function(name: str, func, templates, policy, verify: bool, tuned):
     """(the function offloaded block by block, template after template; its report)."""
     current, intrinsics, used, reasons, verified, was_tuned = func, [], None, [], None, False
-    check_note = None
+    check_note, epilogue = None, []
     reductions = mac_blocks(func)
     total, done = sum(reductions.values()), 0
     for tmpl in templates:
@@ -239,6 +246,8 @@ def _offload_function(name: str, func, templates, policy, verify: bool, tuned):
             verified = None if v is None else v.passed
             check_note = v.describe() if v is not None and v.passed is None else None
             was_tuned = was_tuned or any(b.steps[:1] == (TUNED_STEP,) for b in out.offloaded)
+            epilogue += [str(st) for b in out.offloaded if b.block in reductions for st in b.steps
+                         if getattr(st, "kind", None) is StepKind.EPILOGUE]
         reasons += [f"{b.block}: {b.reason}" for b in out.blocks
                     if not b.offloaded and b.block in reductions]
     log.debug("%s: %s", name, f"offloaded to {used} ({', '.join(dict.fromkeys(intrinsics))}), "
@@ -247,7 +256,8 @@ def _offload_function(name: str, func, templates, policy, verify: bool, tuned):
     return current, FunctionReport(
         name, total, done, used, tuple(intrinsics),
         None if not total or done == total else "; ".join(dict.fromkeys(reasons)) or None,
-        verified, tuned=was_tuned, check_note=check_note)
+        verified, tuned=was_tuned, check_note=check_note,
+        epilogue="; ".join(dict.fromkeys(epilogue)) or None)
 
 
 def offload_module(mod, templates: Sequence, *, policy="first", verify: bool = True,
