@@ -323,12 +323,6 @@ def alu_shift_clip(lanes: int, shift: int = 8, lo: int = -128, hi: int = 127,
         2, f"ALU clip(acc >> {shift}, {lo}, {hi})", prefix)
 
 
-def _positive(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"vta parameter {name} must be a positive int, got {value!r}")
-    return value
-
-
 def make_template(batch: int = 1, block_in: int = 16, block_out: int = 16,
                   inp_kib: int = 32, wgt_kib: int = 256, acc_kib: int = 128,
                   in_dtype: str = "int8", wgt_dtype: str = "int8", acc_dtype: str = "int32",
@@ -342,14 +336,16 @@ def make_template(batch: int = 1, block_in: int = 16, block_out: int = 16,
     per tile), so loads overlap the GEMMs as with VTA's virtual threads (needs block DMA).
     ``fused_epilogue``: the ALU runs the elementwise blocks after a core (bias, requantization,
     ReLU) on the accumulator tile and the store narrows, as VTA does (needs block DMA)."""
+    params = dict(locals())  # the generator parameters, as the template records them
     for pname in ("batch", "block_in", "block_out", "inp_kib", "wgt_kib", "acc_kib",
                   "dma_bytes_per_cycle", "clock_mhz"):
-        _positive(pname, locals()[pname])
+        if isinstance(params[pname], bool) or not isinstance(params[pname], int) or params[pname] <= 0:
+            raise ValueError(f"vta parameter {pname} must be a positive int, got {params[pname]!r}")
     if isinstance(dma_latency, bool) or not isinstance(dma_latency, int) or dma_latency < 0:
         raise ValueError(f"vta parameter dma_latency must be a non-negative int, got {dma_latency!r}")
     for pname in ("block_dma", "double_buffer", "fused_epilogue"):
-        if not isinstance(locals()[pname], bool):
-            raise ValueError(f"vta parameter {pname} must be true or false, got {locals()[pname]!r}")
+        if not isinstance(params[pname], bool):
+            raise ValueError(f"vta parameter {pname} must be true or false, got {params[pname]!r}")
     core = gemm(batch, block_in, block_out, in_dtype, wgt_dtype, acc_dtype, prefix=name)
     group = IntrinsicGroup(
         "gemm",
@@ -389,11 +385,7 @@ def make_template(batch: int = 1, block_in: int = 16, block_out: int = 16,
             dma_bytes_per_cycle=dma_bytes_per_cycle, dma_latency=dma_latency, clock_mhz=clock_mhz)),
         doc=f"VTA-style {batch}x{block_in}x{block_out} int8 GEMM core with scratchpads, DMA and ALU",
         factory=make_template,
-        params=dict(name=name, batch=batch, block_in=block_in, block_out=block_out, inp_kib=inp_kib,
-                    wgt_kib=wgt_kib, acc_kib=acc_kib, in_dtype=in_dtype, wgt_dtype=wgt_dtype,
-                    acc_dtype=acc_dtype, dma_bytes_per_cycle=dma_bytes_per_cycle,
-                    dma_latency=dma_latency, clock_mhz=clock_mhz, block_dma=block_dma,
-                    double_buffer=double_buffer, fused_epilogue=fused_epilogue),
+        params=params,
     )
 
 

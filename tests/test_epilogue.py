@@ -58,7 +58,8 @@ def offload(func, template=VTA):
 
 
 def epilogue_notes(out) -> list[str]:
-    return [str(s) for b in out.blocks for s in b.steps if s.kind is StepKind.EPILOGUE]
+    return [str(s) for b in out.blocks for s in b.steps
+            if s.kind in (StepKind.EPILOGUE, StepKind.EPILOGUE_LEFT)]
 
 
 def test_bias_requantize_relu_run_on_the_accumulator_tile_and_the_store_narrows():

@@ -36,7 +36,7 @@ def _epilog(command: str) -> str:
     if command == "sweep":
         lines.append("sweep parameters: a template's factory arguments, e.g. vta's batch, block_in, "
                      "block_out, inp_kib, wgt_kib, acc_kib, dma_bytes_per_cycle, dma_latency, clock_mhz, "
-                     "block_dma and double_buffer (true / false)")
+                     "block_dma, double_buffer and fused_epilogue (true / false)")
     text = "\n".join(textwrap.fill(ln, 88, subsequent_indent="  ") for ln in lines)
     return f"{text}\n\nexample:\n  {_EXAMPLES[command]}\n\n{EXIT_CODES}"
 

@@ -152,6 +152,7 @@ def mlp(batch: int = 16, sizes=(256, 512, 512, 128), dtype: str = "float32"):
 
 
 REQUANTIZE = ("float", "shift")
+MLP_SHIFT = 6  # mlp_int8's integer requantization: int8 = accumulator >> 6, rounded
 
 
 def _shift_to_int8(acc, shift: int):
@@ -168,7 +169,8 @@ def mlp_int8(act_dtype: str = "uint8", requantize: str = "float", batch: int = 1
     for cores with signed inputs) x int8 weights -> int32 accumulators, dequantized
     (per-channel scale, float bias), ReLU, requantized (x 1/4, rounded, clipped to the
     activation range) for the next layer; float output. ``requantize="shift"``: the
-    accumulators are first requantized to int8 in integers (add 32, shift right by 6, clip),
+    accumulators are first requantized to int8 in integers (add 32, shift right by
+    `MLP_SHIFT` = 6, clip),
     as an accelerator's ALU does before a narrowing store, and the per-channel scale applies
     to those."""
     if requantize not in REQUANTIZE:
@@ -184,8 +186,9 @@ def mlp_int8(act_dtype: str = "uint8", requantize: str = "float", batch: int = 1
         def forward(self, x):
             acc = nn.op.matmul(x, nn.op.permute_dims(self.weight), out_dtype="int32")
             if requantize == "shift":
-                q8 = _shift_to_int8(acc._expr, 6)
-                return _wrap(relax.op.astype(q8, "float32"), "dequantize") * (self.scale * 64.0) + self.bias
+                q8 = _shift_to_int8(acc._expr, MLP_SHIFT)
+                dequantized = _wrap(relax.op.astype(q8, "float32"), "dequantize")
+                return dequantized * (self.scale * float(1 << MLP_SHIFT)) + self.bias
             return nn.op.astype(acc, "float32") * self.scale + self.bias
 
     def to_activations(y):

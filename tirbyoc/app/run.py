@@ -22,6 +22,7 @@ from tirbyoc._tvm import is_host_target, relax_vm, tirx, tvm
 from tirbyoc.app.loaders import load_model_file
 from tirbyoc.app.model_inputs import model_inputs
 from tirbyoc.app.models import MODELS, build_model
+from tirbyoc.app.preparation import activation_dtype, fuse, fuses_epilogues, integer_module, requantize_mode
 from tirbyoc.app.profiling import profile_functions
 from tirbyoc.app.reference import onnxruntime_reference, output_step
 from tirbyoc.app.result import RunResult
@@ -41,7 +42,6 @@ from tirbyoc.offloading.verification import compare_arrays
 from tirbyoc.offloading.hexagon import is_hexagon
 from tirbyoc.relax.bridge import offload_module
 from tirbyoc.relax.emulated import EmulatedRuns, emulate_offloaded
-from tirbyoc.app.preparation import activation_dtype, fuse, fuses_epilogues, integer_module, requantize_mode
 from tirbyoc.relax.quantized import QuantizedReport
 from tirbyoc.tuning.apply import tuned_schedules
 

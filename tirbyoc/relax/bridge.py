@@ -61,13 +61,14 @@ class FunctionReport:
     tuned: bool = False  # its schedule came from a tuning database
     check_note: str | None = None  # why verified is None (not run here, not meaningfully checked)
     ms: dict | None = None  # `tirbyoc run --profile`: ms per call, {"tvm": .., "offloaded": ..}
-    epilogue: str | None = None  # where the elementwise work after its cores runs, and why
+    epilogue: tuple = ()  # the steps saying where the elementwise work after its cores runs
 
     def to_json(self) -> dict:
         return {"name": self.name, "calls": self.calls, "macs": self.macs,
                 "offloaded_macs": self.offloaded_macs, "template": self.template,
                 "intrinsics": list(self.intrinsics), "extern": self.extern, "reason": self.reason,
-                "verified": self.verified, "ms_per_call": self.ms, "epilogue": self.epilogue}
+                "verified": self.verified, "ms_per_call": self.ms,
+                "epilogue": "; ".join(self.epilogue) or None}
 
     @property
     def offloaded(self) -> bool:
@@ -90,9 +91,10 @@ class FunctionReport:
         unchecked = self.check_note or "not run here"
         note = self.reason or ("verified" if self.verified else unchecked if self.offloaded else "")
         if self.epilogue:
-            short = ("epilogue on the accumulator tile" if self.epilogue.startswith("fused")
-                     else self.epilogue)
-            note = f"{note}; {short}" if note else short
+            where = "; ".join(dict.fromkeys(
+                "epilogue on the accumulator tile" if st.kind is StepKind.EPILOGUE else str(st)
+                for st in self.epilogue))
+            note = f"{note}; {where}" if note else where
         return f"tuned, {note}" if self.tuned and note else note
 
 
@@ -246,8 +248,8 @@ def _offload_function(name: str, func, templates, policy, verify: bool, tuned):
             verified = None if v is None else v.passed
             check_note = v.describe() if v is not None and v.passed is None else None
             was_tuned = was_tuned or any(b.steps[:1] == (TUNED_STEP,) for b in out.offloaded)
-            epilogue += [str(st) for b in out.offloaded if b.block in reductions for st in b.steps
-                         if getattr(st, "kind", None) is StepKind.EPILOGUE]
+            epilogue += [st for b in out.offloaded if b.block in reductions for st in b.steps
+                         if getattr(st, "kind", None) in (StepKind.EPILOGUE, StepKind.EPILOGUE_LEFT)]
         reasons += [f"{b.block}: {b.reason}" for b in out.blocks
                     if not b.offloaded and b.block in reductions]
     log.debug("%s: %s", name, f"offloaded to {used} ({', '.join(dict.fromkeys(intrinsics))}), "
@@ -257,7 +259,7 @@ def _offload_function(name: str, func, templates, policy, verify: bool, tuned):
         name, total, done, used, tuple(intrinsics),
         None if not total or done == total else "; ".join(dict.fromkeys(reasons)) or None,
         verified, tuned=was_tuned, check_note=check_note,
-        epilogue="; ".join(dict.fromkeys(epilogue)) or None)
+        epilogue=tuple(dict.fromkeys(epilogue)))
 
 
 def offload_module(mod, templates: Sequence, *, policy="first", verify: bool = True,

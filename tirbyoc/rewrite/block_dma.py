@@ -116,19 +116,28 @@ class WindowCopy:
     window: tuple
 
 
-def plain_window_copy(sch, loops: list) -> WindowCopy | None:
-    """The copy under ``loops`` (its whole nest) when it is a reshape of one window into
-    another (see the module's docstring), else None."""
+@dataclass(frozen=True)
+class TileNest:
+    """A loop nest holding one block: its loop variables and constant extents (each from 0),
+    an analyzer bound to them, and the block's iterator bindings - what reading the block's
+    accesses as affine windows of the loops takes."""
+
+    realize: object  # s_tir.SBlockRealize of the block
+    loop_vars: list
+    extents: list
+    analyzer: object
+    subst: dict
+
+    def affine(self, indices):
+        """`affine_indices` of ``indices`` (the block's) in the nest's loops."""
+        return affine_indices(indices, self.subst, self.loop_vars, self.analyzer)
+
+
+def tile_nest(sch, loops: list) -> TileNest | None:
+    """The nest ``loops`` (outermost first) around one block, or None when the innermost loop
+    does not hold a block alone or an extent is not a constant from 0."""
     realize = sch.get(loops[-1]).body
-    if not isinstance(realize, s_tir.SBlockRealize) or not always_true(realize.predicate):
-        return None
-    store = realize.block.body
-    if not isinstance(store, tirx.BufferStore):
-        return None
-    value = store.value
-    if isinstance(value, tirx.Cast):
-        value = value.value
-    if not isinstance(value, TensorLoad):
+    if not isinstance(realize, s_tir.SBlockRealize):
         return None
     fors = [sch.get(loop) for loop in loops]
     if not all(isinstance(f.extent, tirx.IntImm) and isinstance(f.min, tirx.IntImm) and int(f.min) == 0
@@ -139,10 +148,27 @@ def plain_window_copy(sch, loops: list) -> WindowCopy | None:
     for v, e in zip(loop_vars, extents):
         analyzer.bind(v, tvm.ir.Range(0, e))
     subst = {iv.var: val for iv, val in zip(realize.block.iter_vars, realize.iter_values)}
-    dst, src = affine_indices(store.indices, subst, loop_vars, analyzer), affine_indices(value.indices, subst, loop_vars, analyzer)
+    return TileNest(realize, loop_vars, extents, analyzer, subst)
+
+
+def plain_window_copy(sch, loops: list) -> WindowCopy | None:
+    """The copy under ``loops`` (its whole nest) when it is a reshape of one window into
+    another (see the module's docstring), else None."""
+    nest = tile_nest(sch, loops)
+    if nest is None or not always_true(nest.realize.predicate):
+        return None
+    store = nest.realize.block.body
+    if not isinstance(store, tirx.BufferStore):
+        return None
+    value = store.value
+    if isinstance(value, tirx.Cast):
+        value = value.value
+    if not isinstance(value, TensorLoad):
+        return None
+    dst, src = nest.affine(store.indices), nest.affine(value.indices)
     if dst is None or src is None:
         return None
-    d, s = row_major(dst, extents), row_major(src, extents)
+    d, s = row_major(dst, nest.extents), row_major(src, nest.extents)
     if d is None or s is None or d[1] != s[1]:
         return None
     return WindowCopy(window_region(value.source, src, s[0]), window_region(store.buffer, dst, d[0]), tuple(d[0]))
@@ -176,5 +202,5 @@ def replace_with_block_dma(sch, dma, loops: list, copy: WindowCopy, direction: s
                       {old: block})
 
 
-__all__ = ["WindowCopy", "affine_indices", "blockize_exact", "plain_window_copy", "replace_with_block_dma",
-           "row_major", "strided_view", "window_region"]
+__all__ = ["TileNest", "WindowCopy", "affine_indices", "blockize_exact", "plain_window_copy",
+           "replace_with_block_dma", "row_major", "strided_view", "tile_nest", "window_region"]

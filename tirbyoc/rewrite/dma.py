@@ -195,18 +195,27 @@ def _tensorize_copy(state: RewriteState, op: OperandMap, copy, loops: list, kind
 
 
 def _block_dma(state: RewriteState, op: OperandMap, copy, role: str, nest: int) -> bool:
-    """Copy the whole scratchpad tile with the template's `BlockDMA` when the copy is a plain
-    window (`plain_window_copy`); False (nothing changed) otherwise."""
+    """Copy the whole scratchpad tile of operand ``op`` with the template's `BlockDMA` when
+    the copy is a plain window; False (nothing changed) otherwise."""
     loops = state.sch.get_loops(copy)[-nest:]
-    window = plain_window_copy(state.sch, loops)
+    return copy_by_block_dma(state, loops, role, op.scope, op.operand, op.operand)
+
+
+def copy_by_block_dma(state: RewriteState, loops: list, role: str, scope: str, what: str,
+                      operand: str | None = None) -> bool:
+    """Replace the copy nest ``loops`` by one call of the template's `BlockDMA` (``role``:
+    load or store; ``scope``: the scratchpad side) when it is a plain window
+    (`plain_window_copy`), recording a step about ``what``; False (nothing changed)
+    otherwise."""
+    window = plain_window_copy(state.sch, loops) if loops else None
     if window is None:
         return False
     shape = "x".join(map(str, window.window))
-    with state.step(StepKind.DMA, f"{role} {op.operand}'s {shape} scratchpad tiles with one block "
-                                  "DMA each", op.operand):
-        replace_with_block_dma(state.sch, state.template.block_dma, loops, window, role, op.scope)
+    with state.step(StepKind.DMA, f"{role} {what}'s {shape} scratchpad tiles with one block "
+                                  "DMA each", operand):
+        replace_with_block_dma(state.sch, state.template.block_dma, loops, window, role, scope)
     state.copy_intrinsics.append(f"{state.template.name}.block_dma_{role}")
     return True
 
 
-__all__ = ["blockize_exact", "stage_scratchpads", "tensorize_dma_copies"]
+__all__ = ["blockize_exact", "copy_by_block_dma", "stage_scratchpads", "tensorize_dma_copies"]

@@ -25,13 +25,11 @@ the steps.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from tirbyoc._tvm import s_tir, sym, tirx, tvm
+from tirbyoc._tvm import s_tir, tirx
 from tirbyoc.errors import RewriteError, schedule_error_line
-from tirbyoc.rewrite import dma  # noqa: F401 - registers the stages this runs among
-from tirbyoc.rewrite.block_dma import (affine_indices, plain_window_copy, replace_with_block_dma, row_major,
-                                       strided_view, window_region)
+from tirbyoc.ir.tir_walk import always_true
+from tirbyoc.rewrite.block_dma import row_major, strided_view, tile_nest, window_region
+from tirbyoc.rewrite.dma import copy_by_block_dma
 from tirbyoc.rewrite.epilogue_chain import AluOp, Epilogue, alu_ops, blocks_of, find_epilogue, loads, readers
 from tirbyoc.rewrite.pipeline import stage
 from tirbyoc.rewrite.scratchpad import scratchpad_usage
@@ -53,10 +51,10 @@ def fuse_epilogue(state: RewriteState) -> RewriteState | None:
     chain = find_epilogue(state.sch.mod["main"], out[0].buffer, acc_dtype, alu)
     if not chain.steps:
         if chain.stop:
-            state.record(StepKind.EPILOGUE, f"epilogue left to the host: {chain.stop}")
+            state.record(StepKind.EPILOGUE_LEFT, f"epilogue left to the host: {chain.stop}")
         return state if chain.stop else None
     if state.traced:
-        state.record(StepKind.EPILOGUE, "epilogue left to the host: fusing it is not a schedule "
+        state.record(StepKind.EPILOGUE_LEFT, "epilogue left to the host: fusing it is not a schedule "
                                         "primitive a MetaSchedule trace replays")
         return state
     saved = state.sch.copy(), list(state.steps), list(state.copies), list(state.copy_intrinsics)
@@ -64,19 +62,21 @@ def fuse_epilogue(state: RewriteState) -> RewriteState | None:
         _fuse(state, out, chain, alu)
     except RewriteError as err:
         state.sch, state.steps, state.copies, state.copy_intrinsics = saved
-        state.record(StepKind.EPILOGUE, f"epilogue left to the host: {err}")
+        state.record(StepKind.EPILOGUE_LEFT, f"epilogue left to the host: {err}")
         return state
     capacity = {s.name: s.capacity for s in template.scopes if s.bounded}
     used = scratchpad_usage(state.sch.mod["main"], list(capacity))
     over = [f"{s} {used[s]} > {capacity[s]} B" for s in capacity if used[s] > capacity[s]]
     if over:
         state.sch, state.steps, state.copies, state.copy_intrinsics = saved
-        state.record(StepKind.EPILOGUE, "epilogue left to the host: its tiles do not fit the "
+        state.record(StepKind.EPILOGUE_LEFT, "epilogue left to the host: its tiles do not fit the "
                                         f"scratchpad ({'; '.join(over)})")
         return state
     fused = ", ".join(s.describe() for s in chain.steps)
     tail = f"; then {chain.stop}, left to the host" if chain.stop else ""
     state.record(StepKind.EPILOGUE, f"fused epilogue on the accumulator tile: {fused}{tail}")
+    if chain.stop:
+        state.record(StepKind.EPILOGUE_LEFT, f"epilogue left to the host from {chain.stop}")
     state.fused = [(s.block, "block_dma_store" if s.narrow else "block_alu") for s in chain.steps]
     return state
 
@@ -111,10 +111,9 @@ def _fuse(state: RewriteState, out, chain: Epilogue, alu) -> None:
         _step_do(f"inline {sch.get(block).name_hint}", lambda b=block: sch.compute_inline(b))
     state.copies = [c for c in state.copies if c is not out]  # the tile's store is the chain's now
     last = steps[-1]
-    tensors = [o.tensor for s in chain.steps for o in s.ops if o.tensor is not None]
-    for tensor in dict.fromkeys(tensors):
-        _load_operand(state, last, tensor, acc_scope, at)
-    _replace_with_alu_and_store(state, last, tensors, alu, acc_scope, at)
+    tensors = dict.fromkeys(o.tensor for s in chain.steps for o in s.ops if o.tensor is not None)
+    staged = [_load_operand(state, last, tensor, acc_scope, at) for tensor in tensors]
+    _replace_with_alu_and_store(state, last, staged, alu, acc_scope, at)
 
 
 def _step_do(what: str, fn):
@@ -139,17 +138,10 @@ def _nest(sch, block, at) -> list:
     return loops[index + 1:]
 
 
-def _realize_of(sch, block):
-    loops = sch.get_loops(block)
-    parent = sch.get(loops[-1]).body if loops else None
-    if not isinstance(parent, s_tir.SBlockRealize):
-        raise RewriteError(f"block {sch.get(block).name_hint!r} is not alone in its innermost loop")
-    return parent
-
-
-def _load_operand(state: RewriteState, block, buffer: str, scope: str, at) -> None:
+def _load_operand(state: RewriteState, block, buffer: str, scope: str, at) -> str:
     """Load the tensor operand ``buffer`` of ``block`` into ``scope`` by block DMA, once per
-    tile (its window: the part of it the tile uses, e.g. the tile's channels of a bias)."""
+    tile (its window: the part of it the tile uses, e.g. the tile's channels of a bias); the
+    name of its scratchpad copy, which ``block`` now reads."""
     sch = state.sch
     reads = sch.get(block).reads
     index = next(i for i, r in enumerate(reads) if str(r.source.name) == buffer)
@@ -157,56 +149,25 @@ def _load_operand(state: RewriteState, block, buffer: str, scope: str, at) -> No
     if at is not None:
         _step_do(f"move the load of {buffer} into the tile loop",
                  lambda: sch.compute_at(copy, at, preserve_unit_loops=True))
-    loops = _nest(sch, copy, at)
-    window = plain_window_copy(sch, loops) if loops else None
-    if window is None:
+    staged = str(sch.get(copy).writes[0].source.name)
+    if not copy_by_block_dma(state, _nest(sch, copy, at), "load", scope, buffer):
         raise RewriteError(f"the load of {buffer} is not a plain window a block DMA moves")
-    with state.step(StepKind.DMA, f"load {buffer}'s tiles into {scope} with one block DMA each"):
-        replace_with_block_dma(sch, state.template.block_dma, loops, window, "load", scope)
-    state.copy_intrinsics.append(f"{state.template.name}.block_dma_load")
-
-
-@dataclass(frozen=True)
-class _Nest:
-    """A block's loop nest inside the tile loop: its loop variables and extents, and how to
-    read an access of the block as affine windows of them."""
-
-    loop_vars: list
-    extents: list
-    analyzer: object
-    subst: dict
-
-    def affine(self, indices):
-        return affine_indices(indices, self.subst, self.loop_vars, self.analyzer)
-
-
-def _windows(sch, block, loops) -> _Nest:
-    fors = [sch.get(loop) for loop in loops]
-    if not all(isinstance(f.extent, tirx.IntImm) and isinstance(f.min, tirx.IntImm) and int(f.min) == 0
-               for f in fors):
-        raise RewriteError(f"block {sch.get(block).name_hint!r}: its tile loops have non-constant extents")
-    loop_vars, extents = [f.loop_var for f in fors], [int(f.extent) for f in fors]
-    analyzer = sym.Analyzer()
-    for v, e in zip(loop_vars, extents):
-        analyzer.bind(v, tvm.ir.Range(0, e))
-    realize = _realize_of(sch, block)
-    subst = {iv.var: val for iv, val in zip(realize.block.iter_vars, realize.iter_values)}
-    return _Nest(loop_vars, extents, analyzer, subst)
+    return staged
 
 
 def _replace_with_alu_and_store(state: RewriteState, block, tensors: list, alu, scope: str, at) -> None:
     """Replace the composed chain's loop nest by one block: the ALU's operations on the whole
     accumulator tile, in place, then the block DMA's store of it (narrowing where the chain
-    ends in a cast)."""
+    ends in a cast). ``tensors``: the scratchpad copies of its tensor operands."""
     sch = state.sch
     loops = _nest(sch, block, at)
     name = sch.get(block).name_hint
-    if not loops:
-        raise RewriteError(f"block {name!r} has no loop nest to replace")
-    realize = _realize_of(sch, block)
-    if not _always(realize.predicate):
+    nest = tile_nest(sch, loops) if loops else None
+    if nest is None:
+        raise RewriteError(f"block {name!r} is not alone in a nest of constant tile loops")
+    if not always_true(nest.realize.predicate):
         raise RewriteError(f"block {name!r} runs under a predicate (a partial tile)")
-    old = realize.block
+    old = nest.realize.block
     store = old.body
     value = store.value.value if isinstance(store.value, tirx.Cast) else store.value
     x_load = _input_load(value, tensors, old)
@@ -214,7 +175,6 @@ def _replace_with_alu_and_store(state: RewriteState, block, tensors: list, alu, 
     why = alu_ops(value, str(x_load.source.name), None, str(x_load.source.dtype), alu, ops)
     if why:
         raise RewriteError(f"the composed epilogue is not a sequence of ALU operations: {why}")
-    nest = _windows(sch, block, loops)
     z_aff, x_aff = nest.affine(store.indices), nest.affine(x_load.indices)
     if z_aff is None or x_aff is None:
         raise RewriteError(f"block {name!r}: its tiles are not affine windows of its loops")
@@ -286,19 +246,8 @@ def _broadcast_view(tensor, value, block, nest, walks, label):
     return region, strided_view(region, label), dims
 
 
-def _always(pred) -> bool:
-    return isinstance(pred, tirx.IntImm) and int(pred) == 1
-
-
-def _is_operand(load, tensor: str) -> bool:
-    """``load`` reads the tensor operand ``tensor`` or its scratchpad copy (``cache_read``
-    names it ``<tensor>_<scope>``)."""
-    name = str(load.source.name)
-    return name == tensor or name.startswith(tensor + "_")
-
-
 def _operand_load(expr, tensor: str, block):
-    hits = [ld for ld in loads(expr) if _is_operand(ld, tensor)]
+    hits = [ld for ld in loads(expr) if str(ld.source.name) == tensor]
     if len(hits) != 1:
         raise RewriteError(f"block {block.name_hint!r}: cannot find its one read of {tensor}")
     return hits[0]
@@ -307,7 +256,7 @@ def _operand_load(expr, tensor: str, block):
 def _input_load(expr, tensors: list, block):
     """The load of the chain's input: the one that is no tensor operand (inlining renamed it
     to the accumulator tile's buffer)."""
-    hits = [ld for ld in loads(expr) if not any(_is_operand(ld, t) for t in tensors)]
+    hits = [ld for ld in loads(expr) if str(ld.source.name) not in tensors]
     if len(hits) != 1:
         raise RewriteError(f"block {block.name_hint!r}: reads its input {len(hits)} times")
     return hits[0]

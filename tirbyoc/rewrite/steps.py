@@ -33,14 +33,15 @@ class StepKind(enum.Enum):
     TUNED = "tuned"  # a schedule taken from a MetaSchedule database
     CALL = "call"  # a whole function replaced by a library call
     DOUBLE_BUFFER = "double buffer"  # scratchpad tiles marked for two versions (or why not)
-    EPILOGUE = "epilogue"  # elementwise blocks fused onto the accumulator tile (or why not)
+    EPILOGUE = "epilogue"  # elementwise blocks fused onto the accumulator tile
+    EPILOGUE_LEFT = "epilogue left"  # elementwise blocks after the core left to the host, and why
 
 
 # The kinds a report shows as "how" an offload was done.
 DECISIONS = frozenset({StepKind.TUNED, StepKind.PAD, StepKind.PACK, StepKind.TRANSPOSE,
                        StepKind.SCRATCHPAD_PLAN, StepKind.SCHEDULE, StepKind.CALL,
                        StepKind.COPY_LOOP, StepKind.INIT_LEFT, StepKind.LINK, StepKind.DOUBLE_BUFFER,
-                       StepKind.EPILOGUE})
+                       StepKind.EPILOGUE, StepKind.EPILOGUE_LEFT})
 
 
 class Step(str):

@@ -52,8 +52,6 @@ class SimulatorBuilder(PyBuilder):
         return self.inner.build(prepared)
 
 
-
-
 def tuning_target(template, target=None):
     """The target records are tuned and looked up for (the template's by default)."""
 
