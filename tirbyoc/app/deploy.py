@@ -41,6 +41,7 @@ from tirbyoc.errors import TirbyocError
 from tirbyoc.offloading.hexagon import is_hexagon
 from tirbyoc.offloading.lowering import PIPELINE
 from tirbyoc.relax.bridge import offload_module
+from tirbyoc.relax.prepack import pack_constant_weights
 from tirbyoc.sim import LIBRARY as SIM_LIBRARY
 from tirbyoc.tuning.apply import tuned_schedules
 
@@ -75,21 +76,6 @@ class Built:
                 "inputs": self.inputs, "linked": self.linked,
                 "offloaded_macs": self.report.offloaded_macs, "macs": self.report.total_macs,
                 "functions": [f.to_json() for f in self.report.functions]}
-
-
-def bind_weights(mod, entry: str, arrays: list):
-    """(``mod`` with the entry's parameters after ``num_input`` bound to ``arrays``' values,
-    the arrays the bound entry still takes)."""
-    func = mod[entry]
-    attrs = func.attrs or {}
-    n = int(attrs["num_input"]) if "num_input" in attrs else len(func.params)
-    if n >= len(func.params):
-        return mod, list(arrays)
-    weights = {p.name: tvm.runtime.tensor(a) for p, a in zip(func.params[n:], arrays[n:])}
-    bound = tvm.relax.transform.BindParams(entry, weights)(mod)
-    new = bound[entry]
-    bound[entry] = new.with_attr("num_input", n) if "num_input" in attrs else new
-    return bound, list(arrays[:n])
 
 
 def _templates_libraries(tmpls) -> tuple[dict, dict]:
@@ -264,12 +250,13 @@ def build_library(model: str | None, templates=None, *, output, target=None, dat
         raise TirbyocError(f"{output}: the library is a shared object; name it PATH.so"
                            + (" or PATH.tar" if is_hexagon(tgt) else ""))
     progress.phase(f"importing {model or 'the built-in model'}")
-    spec, mod, entry, arrays = legalized_model(model, tmpls, seed, inputs, obj=obj, input_shapes=input_shapes)
-    mod, arrays = bind_weights(mod, entry, arrays)
+    spec, mod, entry, arrays = legalized_model(model, tmpls, seed, inputs, obj=obj, input_shapes=input_shapes,
+                                               constant_weights=True)
     progress.phase(f"offloading to {', '.join(t.name for t in tmpls)}")
     tuned = tuned_schedules(database) if database is not None else None
     offloaded, report = offload_module(mod, tmpls, progress=progress.step, tuned=tuned,
                                        whole_calls=whole_calls)
+    offloaded, _ = pack_constant_weights(offloaded)
     progress.phase("compiling and linking")
     cross = None
     if is_hexagon(tgt):
@@ -288,5 +275,5 @@ def build_library(model: str | None, templates=None, *, output, target=None, dat
     return built
 
 
-__all__ = ["Built", "bind_weights", "build_library", "called_symbols", "export_module", "link_inputs",
+__all__ = ["Built", "build_library", "called_symbols", "export_module", "link_inputs",
            "needed_libraries"]

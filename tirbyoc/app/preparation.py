@@ -6,6 +6,7 @@ epilogue. `run`, `build`, `sweep` and the benchmarks all prepare models through 
 
 from __future__ import annotations
 
+import tvm
 from tvm import relax
 
 from tirbyoc.decl.registry import as_template
@@ -62,4 +63,34 @@ def integer_module(mod, templates, report: QuantizedReport | None = None):
     return mod
 
 
-__all__ = ["activation_dtype", "fuse", "fuses_epilogues", "integer_module", "preparation", "requantize_mode"]
+def bind_weights(mod, entry: str, arrays: list):
+    """(``mod`` with the entry's parameters after ``num_input`` bound to ``arrays``' values,
+    the arrays the bound entry still takes). A model imported from ONNX or PyTorch has its
+    weights as constants already; a ``relax.frontend.nn`` export (the built-ins) takes them as
+    parameters after its ``num_input`` inputs."""
+    func = mod[entry]
+    attrs = func.attrs or {}
+    n = int(attrs["num_input"]) if "num_input" in attrs else len(func.params)
+    if n >= len(func.params):
+        return mod, list(arrays)
+    weights = {p.name: tvm.runtime.tensor(a) for p, a in zip(func.params[n:], arrays[n:])}
+    bound = relax.transform.BindParams(entry, weights)(mod)
+    new = bound[entry]
+    bound[entry] = new.with_attr("num_input", n) if "num_input" in attrs else new
+    return bound, list(arrays[:n])
+
+
+def with_constant_weights(mod, entry: str, arrays: list):
+    """(``mod`` as it is deployed, the arrays it still takes): its weights bound as constants
+    (`bind_weights`) and what depends on them alone computed once (TVM's ``FoldConstant``: a
+    quantized built-in's weights are quantized here, not on every call), as TVM's own
+    pipeline would at build time - done before offload, so that the offloaded PrimFuncs see
+    constant weights and `tirbyoc.relax.prepack` can pack them once."""
+    bound, rest = bind_weights(mod, entry, arrays)
+    if bound is mod:
+        return mod, rest
+    return relax.transform.FoldConstant()(bound), rest
+
+
+__all__ = ["activation_dtype", "bind_weights", "fuse", "fuses_epilogues", "integer_module", "preparation", "requantize_mode",
+           "with_constant_weights"]

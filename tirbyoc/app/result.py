@@ -45,6 +45,8 @@ class RunResult:
             "latency_ms": self.latency_ms, "seconds": self.seconds, "not_run": self.not_run,
             "simulation": {t: st.to_json() for t, st in self.simulation.items()},
             "functions": [f.to_json() for f in r.functions],
+            "packed_weights": None if r.packed is None else {
+                **r.packed.to_json(), "tensors": r.packed.tensors, "bytes_per_run": r.packed_bytes_per_run()},
             "quantized": self.quantized.to_json() if self.quantized is not None else None,
             "reference": self.reference.to_json() if self.reference is not None else None,
             "emulated": self.emulated.to_json() if self.emulated is not None else None,
@@ -77,6 +79,9 @@ class RunResult:
                  f"\nMAC coverage: {r.coverage:.1%} ({r.offloaded_macs:,} of {r.total_macs:,})"
                  f"\n{self._where()}"
                  f"\noutputs: {self.outcome()}")
+        if r.packed is not None and r.packed.tensors:
+            text += (f"\nweights: {r.packed.tensors} packed once at compile time, not on every call "
+                     f"({_bytes(r.packed_bytes_per_run())} of copies less per run)")
         if self.quantized is not None:
             text += f"\nquantized model: {self.quantized.describe()}"
         if self.reference is not None:
@@ -116,6 +121,10 @@ def _per_call(ms: dict | None) -> str:
     if "error" in ms:
         return "not timed"
     return f"{ms['tvm']:.3f} -> {ms['offloaded']:.3f}"
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n:,} B"
 
 
 def _ms(value) -> str:

@@ -22,7 +22,14 @@ from tirbyoc._tvm import is_host_target, relax_vm, tirx, tvm
 from tirbyoc.app.loaders import load_model_file
 from tirbyoc.app.model_inputs import model_inputs
 from tirbyoc.app.models import MODELS, build_model
-from tirbyoc.app.preparation import activation_dtype, fuse, fuses_epilogues, integer_module, requantize_mode
+from tirbyoc.app.preparation import (
+    activation_dtype,
+    fuse,
+    fuses_epilogues,
+    integer_module,
+    requantize_mode,
+    with_constant_weights,
+)
 from tirbyoc.app.profiling import profile_functions
 from tirbyoc.app.reference import onnxruntime_reference, output_step
 from tirbyoc.app.result import RunResult
@@ -42,6 +49,7 @@ from tirbyoc.offloading.verification import compare_arrays
 from tirbyoc.offloading.hexagon import is_hexagon
 from tirbyoc.relax.bridge import offload_module
 from tirbyoc.relax.emulated import EmulatedRuns, emulate_offloaded
+from tirbyoc.relax.prepack import pack_constant_weights
 from tirbyoc.relax.quantized import QuantizedReport
 from tirbyoc.tuning.apply import tuned_schedules
 
@@ -115,13 +123,16 @@ def load_model(spec: str | None, templates, obj: str | None = None,
 
 def legalized_model(model: str | None, templates, seed: int, inputs: dict | None = None, *,
                     obj: str | None = None, input_shapes: dict | None = None,
-                    quantized: QuantizedReport | None = None, as_given: list | None = None):
+                    quantized: QuantizedReport | None = None, as_given: list | None = None,
+                    constant_weights: bool = False):
     """(spec, legalized module, entry function, inputs) of a model for ``templates``: the
     user's ``inputs`` (name -> array) where given, else seeded data in each input's domain
     (`tirbyoc.app.model_inputs`). A quantized model's chains are made integer first
     (`integer_module`; ``quantized`` collects the report); ``as_given`` receives the model
     legalized as it was given (the same module when nothing was made integer). For a
-    template that fuses epilogues the module comes fused (`fuse`)."""
+    template that fuses epilogues the module comes fused (`fuse`). ``constant_weights``: the
+    weights bound as constants, as a deployed model has them (`with_constant_weights`); the
+    inputs returned are then the model's own inputs only."""
     spec, loaded = load_model(model, templates, obj, input_shapes)
     converted = integer_module(loaded, templates, quantized)
     mod = relax.transform.LegalizeOps()(converted)
@@ -130,7 +141,14 @@ def legalized_model(model: str | None, templates, seed: int, inputs: dict | None
     if fuses_epilogues(templates):
         mod = fuse(mod)
     entry = entry_function(mod)
-    return spec, mod, entry, model_inputs(mod, entry, seed, inputs)
+    arrays = model_inputs(mod, entry, seed, inputs)
+    if constant_weights:
+        given = as_given[-1] if as_given else None
+        bound, arrays_left = with_constant_weights(mod, entry, arrays)
+        if given is not None:
+            as_given[-1] = bound if given is mod else with_constant_weights(given, entry, arrays)[0]
+        mod, arrays = bound, arrays_left
+    return spec, mod, entry, arrays
 
 
 def entry_function(mod) -> str:
@@ -235,6 +253,8 @@ def run_offloaded(mod, tmpls, target, entry, arrays, ref_out, *, repeat: int = 1
     emulator, the rest of the model here, untimed. ``profile``: also time each offloaded
     PrimFunc alone (`tirbyoc.app.profiling`)."""
     offloaded, report = offload_module(mod, tmpls, progress=progress, tuned=tuned)
+    offloaded, packed = pack_constant_weights(offloaded)
+    report.packed = packed
     missing = [f"template {t.name} cannot run here: {t.unavailable_reason()}" for t in tmpls
                if not t.runs_here()]
     if missing or ref_out is None:
@@ -321,7 +341,8 @@ def run_model(model: str | None = None, templates: list | None = None, *, target
     quantized = QuantizedReport()
     as_given = []
     spec, mod, entry, arrays = legalized_model(model, tmpls, seed, inputs, obj=obj, quantized=quantized,
-                                               input_shapes=input_shapes, as_given=as_given)
+                                               input_shapes=input_shapes, as_given=as_given,
+                                               constant_weights=True)
     seconds["import"] = time.perf_counter() - t0
     ref_out, latency = None, {}
     if all(t.runs_here() for t in tmpls):

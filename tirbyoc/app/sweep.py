@@ -134,7 +134,8 @@ def _run_point(model, base, params, target, seed, obj, input_shapes, references:
         prep = [base] if activation_dtype([base]) == activation_dtype([variant]) else [variant]
         key = preparation(prep)
         if key not in references:
-            _, mod, entry, arrays = legalized_model(model, prep, seed, obj=obj, input_shapes=input_shapes)
+            _, mod, entry, arrays = legalized_model(model, prep, seed, obj=obj, input_shapes=input_shapes,
+                                                    constant_weights=True)
             ref, _, _ = build_reference(mod, model_target(tgt), entry, arrays, 1, "default", timed=False)
             references[key] = (mod, entry, arrays, ref)
         mod, entry, arrays, ref = references[key]

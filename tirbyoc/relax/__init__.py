@@ -1,17 +1,21 @@
 """tirbyoc's IRModule => IRModule passes, in the order they run in a Relax pipeline::
 
     [QuantizedToInteger] -> Dispatch(rules) -> LegalizeOps -> [FuseOps / FuseTIR]
-        -> OffloadTIR(templates) -> tvm.compile
+        -> OffloadTIR(templates) -> PackConstantWeights -> tvm.compile
 
 `QuantizedToInteger` makes a quantized (QDQ) model's float conv/matmul chains integer cores
 (`tirbyoc.relax.quantized`); `Dispatch` rewrites Relax operators into hand-written TIR or
 library calls for the current target (`tirbyoc.relax.dispatch`); `OffloadTIR` offloads the
-PrimFuncs left after legalization to templates (`tirbyoc.relax.bridge`).
+PrimFuncs left after legalization to templates (`tirbyoc.relax.bridge`);
+`PackConstantWeights` runs the copies an offloaded PrimFunc makes of a constant weight once, at
+compile time (`tirbyoc.relax.prepack`).
 """
 
 from tirbyoc.relax.bridge import OffloadReport, OffloadTIR
 from tirbyoc.relax.dispatch import Dispatch, DispatchReport, LibraryKernel, Matched, Rule, TIRKernel
+from tirbyoc.relax.prepack import PackConstantWeights, PackedWeights
 from tirbyoc.relax.quantized import QuantizedReport, QuantizedToInteger
 
 __all__ = ["Dispatch", "DispatchReport", "LibraryKernel", "Matched", "OffloadReport", "OffloadTIR",
+           "PackConstantWeights", "PackedWeights",
            "QuantizedReport", "QuantizedToInteger", "Rule", "TIRKernel"]

@@ -103,6 +103,15 @@ class OffloadReport:
     """Per-function outcomes of one or more OffloadTIR runs over a module."""
 
     functions: list[FunctionReport] = field(default_factory=list)
+    packed: object = None  # tirbyoc.relax.prepack.PackedWeights, once weights were packed
+
+    def packed_bytes_per_run(self) -> int:
+        """Bytes of weight copies a run of the model no longer makes (each packed function's
+        copies once per call site)."""
+        if self.packed is None:
+            return 0
+        calls = {f.name: f.calls for f in self.functions}
+        return sum(b * calls.get(name, 1) for name, b in self.packed.bytes_per_call.items())
 
     def shown(self) -> list[FunctionReport]:
         """The functions a report lists - with MACs or offloaded - most MACs first."""
@@ -149,14 +158,15 @@ def call_counts(mod) -> dict[str, int]:
     return counts
 
 
-def _keep_identity(original, rewritten):
+def _keep_identity(original, rewritten, template: str):
     """The rewritten PrimFunc with the original's attributes (global symbol, op pattern...),
-    marked opaque so fusion leaves the offloaded code alone."""
+    marked opaque so fusion leaves the offloaded code alone, and marked with the template
+    (``tirbyoc.template``: later passes, `PackConstantWeights`, find offloaded code by it)."""
     func = rewritten
     for key, value in (original.attrs or {}).items():
         if key != "op_pattern":
             func = func.with_attr(key, value)
-    return func.with_attr("op_pattern", OPAQUE)
+    return func.with_attr("op_pattern", OPAQUE).with_attr("tirbyoc.template", template)
 
 
 def _whole_call(func, templates, verify: bool):
@@ -296,7 +306,7 @@ def offload_module(mod, templates: Sequence, *, policy="first", verify: bool = T
         current, function_report = _offload_function(name, func, templates, policy, verify, tuned)
         function_report = replace(function_report, calls=counts.get(name, 1))
         if function_report.intrinsics:
-            updates[gv] = _keep_identity(func, current)
+            updates[gv] = _keep_identity(func, current, function_report.template)
         report.functions.append(function_report)
     if progress is not None:
         progress(len(funcs), len(funcs), "")
