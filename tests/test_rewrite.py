@@ -190,9 +190,24 @@ def test_tensorize_raises_rewrite_error_naming_the_step():
 @pytest.mark.parametrize("m,n,k", [(2, 2, 2), (7, 13, 5), (64, 64, 64), (127, 255, 97), (1023, 3, 1021),
                                    (61, 1023, 2)])
 def test_blas_exact_shape_single_call(m, n, k):
-    out = assert_offloaded(matmul(m, n, k, trans_b=(m % 2 == 1)), "blas", "blas.sgemm")
-    assert out.offloaded[0].intrinsic.startswith(f"blas.sgemm_{m}x{n}x{k}")
-    assert any("links tirbyoc_blas_shim" in s for s in out.offloaded[0].steps)
+    out = offload(matmul(m, n, k, trans_b=(m % 2 == 1)), "blas", target={"kind": "llvm", "num-cores": 1})
+    block = only(out.offloaded)
+    assert out.verification.passed, out.verification.describe()
+    assert block.intrinsic.startswith(f"blas.sgemm_{m}x{n}x{k}")
+    assert any("links tirbyoc_blas_shim" in s for s in block.steps)
+
+
+@pytest.mark.parametrize("m,n,k,call", [(64, 64, 64, "32x64x64"), (49, 512, 40, "49x256x40"),
+                                        (7, 13, 5, "7x13x5"), (2, 30, 3, "2x30x3")])
+def test_blas_splits_a_block_into_one_call_per_core(m, n, k, call):
+    """A library call inside a PrimFunc runs single-threaded on one of TVM's threads: on two
+    cores the largest spatial axis two divides into parts of 16 or more is halved, and the
+    two calls run in parallel; where none divides so, one call does it all."""
+    out = offload(matmul(m, n, k), "blas", target={"kind": "llvm", "num-cores": 2})
+    assert out.verification.passed, out.verification.describe()
+    assert only(out.offloaded).intrinsic.startswith(f"blas.sgemm_{call}_")
+    split = call != f"{m}x{n}x{k}"
+    assert ("T.parallel(2)" in out.func.script()) == split
 
 
 def test_blas_batched():
@@ -259,3 +274,41 @@ def test_staged_output_with_a_separate_init_offloads(template, dtypes):
     out = offload(f, template)
     (update,) = [b for b in out.blocks if b.block == "C"]
     assert update.offloaded and out.verification.passed
+
+
+# ------------------------------------------------------------------- CPU copy schedule
+def test_an_im2col_copy_is_split_at_its_divisors_and_still_copies_the_same():
+    """`schedule_copies`: the loops of a staging copy whose indices divide by constants are
+    split at them (TVM's simplifier then drops every per-element division), the outermost run
+    in parallel; the copy still writes the same numbers."""
+    import numpy as np
+    import tvm
+    from tvm.script import tirx as T
+
+    from tirbyoc._tvm import s_tir
+    from tirbyoc.rewrite.cpu import schedule_copies
+
+    @T.prim_func(s_tir=True)
+    def func(X: T.Buffer((4, 18, 18), "float32"), Y: T.Buffer((256, 36), "float32")):
+        col = T.sblock_alloc_buffer((256, 36))
+        for p, k in T.grid(256, 36):
+            with T.sblock("col"):
+                vp, vk = T.axis.remap("SS", [p, k])
+                col[vp, vk] = X[vk // 9, vp // 16 + vk % 9 // 3, vp % 16 + vk % 3]
+        for i, j in T.grid(256, 36):
+            with T.sblock("use"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                Y[vi, vj] = col[vi, vj] * T.float32(2)
+
+    sch = s_tir.Schedule(func)
+    assert schedule_copies(sch, sch.get_sblock("use")) == 1
+    loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("col"))]
+    assert [int(loop.extent) for loop in loops] == [16, 16, 4, 3, 3]
+    assert loops[0].kind == ForKind.PARALLEL
+    x = np.random.default_rng(0).standard_normal((4, 18, 18)).astype("float32")
+    outs = []
+    for f in (func, sch.mod["main"]):
+        y = tvm.runtime.tensor(np.zeros((256, 36), "float32"))
+        tvm.compile(f, target=tvm.target.Target({"kind": "llvm"}))(tvm.runtime.tensor(x), y)
+        outs.append(y.numpy())
+    np.testing.assert_array_equal(outs[1], outs[0])

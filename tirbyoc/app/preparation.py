@@ -83,13 +83,13 @@ def bind_weights(mod, entry: str, arrays: list):
 def with_constant_weights(mod, entry: str, arrays: list):
     """(``mod`` as it is deployed, the arrays it still takes): its weights bound as constants
     (`bind_weights`) and what depends on them alone computed once (TVM's ``FoldConstant``: a
-    quantized built-in's weights are quantized here, not on every call), as TVM's own
+    quantized built-in's weights are quantized here, an ONNX Gemm's weight transposed here,
+    not on every call), as TVM's own
     pipeline would at build time - done before offload, so that the offloaded PrimFuncs see
     constant weights and `tirbyoc.relax.prepack` can pack them once."""
     bound, rest = bind_weights(mod, entry, arrays)
-    if bound is mod:
-        return mod, rest
-    return relax.transform.FoldConstant()(bound), rest
+    folded = relax.transform.FoldConstant()(bound)
+    return relax.transform.DeadCodeElimination([entry])(folded), rest  # PrimFuncs folded away
 
 
 __all__ = ["activation_dtype", "bind_weights", "fuse", "fuses_epilogues", "integer_module", "preparation", "requantize_mode",

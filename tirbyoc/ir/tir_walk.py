@@ -72,3 +72,17 @@ def iter_exprs(node) -> Iterator:
         for name in _EXPR_FIELDS:
             children += _nodes(getattr(cur, name, None))
         stack.extend(reversed(children))
+
+
+def constant_divisors(node, variables) -> dict:
+    """For each of ``variables`` (Vars) that ``node`` divides or takes modulo by constants
+    (``v // 9``, ``v % 9 // 3``: an im2col copy's index arithmetic), the set of those
+    constants; each counts for the one variable its dividend mentions."""
+    found: dict = {}
+    for expr in iter_exprs(node):
+        if not isinstance(expr, (tirx.FloorDiv, tirx.FloorMod)) or not isinstance(expr.b, tirx.IntImm):
+            continue
+        used = [v for v in variables if any(e.same_as(v) for e in iter_exprs(expr.a))]
+        if len(used) == 1 and int(expr.b.value) > 1:
+            found.setdefault(used[0], set()).add(int(expr.b.value))
+    return found

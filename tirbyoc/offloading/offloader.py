@@ -9,11 +9,12 @@ lowering for whatever was not offloaded.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from math import prod
 from typing import Callable, Sequence
 
-from tirbyoc._tvm import is_host_target
+from tirbyoc._tvm import is_host_target, make_target
 from tirbyoc.decl.intrinsic import Role
 from tirbyoc.decl.registry import as_template
 from tirbyoc.decl.template import Template
@@ -128,15 +129,34 @@ def _policy(policy) -> Policy:
 
 
 # ----------------------------------------------------------------------- resizing
-def exact_size(func, m: Match) -> Match:
+MIN_PART = 16  # a library call's share of a spatial axis is not split finer than this
+
+
+def split_for_cores(axes, cores: int) -> dict:
+    """The extents one library call covers so that a block becomes ``cores`` calls the CPU
+    schedule runs in parallel (a library call inside a PrimFunc runs on one of TVM's threads,
+    single-threaded: one call for the whole block would leave the other cores idle): the
+    largest spatial axis whose extent ``cores`` divides (no padding) into parts of at least
+    `MIN_PART`; the whole block where none does."""
+    extents = {a.axis: a.extent for a in axes}
+    if cores > 1:
+        fits = [a for a in axes if a.kind == "S" and a.extent % cores == 0 and a.extent // cores >= MIN_PART]
+        if fits:
+            best = max(fits, key=lambda a: a.extent)
+            extents[best.axis] = best.extent // cores
+    return extents
+
+
+def exact_size(func, m: Match, cores: int = 1) -> Match:
     """For a group that can be re-declared for any size (a library call), the match of the
-    exact-size group: one call per block, no padding. Other matches are returned as is."""
+    exact-size group: one call per block, no padding (``cores`` > 1: one call per core,
+    `split_for_cores`). Other matches are returned as is."""
     group = m.group
     if group is None or group.resize is None or m.intrinsic is not group.compute:
         return m
-    if all(not a.padding and a.extent == a.size for a in m.axes):
+    extents = split_for_cores(m.axes, cores)
+    if all(not a.padding and extents[a.axis] == a.size for a in m.axes):
         return m
-    extents = {a.axis: a.extent for a in m.axes}
     if any(e == 1 for e in extents.values()):
         return m  # TVM cannot tensorize a unit-extent description loop: keep the tile match
     try:
@@ -314,7 +334,7 @@ def _apply(func, results, choose, target, schedule, template, *, check_each: boo
         # matcher's order (a GEMV where a batched GEMM lacks an axis), a few at most
         for candidate in [chosen] + [m for m in compute if m is not chosen][:MAX_FALLBACK_MATCHES]:
             try:
-                candidate = exact_size(current, candidate)
+                candidate = exact_size(current, candidate, target_cores(target))
                 rw = tensorize(current, candidate, target=target, schedule=schedule,
                                template=template if isinstance(template, Template) else None)
                 chosen = candidate
@@ -339,5 +359,15 @@ def _apply(func, results, choose, target, schedule, template, *, check_each: boo
     return current, outcomes, rewrites
 
 
-__all__ = ["BlockOutcome", "Offloaded", "POLICIES", "estimated_cycles", "exact_size",
+def target_cores(target) -> int:
+    """The cores code built for ``target`` runs on: its ``num-cores``, else this machine's
+    (a CPU target; 1 for any other)."""
+    tgt = make_target(target)
+    if not is_host_target(tgt):
+        return 1
+    cores = tgt.attrs.get("num-cores")
+    return int(cores) if cores else (os.cpu_count() or 1)
+
+
+__all__ = ["BlockOutcome", "Offloaded", "POLICIES", "estimated_cycles", "exact_size", "split_for_cores", "target_cores",
            "first_match", "lowest_cost", "offload", "prepare_for_simulator"]

@@ -26,6 +26,7 @@ from math import prod
 
 from tirbyoc._tvm import s_tir, tirx
 from tirbyoc.dtypes import dtype_bytes
+from tirbyoc.ir.tir_walk import constant_divisors
 
 STACK_BYTES = 1024  # TVM allocates constant buffers smaller than this on the stack
 MAX_ACCUMULATORS = 16  # leave registers for the operands (32 zmm on AVX-512)
@@ -85,37 +86,79 @@ def sampled_block(sch, mloop, nloop, tile_bytes):
 PARALLEL_COPY_ELEMENTS = 4096  # a smaller staging copy is not worth a parallel launch
 
 
-def schedule_copies(sch, block) -> int:
-    """Schedule the whole-buffer staging copies that feed ``block`` (packing, transposes,
-    padding): each is made to iterate in the order of the buffer it writes
-    (``transform_block_layout``: a packed weight is then written contiguously, instead of
-    scattered bytes that LLVM may even turn into per-lane extracts), and its outer loops run
-    in parallel. A copy computed inside ``block``'s loops (a scratchpad tile) is left alone.
-    Returns how many copies it scheduled."""
+def _whole_buffer_copy(sch, blk, main_loops) -> bool:
+    """Whether ``blk`` is a whole-buffer copy outside ``block``'s loops: one write, no init,
+    spatial iterators only, loops of its own."""
+    stmt = sch.get(blk)
+    loops = sch.get_loops(blk)
+    return (len(stmt.writes) == 1 and stmt.init is None and bool(loops)
+            and all(int(iv.iter_type) == 0 for iv in stmt.iter_vars)
+            and not any(sch.get(l).same_as(m) for l in loops for m in main_loops))
 
+
+def _in_write_order_and_parallel(sch, blk) -> bool:
+    """Make ``blk`` iterate in the order of the buffer it writes where TVM can prove the
+    bijection, and run its outer loops in parallel when it is large enough."""
+    stmt = sch.get(blk)
+    ivars = [iv.var for iv in stmt.iter_vars]
+    indices = [r.min for r in stmt.writes[0].region]
+    loops = sch.get_loops(blk)
+    if len(indices) != len(ivars) or not all(i.same_as(v) for i, v in zip(indices, ivars)):
+        try:
+            sch.transform_block_layout(blk, tirx.IndexMap(ivars, indices, None))
+            loops = sch.get_loops(blk)
+        except s_tir.schedule.ScheduleError:
+            pass  # not a bijection TVM can prove: keep the source order
+    if prod(loop_extent(sch, loop) or 1 for loop in loops) < PARALLEL_COPY_ELEMENTS:
+        return False
+    if _split_by_divisors(sch, blk):
+        sch.parallel(sch.get_loops(blk)[0])  # fusing the split loops would bring the divisions back
+        return True
+    outer = loops[:-1] if len(loops) > 1 else loops
+    sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+    return True
+
+
+def _split_by_divisors(sch, blk) -> bool:
+    """Split each loop of ``blk`` whose iterator its indices divide by constants (an im2col
+    copy's ``k // 9``, ``k % 9 // 3``, ``p // 56``) at those constants, when they form a chain
+    dividing the extent: after the split TVM's simplifier drops the division and modulo of
+    every element (they cost more than the copy itself). Returns whether it split any."""
+    stmt = sch.get(blk)
+    loops = sch.get_loops(blk)
+    if len(loops) != len(stmt.iter_vars):
+        return False
+    divisors = constant_divisors(stmt.body, [iv.var for iv in stmt.iter_vars])
+    split = False
+    for loop, iv in zip(loops, stmt.iter_vars):
+        chain = sorted(divisors.get(iv.var, ()))
+        extent = loop_extent(sch, loop)
+        if not chain or extent is None or extent % chain[-1] or any(b % a for a, b in zip(chain, chain[1:])):
+            continue
+        factors = [extent // chain[-1]] + [b // a for a, b in zip(chain, chain[1:])][::-1] + [chain[0]]
+        sch.split(loop, factors=factors)
+        split = True
+    return split
+
+
+def schedule_copies(sch, block) -> int:
+    """Schedule the whole-buffer copies around ``block``: the staging copies that feed it
+    (packing, transposes, padding, im2col) and the write-backs it feeds (a reindexed output
+    stored in the workload's layout). Each is made to iterate in the order of the buffer it
+    writes (``transform_block_layout``: a packed weight is then written contiguously, instead
+    of scattered bytes that LLVM may even turn into per-lane extracts), and its outer loops
+    run in parallel, its loops split where its indices divide by constants (`_split_by_divisors`). A copy
+    computed inside ``block``'s loops (a scratchpad tile) is left alone. Returns how many
+    copies it scheduled."""
 
     main_loops = [sch.get(l) for l in sch.get_loops(block)]
     done = 0
     for producer in sch.get_producers(block):
-        stmt = sch.get(producer)
-        loops = sch.get_loops(producer)
-        if (len(stmt.writes) != 1 or stmt.init is not None or not loops
-                or any(int(iv.iter_type) != 0 for iv in stmt.iter_vars)
-                or any(sch.get(l).same_as(m) for l in loops for m in main_loops)):
-            continue
-        ivars = [iv.var for iv in stmt.iter_vars]
-        indices = [r.min for r in stmt.writes[0].region]
-        if len(indices) != len(ivars) or not all(i.same_as(v) for i, v in zip(indices, ivars)):
-            try:
-                sch.transform_block_layout(producer, tirx.IndexMap(ivars, indices, None))
-                loops = sch.get_loops(producer)
-            except s_tir.schedule.ScheduleError:
-                pass  # not a bijection TVM can prove: keep the source order
-        if prod(loop_extent(sch, loop) or 1 for loop in loops) < PARALLEL_COPY_ELEMENTS:
-            continue
-        outer = loops[:-1] if len(loops) > 1 else loops
-        sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
-        done += 1
+        if _whole_buffer_copy(sch, producer, main_loops):
+            done += _in_write_order_and_parallel(sch, producer)
+    for consumer in sch.get_consumers(block):
+        if _whole_buffer_copy(sch, consumer, main_loops):
+            done += _in_write_order_and_parallel(sch, consumer)
     return done
 
 
