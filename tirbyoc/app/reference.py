@@ -53,7 +53,9 @@ class Reference:
                 "threads": self.threads}
 
 
-def _session(path, level, threads: int):
+def ort_session(path, level, threads: int):
+    """An ONNX Runtime session on the CPU with ``threads`` intra-op threads, its pool's
+    spinning off (so that it does not steal the cores of an engine timed beside it)."""
     # deferred: optional dependency (onnxruntime)
     import onnxruntime as ort
 
@@ -98,7 +100,7 @@ def onnxruntime_reference(path, inputs: list[np.ndarray], output: np.ndarray, re
     if not str(path).endswith(".onnx"):
         raise TirbyocError(f"--reference onnxruntime runs ONNX files; {path} is not one")
     threads = threads or int(os.environ.get("TVM_NUM_THREADS", os.cpu_count() or 1))
-    fast = _session(path, ort.GraphOptimizationLevel.ORT_ENABLE_ALL, threads)
+    fast = ort_session(path, ort.GraphOptimizationLevel.ORT_ENABLE_ALL, threads)
     names = [i.name for i in fast.get_inputs()]
     if len(names) != len(inputs):
         raise TirbyocError(f"{path}: ONNX Runtime takes {len(names)} inputs {names}, tirbyoc ran it with {len(inputs)}")
@@ -110,7 +112,7 @@ def onnxruntime_reference(path, inputs: list[np.ndarray], output: np.ndarray, re
         for _ in range(max(1, repeat)):
             fast.run(None, feed)
         best = min(best, (time.perf_counter() - t0) / max(1, repeat))
-    spec = _flat(_session(path, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, threads).run(None, feed))
+    spec = _flat(ort_session(path, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, threads).run(None, feed))
     mine = np.asarray(output, dtype=np.float64).ravel()
     if mine.shape != got.shape:
         raise TirbyocError(f"tirbyoc's output has {mine.size} values, ONNX Runtime's {got.size}")
@@ -121,4 +123,4 @@ def onnxruntime_reference(path, inputs: list[np.ndarray], output: np.ndarray, re
                      float(np.abs(mine - spec).max(initial=0.0)), threads)
 
 
-__all__ = ["FLOAT_RTOL", "Reference", "onnxruntime_reference", "output_step"]
+__all__ = ["FLOAT_RTOL", "Reference", "onnxruntime_reference", "ort_session", "output_step"]

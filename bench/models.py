@@ -1,0 +1,286 @@
+"""Whole models against ONNX Runtime on this CPU: tirbyoc's offloaded build, the same with its
+weights copied on every call (no compile-time packing), TVM's default build, and ONNX Runtime.
+
+Models (float ONNX files with random He-initialised weights, made by `tirbyoc.testing.qdq`):
+ResNet-18 and ResNet-50 at 224x224 and a BERT-base encoder (12 layers, seq 128); ``--int8``
+also their QDQ versions from ONNX Runtime's quantizer. Each precision goes to the template
+that computes it here: fp32 to blas, int8 to x86_vnni (only on a CPU with AVX-512 VNNI: the
+row says why not otherwise). Weights are constants, as deployed (`tirbyoc run` does the same).
+
+Each engine runs in its own process, its thread pool sized before it starts (TVM_NUM_THREADS,
+ONNX Runtime's intra-op threads, its spinning off): timed in one process, whichever pool spun
+last steals the other's cores, and the same model reads 1.5x slower by order. tirbyoc's two
+variants share a process (the same pools) and are timed interleaved, ``--rounds`` times each;
+medians are reported. Every row is checked: the offloaded build against TVM's build of the
+same model, and against ONNX Runtime (one output quantization step for a QDQ model, a relative
+tolerance for a float one). The model slowest against ONNX Runtime also gets a per-PrimFunc
+profile (each built and timed alone, times its call sites) and a plot of it.
+
+    python bench/models.py [--models resnet18,resnet50,bert_base] [--threads 1,2] [--int8]
+                           [--rounds 5] [--out bench/results/models.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BUILDERS = {"resnet18": "float_resnet18", "resnet50": "float_resnet50", "bert_base": "float_bert_base"}
+TEMPLATES = {"fp32": "blas", "int8": "x86_vnni"}
+
+
+def model_file(name: str, precision: str, folder: Path) -> Path:
+    from tirbyoc.testing import qdq  # deferred: imports TVM, after the thread count is set
+
+    path = folder / f"{name}.onnx"
+    if not path.exists():
+        getattr(qdq, BUILDERS[name])(path)
+    if precision == "int8":
+        out = folder / f"{name}_qdq.onnx"
+        return out if out.exists() else qdq.ort_quantize(path, out)
+    return path
+
+
+def _timer(vm, entry, args, dev, repeat):
+    timer = vm.time_evaluator(entry, dev, number=repeat, repeat=1)
+    return lambda: float(timer(*args).results[0]) * 1e3
+
+
+def tvm_engines(path: Path, template: str, group: str, repeat: int):
+    """(name -> a callable timing one measurement in ms, name -> output, facts): the tirbyoc
+    group (compile-time packed weights, and per-call packing) or TVM's default build."""
+    import tvm  # deferred: after the thread count is set
+
+    from tirbyoc._tvm import make_target, relax_vm
+    from tirbyoc.app.run import legalized_model, model_output
+    from tirbyoc.app.targets import complete_target
+    from tirbyoc.offloading.lowering import PIPELINE
+    from tirbyoc.relax.bridge import offload_module
+    from tirbyoc.relax.prepack import pack_constant_weights
+
+    tgt = make_target(complete_target({"kind": "llvm"}))
+    _, mod, entry, arrays = legalized_model(str(path), [template], 0, constant_weights=True)
+    facts, builds = {}, {"tvm_default": (mod, 1)}
+    if group == "tirbyoc":
+        offloaded, report = offload_module(mod, [template])
+        packed, report.packed = pack_constant_weights(offloaded)
+        builds = {"tirbyoc": (packed, repeat), "tirbyoc_per_call_packing": (offloaded, repeat)}
+        facts = {"coverage": report.coverage, "packed_weights": report.packed.tensors,
+                 "packed_bytes_per_run": report.packed_bytes_per_run(),
+                 "_profile": (packed, report, tgt)}
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(a, dev) for a in arrays]
+    timers, outs = {}, {}
+    for name, (m, n) in builds.items():
+        vm = relax_vm(tvm.compile(m, target=tgt, tir_pipeline=PIPELINE), dev)
+        outs[name] = model_output(vm[entry](*args))
+        timers[name] = _timer(vm, entry, args, dev, n)
+    return timers, outs, facts, arrays
+
+
+def ort_engine(path: Path, template: str, threads: int, repeat: int):
+    """ONNX Runtime on the same file and the same inputs."""
+    import numpy as np  # deferred: after the thread count is set
+    import onnxruntime
+
+    from tirbyoc.app.reference import ort_session
+    from tirbyoc.app.run import legalized_model
+
+    _, _, _, arrays = legalized_model(str(path), [template], 0, constant_weights=True)
+    session = ort_session(path, onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL, threads)
+    feed = dict(zip([i.name for i in session.get_inputs()], arrays))
+    out = np.concatenate([np.asarray(o).ravel() for o in session.run(None, feed)])
+
+    def ms():
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            session.run(None, feed)
+        return (time.perf_counter() - t0) / repeat * 1e3
+
+    return {"onnxruntime": ms}, {"onnxruntime": out}, {}, arrays
+
+
+def profile(packed, report, tgt, repeat: int) -> list[dict]:
+    """Per PrimFunc of the offloaded model: ms per call built and timed alone, times its call
+    sites; most time first."""
+    from tirbyoc._tvm import tirx  # deferred: after the thread count is set
+    from tirbyoc.app.profiling import time_function
+
+    calls = {f.name: f.calls for f in report.functions}
+    rows = []
+    for gv, func in packed.functions.items():
+        if isinstance(func, tirx.PrimFunc):
+            ms = time_function(func.with_attr("global_symbol", gv.name_hint), tgt, repeat)
+            n = calls.get(gv.name_hint, 1)
+            rows.append({"function": gv.name_hint, "calls": n, "ms_per_call": ms, "ms": ms * n,
+                         "offloaded": "tirbyoc.template" in (func.attrs or {})})
+    return sorted(rows, key=lambda r: -r["ms"])
+
+
+def worker(args) -> None:
+    """One engine group, one model, one thread count (this process's pools sized for it):
+    its samples and facts as JSON on stdout's last line, its outputs in ``--outputs``."""
+    import numpy as np  # deferred: after the thread count is set
+
+    path = model_file(args.models, args.precision, Path(args.cache))
+    template = TEMPLATES[args.precision]
+    if args.group == "onnxruntime":
+        timers, outs, facts, _ = ort_engine(path, template, args.threads, args.repeat)
+    else:
+        timers, outs, facts, _ = tvm_engines(path, template, args.group, args.repeat)
+    samples = {k: [] for k in timers}
+    for _ in range(args.rounds):
+        for k, timer in timers.items():
+            samples[k].append(timer())
+    for k, out in outs.items():
+        np.save(Path(args.outputs) / f"{k}.npy", out)
+    prof = facts.pop("_profile", None)
+    if args.profile and prof is not None:
+        facts["profile"] = profile(*prof, args.repeat)
+    print(json.dumps({"samples_ms": samples, **facts}, default=str))
+
+
+def _spawn(args, threads: str, model: str, precision: str, group: str, outputs: str, profile: bool) -> dict:
+    env = {**os.environ, "TVM_NUM_THREADS": threads, "OMP_NUM_THREADS": threads, "TIRBYOC_BLAS_THREADS": threads}
+    cmd = [sys.executable, __file__, "--worker", "--worker-threads", threads, "--models", model,
+           "--precision", precision, "--group", group, "--rounds", str(args.rounds),
+           "--repeat", str(args.repeat), "--cache", args.cache, "--outputs", outputs]
+    proc = subprocess.run(cmd + (["--profile"] if profile else []), env=env, stdout=subprocess.PIPE, text=True)
+    if proc.returncode:
+        raise SystemExit(f"{model} {precision} {group} on {threads} thread(s) failed (exit {proc.returncode})")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def measure(args, threads: str, name: str, precision: str) -> dict:
+    """One row: each engine group in its own process, then the outputs compared."""
+    import numpy as np
+
+    import tirbyoc
+    from tirbyoc.app.reference import FLOAT_RTOL, output_step
+    from tirbyoc.app.run import compare
+
+    template = TEMPLATES[precision]
+    row = {"model": name, "precision": precision, "template": template, "threads": int(threads)}
+    if not tirbyoc.get_template(template).runs_here():
+        return {**row, "not_run": tirbyoc.get_template(template).unavailable_reason()}
+    t0 = time.perf_counter()
+    samples = {}
+    with tempfile.TemporaryDirectory() as outputs:
+        for group in ("tirbyoc", "tvm_default", "onnxruntime"):
+            got = _spawn(args, threads, name, precision, group, outputs, False)
+            samples.update(got.pop("samples_ms"))
+            row.update(got)
+        out = {k: np.load(Path(outputs) / f"{k}.npy") for k in samples}
+    median = {k: statistics.median(v) for k, v in samples.items()}
+    vs_tvm = compare(out["tirbyoc"].ravel(), out["tvm_default"].ravel())
+    ort_err = float(np.abs(out["tirbyoc"].astype(np.float64).ravel() - out["onnxruntime"].ravel()).max())
+    step = output_step(model_file(name, precision, Path(args.cache)))
+    bound = step if step else FLOAT_RTOL * float(np.abs(out["onnxruntime"]).max())
+    row.update(latency_ms=median, samples_ms=samples,
+               checks={"verified_vs_tvm": vs_tvm.passed, "max_abs_err_vs_tvm": vs_tvm.abs_err,
+                       "same_as_per_call_packing": bool(np.array_equal(out["tirbyoc"], out["tirbyoc_per_call_packing"])),
+                       "agrees_with_onnxruntime": ort_err <= bound * (1 + 1e-6),
+                       "max_abs_err_vs_onnxruntime": ort_err},
+               speedup_vs_onnxruntime=median["onnxruntime"] / median["tirbyoc"],
+               speedup_vs_tvm_default=median["tvm_default"] / median["tirbyoc"],
+               packing_gain=median["tirbyoc_per_call_packing"] / median["tirbyoc"],
+               seconds=time.perf_counter() - t0)
+    print(f"[{threads} thread(s)] {name} {precision}: "
+          + ", ".join(f"{k} {v:.2f} ms" for k, v in median.items()), file=sys.stderr, flush=True)
+    return row
+
+
+def table(rows) -> str:
+    from tirbyoc.offloading.table import render  # deferred: imports TVM
+
+    def ms(v):
+        return "-" if v is None else f"{v:.1f}"
+
+    out = []
+    for r in rows:
+        if "not_run" in r:
+            out.append((r["model"], r["precision"], r["template"], str(r["threads"]), "not run: " + r["not_run"][:60],
+                        "", "", "", "", ""))
+            continue
+        lat, c = r["latency_ms"], r["checks"]
+        out.append((r["model"], r["precision"], r["template"], str(r["threads"]), ms(lat["tirbyoc"]),
+                    ms(lat["tirbyoc_per_call_packing"]), ms(lat["tvm_default"]), ms(lat["onnxruntime"]),
+                    f"{r['speedup_vs_onnxruntime']:.2f}x",
+                    "yes" if c["verified_vs_tvm"] and c["agrees_with_onnxruntime"] else "NO"))
+    return render(("model", "precision", "template", "threads", "tirbyoc ms", "per-call packing ms",
+                   "TVM default ms", "ORT ms", "tirbyoc vs ORT", "checked"), out)
+
+
+def plot(row, path: Path) -> None:
+    import matplotlib  # deferred: optional (the test extra installs it)
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    top = row["profile"][:20]
+    fig, ax = plt.subplots(figsize=(8, 0.3 * len(top) + 1.2))
+    ax.barh([p["function"] for p in top][::-1], [p["ms"] for p in top][::-1],
+            color=["tab:blue" if p["offloaded"] else "tab:gray" for p in top][::-1])
+    ax.set_xlabel("ms per run (each PrimFunc built and timed alone x its call sites)")
+    ax.set_title(f"{row['model']} {row['precision']} on {row['template']}, {row['threads']} thread(s): "
+                 f"blue offloaded, grey left to TVM")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="resnet18,resnet50,bert_base")
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--int8", action="store_true", help="also the QDQ models (x86_vnni: needs AVX-512 VNNI)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=3, help="runs per measurement (TVM's default build: 1)")
+    parser.add_argument("--cache", help="folder for the ONNX files (default: a temporary one)")
+    parser.add_argument("--out", default=str(HERE / "results" / "models.json"))
+    for hidden in ("--worker", "--profile"):
+        parser.add_argument(hidden, action="store_true", help=argparse.SUPPRESS)
+    for hidden in ("--worker-threads", "--precision", "--group", "--outputs"):
+        parser.add_argument(hidden, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        args.threads = int(args.worker_threads)
+        worker(args)
+        return
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        args.cache = args.cache or tmp
+        for n in args.threads.split(","):
+            for name in args.models.split(","):
+                for precision in ("fp32", "int8") if args.int8 else ("fp32",):
+                    rows.append(measure(args, n, name, precision))
+        measured = [r for r in rows if "latency_ms" in r]
+        if measured:
+            slowest = min(measured, key=lambda r: r["speedup_vs_onnxruntime"])
+            with tempfile.TemporaryDirectory() as outputs:
+                slowest["profile"] = _spawn(args, str(slowest["threads"]), slowest["model"], slowest["precision"],
+                                            "tirbyoc", outputs, True)["profile"]
+    print(table(rows))
+    out = Path(args.out)
+    out.write_text(json.dumps({"benchmark": "models", "cpu": _cpu(), "rows": rows}, indent=1) + "\n")
+    if measured:
+        plot(slowest, out.with_name("models_layers.png"))
+    print(f"\nwritten to {out}")
+
+
+def _cpu() -> str:
+    try:
+        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown"
+
+
+if __name__ == "__main__":
+    main()
