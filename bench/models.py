@@ -86,15 +86,15 @@ def tvm_engines(path: Path, template: str, group: str, repeat: int):
     return timers, outs, facts, arrays
 
 
-def ort_engine(path: Path, template: str, threads: int, repeat: int):
-    """ONNX Runtime on the same file and the same inputs."""
+def ort_engine(path: Path, inputs: Path, threads: int, repeat: int):
+    """ONNX Runtime on the same file and the inputs the TVM engines ran (``inputs``)."""
     import numpy as np  # deferred: after the thread count is set
     import onnxruntime
 
     from tirbyoc.app.reference import ort_session
-    from tirbyoc.app.run import legalized_model
 
-    _, _, _, arrays = legalized_model(str(path), [template], 0, constant_weights=True)
+    with np.load(inputs) as saved:
+        arrays = [saved[f"arr_{i}"] for i in range(len(saved.files))]
     session = ort_session(path, onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL, threads)
     feed = dict(zip([i.name for i in session.get_inputs()], arrays))
     out = np.concatenate([np.asarray(o).ravel() for o in session.run(None, feed)])
@@ -105,7 +105,7 @@ def ort_engine(path: Path, template: str, threads: int, repeat: int):
             session.run(None, feed)
         return (time.perf_counter() - t0) / repeat * 1e3
 
-    return {"onnxruntime": ms}, {"onnxruntime": out}, {}, arrays
+    return {"onnxruntime": ms}, {"onnxruntime": out}, {}
 
 
 def profile(packed, report, tgt, repeat: int) -> list[dict]:
@@ -113,6 +113,7 @@ def profile(packed, report, tgt, repeat: int) -> list[dict]:
     sites; most time first."""
     from tirbyoc._tvm import tirx  # deferred: after the thread count is set
     from tirbyoc.app.profiling import time_function
+    from tirbyoc.relax.bridge import OFFLOADED_ATTR
 
     calls = {f.name: f.calls for f in report.functions}
     rows = []
@@ -121,7 +122,7 @@ def profile(packed, report, tgt, repeat: int) -> list[dict]:
             ms = time_function(func.with_attr("global_symbol", gv.name_hint), tgt, repeat)
             n = calls.get(gv.name_hint, 1)
             rows.append({"function": gv.name_hint, "calls": n, "ms_per_call": ms, "ms": ms * n,
-                         "offloaded": "tirbyoc.template" in (func.attrs or {})})
+                         "offloaded": OFFLOADED_ATTR in (func.attrs or {})})
     return sorted(rows, key=lambda r: -r["ms"])
 
 
@@ -131,11 +132,12 @@ def worker(args) -> None:
     import numpy as np  # deferred: after the thread count is set
 
     path = model_file(args.models, args.precision, Path(args.cache))
-    template = TEMPLATES[args.precision]
+    inputs = Path(args.outputs) / "inputs.npz"
     if args.group == "onnxruntime":
-        timers, outs, facts, _ = ort_engine(path, template, args.threads, args.repeat)
+        timers, outs, facts = ort_engine(path, inputs, args.threads, args.repeat)
     else:
-        timers, outs, facts, _ = tvm_engines(path, template, args.group, args.repeat)
+        timers, outs, facts, arrays = tvm_engines(path, TEMPLATES[args.precision], args.group, args.repeat)
+        np.savez(inputs, *arrays)
     samples = {k: [] for k in timers}
     for _ in range(args.rounds):
         for k, timer in timers.items():
@@ -148,10 +150,12 @@ def worker(args) -> None:
     print(json.dumps({"samples_ms": samples, **facts}, default=str))
 
 
-def _spawn(args, threads: str, model: str, precision: str, group: str, outputs: str, profile: bool) -> dict:
+def _spawn(args, threads: str, model: str, precision: str, group: str, outputs: str, profile: bool = False) -> dict:
+    """Run one engine group in a process of its own (``profile``: only the per-PrimFunc profile,
+    no timing rounds)."""
     env = {**os.environ, "TVM_NUM_THREADS": threads, "OMP_NUM_THREADS": threads, "TIRBYOC_BLAS_THREADS": threads}
     cmd = [sys.executable, __file__, "--worker", "--worker-threads", threads, "--models", model,
-           "--precision", precision, "--group", group, "--rounds", str(args.rounds),
+           "--precision", precision, "--group", group, "--rounds", "0" if profile else str(args.rounds),
            "--repeat", str(args.repeat), "--cache", args.cache, "--outputs", outputs]
     proc = subprocess.run(cmd + (["--profile"] if profile else []), env=env, stdout=subprocess.PIPE, text=True)
     if proc.returncode:
@@ -175,7 +179,7 @@ def measure(args, threads: str, name: str, precision: str) -> dict:
     samples = {}
     with tempfile.TemporaryDirectory() as outputs:
         for group in ("tirbyoc", "tvm_default", "onnxruntime"):
-            got = _spawn(args, threads, name, precision, group, outputs, False)
+            got = _spawn(args, threads, name, precision, group, outputs)
             samples.update(got.pop("samples_ms"))
             row.update(got)
         out = {k: np.load(Path(outputs) / f"{k}.npy") for k in samples}
@@ -266,7 +270,7 @@ def main() -> None:
             slowest = min(measured, key=lambda r: r["speedup_vs_onnxruntime"])
             with tempfile.TemporaryDirectory() as outputs:
                 slowest["profile"] = _spawn(args, str(slowest["threads"]), slowest["model"], slowest["precision"],
-                                            "tirbyoc", outputs, True)["profile"]
+                                            "tirbyoc", outputs, profile=True)["profile"]
     print(table(rows))
     out = Path(args.out)
     out.write_text(json.dumps({"benchmark": "models", "cpu": _cpu(), "rows": rows}, indent=1) + "\n")

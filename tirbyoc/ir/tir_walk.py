@@ -32,12 +32,14 @@ def always_true(predicate) -> bool:
     return predicate is None or bool(getattr(predicate, "value", 0))
 
 
-def with_root_body(func, body):
-    """``func`` with its root block's body replaced by ``body`` (everything else kept): how
-    the IR normalisations hand back a rewritten function."""
+def with_root_body(func, body, alloc_buffers=None):
+    """``func`` with its root block's body replaced by ``body`` (and its allocations by
+    ``alloc_buffers`` when given; everything else kept): how the IR normalisations hand back
+    a rewritten function."""
     root = root_block(func)
+    allocs = root.alloc_buffers if alloc_buffers is None else list(alloc_buffers)
     new_root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, body,
-                            root.init, root.alloc_buffers, root.match_buffers, root.annotations)
+                            root.init, allocs, root.match_buffers, root.annotations)
     realize = func.body
     return func.with_body(s_tir.SBlockRealize(realize.iter_values, realize.predicate, new_root))
 

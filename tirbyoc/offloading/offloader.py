@@ -147,6 +147,16 @@ def split_for_cores(axes, cores: int) -> dict:
     return extents
 
 
+def target_cores(target) -> int:
+    """The cores code built for ``target`` runs on: its ``num-cores``, else this machine's
+    (a CPU target; 1 for any other)."""
+    tgt = make_target(target)
+    if not is_host_target(tgt):
+        return 1
+    cores = tgt.attrs.get("num-cores")
+    return int(cores) if cores else (os.cpu_count() or 1)
+
+
 def exact_size(func, m: Match, cores: int = 1) -> Match:
     """For a group that can be re-declared for any size (a library call), the match of the
     exact-size group: one call per block, no padding (``cores`` > 1: one call per core,
@@ -357,16 +367,6 @@ def _apply(func, results, choose, target, schedule, template, *, check_each: boo
         outcomes.append(BlockOutcome(result.block, result.macs, ", ".join(dict.fromkeys(rw.intrinsics)), None,
                                      rw.steps))
     return current, outcomes, rewrites
-
-
-def target_cores(target) -> int:
-    """The cores code built for ``target`` runs on: its ``num-cores``, else this machine's
-    (a CPU target; 1 for any other)."""
-    tgt = make_target(target)
-    if not is_host_target(tgt):
-        return 1
-    cores = tgt.attrs.get("num-cores")
-    return int(cores) if cores else (os.cpu_count() or 1)
 
 
 __all__ = ["BlockOutcome", "Offloaded", "POLICIES", "estimated_cycles", "exact_size", "split_for_cores", "target_cores",

@@ -42,6 +42,7 @@ from tirbyoc.offloading.whole_function import find_whole_call, verify_whole_call
 from tirbyoc.rewrite.steps import StepKind
 
 OPAQUE = 8  # relay/relax OpPatternKind::kOpaque
+OFFLOADED_ATTR = "tirbyoc.template"  # set on every PrimFunc OffloadTIR rewrote: its template
 log = logging.getLogger("tirbyoc.offload")
 
 
@@ -161,12 +162,12 @@ def call_counts(mod) -> dict[str, int]:
 def _keep_identity(original, rewritten, template: str):
     """The rewritten PrimFunc with the original's attributes (global symbol, op pattern...),
     marked opaque so fusion leaves the offloaded code alone, and marked with the template
-    (``tirbyoc.template``: later passes, `PackConstantWeights`, find offloaded code by it)."""
+    (`OFFLOADED_ATTR`: later passes, `PackConstantWeights`, find offloaded code by it)."""
     func = rewritten
     for key, value in (original.attrs or {}).items():
         if key != "op_pattern":
             func = func.with_attr(key, value)
-    return func.with_attr("op_pattern", OPAQUE).with_attr("tirbyoc.template", template)
+    return func.with_attr("op_pattern", OPAQUE).with_attr(OFFLOADED_ATTR, template)
 
 
 def _whole_call(func, templates, verify: bool):
@@ -336,4 +337,4 @@ def OffloadTIR(templates: Sequence, *, policy="first", verify: bool = True,
     return _pass
 
 
-__all__ = ["FunctionReport", "OffloadReport", "OffloadTIR", "offload_module", "replace_call_tir"]
+__all__ = ["OFFLOADED_ATTR", "FunctionReport", "OffloadReport", "OffloadTIR", "offload_module", "replace_call_tir"]

@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from tvm import relax
-from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from tirbyoc._tvm import const_value, host_target, iter_blocks, root_block, s_tir, tirx, tvm
+from tirbyoc.dtypes import dtype_bytes
+from tirbyoc.ir.tir_walk import with_root_body
 from tirbyoc.offloading.verification import compile_func, run_executable
-
-OFFLOADED_ATTR = "tirbyoc.template"  # set on every PrimFunc OffloadTIR rewrote
+from tirbyoc.relax.bridge import OFFLOADED_ATTR, replace_call_tir
 
 
 @dataclass
@@ -119,14 +119,10 @@ def weight_copies(func, indices) -> list[_Copy]:
     return copies
 
 
-def _root_realize(body, allocs=()):
-    block = s_tir.SBlock([], [], [], "root", body, None, list(allocs))
-    return s_tir.SBlockRealize([], tirx.IntImm("bool", 1), block)
-
-
 def packing_function(func, copy: _Copy):
     """The copy alone, as a PrimFunc ``(weight, packed)`` built for this CPU."""
-    return tirx.PrimFunc([copy.param, copy.packed], _root_realize(copy.stmt))
+    root = s_tir.SBlock([], [], [], "root", copy.stmt, None, [])
+    return tirx.PrimFunc([copy.param, copy.packed], s_tir.SBlockRealize([], tirx.IntImm("bool", 1), root))
 
 
 def packed_function(func, copies: list[_Copy]):
@@ -135,15 +131,11 @@ def packed_function(func, copies: list[_Copy]):
     dropped = [c.stmt for c in copies]
     body = [s for s in _top_statements(root) if not any(s.same_as(d) for d in dropped)]
     packed = [c.packed for c in copies]
-    allocs = [a for a in root.alloc_buffers if not any(a.same_as(p) for p in packed)]
-    new_root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint,
-                            tirx.SeqStmt(body) if len(body) > 1 else body[0], root.init, allocs,
-                            root.match_buffers, root.annotations)
-    realize = func.body
+    func = with_root_body(func, tirx.SeqStmt(body) if len(body) > 1 else body[0],
+                          [a for a in root.alloc_buffers if not any(a.same_as(p) for p in packed)])
     by_index = {c.index: c.packed for c in copies}
     params = [by_index.get(i, p) for i, p in enumerate(func.params)]
-    return tirx.PrimFunc(params, s_tir.SBlockRealize(realize.iter_values, realize.predicate, new_root),
-                         func.ret_type, func.attrs)
+    return tirx.PrimFunc(params, func.body, func.ret_type, func.attrs)
 
 
 class _Packer:
@@ -184,8 +176,7 @@ def pack_constant_weights(mod, functions=None, target=None):
             plans[gv] = (func, copies)
             report.functions[gv.name_hint] = tuple(str(c.param.name) for c in copies)
             report.bytes_per_call[gv.name_hint] = sum(
-                int(np.prod([int(d) for d in c.packed.shape])) * tvm.DataType(str(c.packed.dtype)).bits // 8
-                for c in copies)
+                int(np.prod([int(d) for d in c.packed.shape])) * dtype_bytes(str(c.packed.dtype)) for c in copies)
     if not plans:
         return mod, report
     return _with_packed(mod, plans, _Packer(target)), report
@@ -195,32 +186,19 @@ def _with_packed(mod, plans: dict, packer: _Packer):
     """``mod`` with each planned PrimFunc replaced by its packed form under the same name (a
     new GlobalVar: a PrimFunc's GlobalVar carries its signature) and every call to it passing
     its constants packed."""
-    call_tir = tvm.ir.Op.get("relax.call_tir")
-    kept = tvm.IRModule({g: f for g, f in mod.functions.items() if g not in plans}, attrs=mod.attrs)
+    builder = relax.BlockBuilder(tvm.IRModule({g: f for g, f in mod.functions.items() if g not in plans},
+                                              attrs=mod.attrs))
+    renamed = {old: builder.add_func(packed_function(*plan), old.name_hint) for old, plan in plans.items()}
 
-    @mutator
-    class _Calls(PyExprMutator):
-        def __init__(self, module):
-            super().__init__(module)
-            self.renamed = {old: self.builder_.add_func(packed_function(*plan), old.name_hint)
-                            for old, plan in plans.items()}
+    def rewrite(call):
+        func, copies = plans[call.args[0]]
+        args = list(call.args[1].fields)
+        for c in copies:
+            args[c.index] = relax.const(packer.pack(call.args[0].name_hint, c, func, args[c.index]))
+        return relax.Call(call.op, [renamed[call.args[0]], relax.Tuple(args), *call.args[2:]],
+                          call.attrs, call.ty_args)
 
-        def visit_call_(self, op):
-            op = super().visit_call_(op)
-            if not (op.op.same_as(call_tir) and op.args[0] in plans):
-                return op
-            func, copies = plans[op.args[0]]
-            args = list(op.args[1].fields)
-            for c in copies:
-                args[c.index] = relax.const(packer.pack(op.args[0].name_hint, c, func, args[c.index]))
-            return relax.Call(op.op, [self.renamed[op.args[0]], relax.Tuple(args), *op.args[2:]],
-                              op.attrs, op.ty_args)
-
-    calls = _Calls(kept)
-    for gv, func in kept.functions_items():
-        if isinstance(func, relax.Function):
-            calls.builder_.update_func(gv, calls.visit_expr(func))
-    return calls.builder_.get()
+    return replace_call_tir(builder.get(), set(plans), rewrite)
 
 
 def PackConstantWeights(functions=None, target=None, report: PackedWeights | None = None):

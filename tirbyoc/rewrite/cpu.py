@@ -146,19 +146,16 @@ def schedule_copies(sch, block) -> int:
     (packing, transposes, padding, im2col) and the write-backs it feeds (a reindexed output
     stored in the workload's layout). Each is made to iterate in the order of the buffer it
     writes (``transform_block_layout``: a packed weight is then written contiguously, instead
-    of scattered bytes that LLVM may even turn into per-lane extracts), and its outer loops
-    run in parallel, its loops split where its indices divide by constants (`_split_by_divisors`). A copy
-    computed inside ``block``'s loops (a scratchpad tile) is left alone. Returns how many
+    of scattered bytes that LLVM may even turn into per-lane extracts), its loops are split
+    where its indices divide by constants (`_split_by_divisors`), and its outer loops run in
+    parallel. A copy computed inside ``block``'s loops (a scratchpad tile) is left alone. Returns how many
     copies it scheduled."""
 
     main_loops = [sch.get(l) for l in sch.get_loops(block)]
     done = 0
-    for producer in sch.get_producers(block):
-        if _whole_buffer_copy(sch, producer, main_loops):
-            done += _in_write_order_and_parallel(sch, producer)
-    for consumer in sch.get_consumers(block):
-        if _whole_buffer_copy(sch, consumer, main_loops):
-            done += _in_write_order_and_parallel(sch, consumer)
+    for copy in [*sch.get_producers(block), *sch.get_consumers(block)]:
+        if _whole_buffer_copy(sch, copy, main_loops):
+            done += _in_write_order_and_parallel(sch, copy)
     return done
 
 
