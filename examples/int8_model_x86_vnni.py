@@ -1,10 +1,13 @@
-"""An int8 model offloaded to AVX-512 VNNI end to end: quantize, legalize, offload, build, run.
+"""An int8 model offloaded to AVX-512 VNNI end to end: quantize, make integer, legalize,
+offload, build, run.
 
-A float CNN written with ``relax.frontend.nn`` is quantized the way a quantized model is
-(`tirbyoc.app.models.quantize`: uint8 activations x int8 weights -> int32 accumulators, float
-elsewhere), legalized, and its convolutions and dense layer are offloaded to the ``x86_vnni``
-template (``vpdpbusd`` 16x4 dot products) with `OffloadTIR`. Both builds - offloaded and TVM's
-default - run on the same inputs; the int8 cores make them agree bit for bit.
+A float CNN written with ``relax.frontend.nn`` is quantized as ONNX Runtime's
+``quantize_static`` would (`tirbyoc.app.models.quantize`: its weights bound as constants, QDQ
+pairs calibrated on sample inputs, per-channel int8 weights, uint8 activations), its chains
+made integer (`QuantizedToInteger`: uint8 x int8 -> int32 cores), legalized, and its
+convolutions and dense layer are offloaded to the ``x86_vnni`` template (``vpdpbusd`` 16x4
+dot products) with `OffloadTIR`. Both builds - offloaded and TVM's default - run on the same
+inputs; the int8 cores make them agree bit for bit.
 
     python examples/int8_model_x86_vnni.py
 """
@@ -16,7 +19,7 @@ from tvm.relax.frontend import nn
 
 from tirbyoc import get_template, relax_vm
 from tirbyoc.app.models import quantize
-from tirbyoc.relax import OffloadReport, OffloadTIR
+from tirbyoc.relax import OffloadReport, OffloadTIR, QuantizedToInteger
 
 
 class Net(nn.Module):
@@ -37,7 +40,7 @@ def main():
         print(f"x86_vnni cannot run here: {template.unavailable_reason()}")
         return None
     mod, _ = Net().export_tvm({"forward": {"x": nn.spec.Tensor((1, 3, 32, 32), "float32")}})
-    mod = relax.transform.LegalizeOps()(quantize(mod))
+    mod = relax.transform.LegalizeOps()(QuantizedToInteger("uint8")(quantize(mod)))
     report = OffloadReport()
     offloaded = OffloadTIR([template], report=report)(mod)
     for f in report.functions:

@@ -225,9 +225,10 @@ def test_builtin_architectures():
 
     text = str(build_model("mobilenet_v2")["forward"])
     assert text.count("R.nn.conv2d(") == 52 and text.count("groups=") >= 17
-    quantized = str(build_model("cnn_int8")["forward"])
-    assert quantized.count('out_dtype="int32"') == 4  # three convs and the classifier
-    assert 'R.astype' in quantized and '"uint8"' in quantized and '"int8"' in quantized
+    quantized = build_model("cnn_int8")["forward"].script(show_meta=False)  # QDQ, weights constant
+    assert quantized.count("R.nn.conv2d(") == 3 and quantized.count("R.matmul(") == 1
+    # the input, each chain's end (conv outputs, the logits) and the pooled features the classifier reads
+    assert quantized.count('R.quantize(') == 6 and 'out_dtype="uint8"' in quantized
 
 
 def test_cli_run_writes_an_html_report(tmp_path, capsys):

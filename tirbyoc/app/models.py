@@ -8,12 +8,16 @@ convolutions' bias, as an inference graph has it.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import tvm
 from tvm import relax
-from tvm.relax.dpl import is_op, rewrite_call, wildcard
 from tvm.relax.frontend import nn
+
+from tirbyoc.app.model_inputs import model_inputs
+from tirbyoc.app.preparation import with_constant_weights
+from tirbyoc.relax.calibration import quantize_static
 
 
 def _nn():
@@ -295,74 +299,45 @@ def transformer_block(batch: int = 1, seq: int = 64, hidden: int = 256, heads: i
 
 
 # ------------------------------------------------------------------ int8 variants
-ACT_SCALE = 32.0  # activations -> uint8: round(x * 32) clipped to [0, 255]
-WEIGHT_SCALE = 64.0  # second operands -> int8: round(w * 64) clipped to [-127, 127]
+CALIBRATION_SEEDS = (1, 2)  # the calibration inputs' seeds (a run's own input is seed 0 by default)
+WEIGHT_SEED = 0  # the seed of the built-ins' weights, as `tirbyoc run --seed 0` draws them
 
 
-def quantize(mod, act_dtype: str = "uint8", requantize: str = "float"):
-    """The int8 variant of a float model, as a quantized model has it: every ``conv2d`` and
-    ``matmul`` of float tensors becomes ``act_dtype`` activations (uint8, or int8 for cores
-    that take signed inputs: VTA, tensor cores) x int8 weights -> int32 accumulators; the rest
-    stays float. Templates that are int8-only (x86_vnni, vta, hexagon_hvx) see the integer
-    cores.
+def quantize(mod, act_dtype: str = "uint8", requantize: str = "float", entry: str = "forward"):
+    """The int8 variant of a float built-in, as a quantization toolchain makes it: its weights
+    bound as constants (drawn as a run draws them, seed `WEIGHT_SEED`), then every ``conv2d``
+    and ``matmul`` quantized in QDQ form (`tirbyoc.relax.calibration.quantize_static`),
+    calibrated on inputs drawn with `CALIBRATION_SEEDS`. `tirbyoc run` makes the cores integer
+    with `QuantizedToInteger`, as it does a user's QDQ model: one path for both.
 
-    ``requantize``: how the int32 accumulators come back (fixed per-tensor scales):
-    ``"float"`` dequantizes them to float32; ``"shift"`` first requantizes them to int8 at the
-    activations' scale in integer arithmetic, as VTA's quantizer does with its power-of-two
-    scales (add half, shift right by log2 of the weight scale, clip to [-128, 127], cast), then
-    dequantizes the int8 values - the elementwise chain an accelerator's ALU runs on its
-    accumulator tile before a narrowing store."""
+    ``act_dtype``: the activations' dtype (uint8, or int8 for cores that take signed inputs:
+    VTA, tensor cores). ``requantize``: ``"float"`` quantizes as ONNX Runtime's
+    ``quantize_static`` does (per-channel weight scales, asymmetric activations); ``"shift"``
+    as VTA's quantizer does (symmetric, per-tensor, power-of-two scales), so that each
+    accumulator comes back to the next layer's scale by an add, a shift and a clip - the
+    chain an accelerator's ALU runs on its accumulator tile before a narrowing store."""
     if act_dtype not in ("uint8", "int8"):
         raise ValueError(f"act_dtype must be uint8 or int8, got {act_dtype!r}")
     if requantize not in REQUANTIZE:
         raise ValueError(f"requantize must be one of {REQUANTIZE}, got {requantize!r}")
-    act_lo, act_hi = (0, 255) if act_dtype == "uint8" else (-127, 127)
-    shift = int(WEIGHT_SCALE).bit_length() - 1  # acc * 2^-shift is at the activations' scale
-
-    def q(expr, scale, lo, hi, dtype):
-        scaled = relax.op.multiply(expr, relax.const(scale, "float32"))
-        return relax.op.astype(relax.op.clip(relax.op.round(scaled), lo, hi), dtype)
-
-    def back(acc):
-        if requantize == "float":
-            return relax.op.multiply(relax.op.astype(acc, "float32"),
-                                     relax.const(1.0 / (ACT_SCALE * WEIGHT_SCALE), "float32"))
-        q8 = _shift_to_int8(acc, shift)
-        return relax.op.multiply(relax.op.astype(q8, "float32"), relax.const(1.0 / ACT_SCALE, "float32"))
-
-    x, w = wildcard(), wildcard()
-    patterns = [is_op("relax.nn.conv2d")(x, w), is_op("relax.matmul")(x, w)]
-
-    def rewriter(call, m):
-        a, b = m[x], m[w]
-        if str(a.ty.dtype) != "float32" or str(b.ty.dtype) != "float32":
-            return call
-        qa = q(a, ACT_SCALE, act_lo, act_hi, act_dtype)
-        qb = q(b, WEIGHT_SCALE, -127, 127, "int8")
-        if call.op.name == "relax.nn.conv2d":
-            at = call.attrs
-            acc = relax.op.nn.conv2d(qa, qb, at.strides, at.padding, at.dilation, at.groups,
-                                     at.data_layout, at.kernel_layout, at.out_layout, "int32")
-        else:
-            acc = relax.op.matmul(qa, qb, out_dtype="int32")
-        return back(acc)
-
-    out = {}
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            for pat in patterns:
-                func = rewrite_call(pat, rewriter, func)
-        out[gv] = func
-
-    return tvm.IRModule(out, attrs=mod.attrs)
+    weights = model_inputs(relax.transform.LegalizeOps()(mod), entry, WEIGHT_SEED)
+    bound, _ = with_constant_weights(mod, entry, weights)
+    legal = relax.transform.LegalizeOps()(bound)
+    samples = [model_inputs(legal, entry, seed) for seed in CALIBRATION_SEEDS]
+    return quantize_static(bound, entry, samples, act_dtype, power_of_two=requantize == "shift")
 
 
 def _int8(builder: Callable) -> Callable:
-    def build(act_dtype: str = "uint8", requantize: str = "float"):
+    @functools.lru_cache(maxsize=None)
+    def calibrated(act_dtype: str, requantize: str):  # a sweep or a benchmark builds it often
         return quantize(builder(), act_dtype, requantize)
 
-    build.__doc__ = (f"{builder.__name__} quantized with `quantize` (uint8 or int8 activations "
-                     "x int8 weights -> int32 cores).")
+    def build(act_dtype: str = "uint8", requantize: str = "float"):
+        mod = calibrated(act_dtype, requantize)
+        return tvm.IRModule(dict(mod.functions), attrs=mod.attrs)  # a module of the caller's own
+
+    build.__doc__ = (f"{builder.__name__} quantized with `quantize` (QDQ: uint8 or int8 activations "
+                     "x int8 weights, calibrated).")
     build.quantized = True
     return build
 

@@ -21,9 +21,11 @@ def fuses_epilogues(templates) -> bool:
 
 
 def requantize_mode(templates) -> str:
-    """How the quantized built-ins bring accumulators back for ``templates``: ``"shift"``
-    (integer requantization, which an accelerator's ALU runs before a narrowing store) where
-    the first template fuses epilogues, else ``"float"`` (`tirbyoc.app.models.quantize`)."""
+    """How accumulators come back to the next layer's quantization for ``templates``:
+    ``"shift"`` (integer requantization, which an accelerator's ALU runs before a narrowing
+    store; the quantized built-ins are then quantized with power-of-two scales, as VTA's
+    quantizer does) where the first template fuses epilogues, else ``"float"``
+    (`tirbyoc.relax.requantize`, `tirbyoc.app.models.quantize`)."""
     return "shift" if fuses_epilogues(templates) else "float"
 
 
@@ -56,10 +58,11 @@ def activation_dtype(templates) -> str | None:
 def integer_module(mod, templates, report: QuantizedReport | None = None):
     """``mod`` (a Relax module, before legalization) as an int8 template offloads it: a
     quantized model's chains made integer (`QuantizedToInteger`; ``report`` collects what it
-    did) when the first template computes on 8-bit integers, else ``mod`` itself."""
+    did) when the first template computes on 8-bit integers, requantized by a shift where the
+    template's ALU can run it and the scales allow (`requantize_mode`), else ``mod`` itself."""
     act = activation_dtype(templates)
     if act is not None and has_quantize_ops(mod):
-        return QuantizedToInteger(act, report)(mod)
+        return QuantizedToInteger(act, report, requantize_mode(templates))(mod)
     return mod
 
 

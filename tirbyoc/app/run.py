@@ -50,7 +50,7 @@ from tirbyoc.offloading.hexagon import is_hexagon
 from tirbyoc.relax.bridge import offload_module
 from tirbyoc.relax.emulated import EmulatedRuns, emulate_offloaded
 from tirbyoc.relax.prepack import pack_constant_weights
-from tirbyoc.relax.quantized import QuantizedReport
+from tirbyoc.relax.quantized import QuantizedReport, qdq_output_step
 from tirbyoc.tuning.apply import tuned_schedules
 
 DEFAULT_TEMPLATES = ("x86_vnni", "blas")  # the first that runs here is the default
@@ -135,6 +135,8 @@ def legalized_model(model: str | None, templates, seed: int, inputs: dict | None
     inputs returned are then the model's own inputs only."""
     spec, loaded = load_model(model, templates, obj, input_shapes)
     converted = integer_module(loaded, templates, quantized)
+    if quantized is not None and converted is not loaded:
+        quantized.step = qdq_output_step(loaded, entry_function(loaded))
     mod = relax.transform.LegalizeOps()(converted)
     if as_given is not None:
         as_given.append(mod if converted is loaded else relax.transform.LegalizeOps()(loaded))
@@ -300,7 +302,8 @@ def _references(model, mod, untouched, tgt, entry, arrays, repeat, baseline, tim
         integer_out, _, _ = build_reference(mod, tgt, entry, arrays, repeat, baseline, timed=False)
         if integer_out is not None:
             quantized.float_max_abs_diff = float(np.abs(integer_out.astype(np.float64) - out).max(initial=0.0))
-            quantized.step = output_step(model) if str(model or "").endswith(".onnx") else None
+            if quantized.step is None and str(model or "").endswith(".onnx"):
+                quantized.step = output_step(model)
         out = integer_out
     return out, latency
 

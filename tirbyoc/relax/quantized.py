@@ -33,44 +33,15 @@ weights in a grouped (not depthwise) convolution.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
 from tirbyoc._tvm import const_value, tvm
+from tirbyoc.relax.quantized_report import QuantizedReport
+from tirbyoc.relax.requantize import REQUANTIZE, float_requantize, shift_requantize
 
 _ACT_RANGE = {"uint8": (0, 255), "int8": (-128, 127)}
-
-
-@dataclass
-class QuantizedReport:
-    """What the pass made of each quantized chain: integer, or float with the reason."""
-
-    integer: list[str] = field(default_factory=list)  # "conv2d 8x3x3x3", ...
-    kept: list[tuple[str, str]] = field(default_factory=list)  # (chain, why it stayed float)
-    seen: list = field(default_factory=list, repr=False)  # the calls kept float, reported once
-    done: list = field(default_factory=list, repr=False)  # the cores made integer, reported once
-    # set by a run: the integer model's output against the float QDQ graph's, and the
-    # output's quantization step
-    float_max_abs_diff: float | None = None
-    step: float | None = None
-
-    def describe(self) -> str:
-        text = f"{len(self.integer)} of {len(self.integer) + len(self.kept)} quantized conv/matmul chains made integer"
-        reasons = sorted({why for _, why in self.kept})
-        text += f" (kept float: {'; '.join(reasons)})" if reasons else ""
-        if self.float_max_abs_diff is not None:
-            n = round(self.float_max_abs_diff / self.step) if self.step else None
-            steps = f" = {n} output step{'' if n == 1 else 's'}" if n is not None else ""
-            text += (f"; the integer model against the float QDQ graph: max abs diff "
-                     f"{self.float_max_abs_diff:.3g}{steps}")
-        return text
-
-    def to_json(self) -> dict:
-        return {"integer": list(self.integer), "kept": [{"chain": c, "reason": r} for c, r in self.kept],
-                "float_max_abs_diff": self.float_max_abs_diff, "step": self.step}
 
 
 class _Pattern:
@@ -192,7 +163,7 @@ def _integer_matmul(x, w: np.ndarray):
     return acc, (w.shape[1],), w.astype(np.int64).sum(axis=0), lambda: _row_sums(x)
 
 
-def _rewrite(call, m: dict, p: _Pattern, act_dtype: str, report: QuantizedReport):
+def _rewrite(call, m: dict, p: _Pattern, act_dtype: str, report: QuantizedReport, requantize: str):
     core_call = m[p.conv] if p.conv in m else m[p.matmul]
     what = "conv2d" if p.conv in m else "matmul"
     try:
@@ -207,18 +178,23 @@ def _rewrite(call, m: dict, p: _Pattern, act_dtype: str, report: QuantizedReport
             report.seen.append(core_call)
             report.kept.append((f"{what} {'x'.join(map(str, _shape(core_call)))}", str(why)))
         return call
-    real = relax.op.multiply(relax.op.astype(corrected, "float32"), relax.const(scale.reshape(shape), "float32"))
-    if bias is not None:
-        real = relax.op.add(real, relax.const(np.broadcast_to(bias, (scale.size,)).reshape(shape), "float32"))
-    if p.relu in m:
-        real = relax.op.nn.relu(real)
-    if not any(core_call.same_as(c) for c in report.done):  # a chain is matched at each of its ops
+    first = not any(core_call.same_as(c) for c in report.done)  # a chain is matched at each of its ops
+    if first:
         report.done.append(core_call)
         report.integer.append(label)
-    if p.sy not in m:  # a chain with a float output
-        return real
-    at = call.attrs
-    return relax.op.quantize(real, m[p.sy], m[p.zy], int(at.axis), str(at.out_dtype))
+    relu, quantized = p.relu in m, p.sy in m
+    if requantize == "shift" and quantized:
+        sy, zy = const_value(m[p.sy]), const_value(m[p.zy])
+        tail, why = (None, "the output scale is not a constant") if sy is None or zy is None else \
+            shift_requantize(corrected, scale, shape, bias, relu, sy, zy, str(call.attrs.out_dtype))
+        if first:
+            report.shifted.append(label) if tail is not None else report.unshifted.append((label, why))
+        if tail is not None:
+            return tail
+    if not quantized:  # a chain with a float output
+        return float_requantize(corrected, scale, shape, bias, relu, None, None, -1, None)
+    return float_requantize(corrected, scale, shape, bias, relu, m[p.sy], m[p.zy], int(call.attrs.axis),
+                            str(call.attrs.out_dtype))
 
 
 def _static_core(m: dict, p: _Pattern, act_dtype: str, what: str, core_call):
@@ -229,7 +205,8 @@ def _static_core(m: dict, p: _Pattern, act_dtype: str, what: str, core_call):
     acc, shape, wsum, window_sums = _integer_conv(core_call, x, zx, w) if what == "conv2d" else _integer_matmul(x, w)
     channels = shape[1] if what == "conv2d" else shape[0]
     scale = np.broadcast_to(sw.reshape(-1) * np.float32(sx), (channels,)).astype(np.float32)
-    corrected = relax.op.subtract(acc, relax.const((zx * wsum).astype(np.int32).reshape(shape), "int32"))
+    share = (zx * wsum).astype(np.int32).reshape(shape)  # the input zero point's share, added negated
+    corrected = relax.op.add(acc, relax.const(-share, "int32")) if np.any(share) else acc
     if np.any(zw != 0):  # sum((x - zx)(w - zw)) also loses zw * sum(x) and gains K * zx * zw
         if zw.size not in (1, channels):
             raise _Refused(f"{zw.size} weight zero points for {channels} channels")
@@ -333,18 +310,22 @@ def _rewrite_integer(call, m: dict, p: _IntegerPattern, act_dtype: str, report: 
     return _centred_matmul(a, w, za, zw, k)
 
 
-def quantized_to_integer(mod, act_dtype: str = "uint8") -> tuple[object, QuantizedReport]:
+def quantized_to_integer(mod, act_dtype: str = "uint8", requantize: str = "float") -> tuple[object, QuantizedReport]:
     """(``mod`` with its quantized chains integer, the report). ``act_dtype``: the activation
-    dtype the target template's core takes (uint8 for x86_vnni / Hexagon, int8 for VTA)."""
+    dtype the target template's core takes (uint8 for x86_vnni / Hexagon, int8 for VTA);
+    ``requantize``: how accumulators come back to the next layer's quantization where they can
+    (`tirbyoc.relax.requantize`: ``"float"``, or ``"shift"`` for an integer ALU)."""
     if act_dtype not in _ACT_RANGE:
         raise ValueError(f"act_dtype must be uint8 or int8, got {act_dtype!r}")
+    if requantize not in REQUANTIZE:
+        raise ValueError(f"requantize must be one of {REQUANTIZE}, got {requantize!r}")
     report = QuantizedReport()
     p, q = _Pattern(), _IntegerPattern()
     out = {}
     for gv, func in mod.functions_items():
         if isinstance(func, relax.Function):
-            func = rewrite_call(p.root, lambda call, m: _rewrite(call, m, p, act_dtype, report), func)
-            func = rewrite_call(p.float_root, lambda call, m: _rewrite(call, m, p, act_dtype, report), func)
+            func = rewrite_call(p.root, lambda call, m: _rewrite(call, m, p, act_dtype, report, requantize), func)
+            func = rewrite_call(p.float_root, lambda call, m: _rewrite(call, m, p, act_dtype, report, requantize), func)
             func = rewrite_call(q.root, lambda call, m: _rewrite_integer(call, m, q, act_dtype, report), func)
         out[gv] = func
     return tvm.IRModule(out, attrs=mod.attrs), report
@@ -369,18 +350,32 @@ def has_quantize_ops(mod) -> bool:
     return bool(found)
 
 
-def QuantizedToInteger(act_dtype: str = "uint8", report: QuantizedReport | None = None):
+def qdq_output_step(mod, entry: str) -> float | None:
+    """The quantization step of a QDQ model's output: the scale of the ``dequantize`` whose
+    value ``mod[entry]`` returns, when it is one constant (else None)."""
+    func = mod[entry]
+    bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}
+    value = bound.get(func.body.body, func.body.body)
+    while isinstance(value, relax.Var) and value in bound:  # an output var bound to another
+        value = bound[value]
+    if getattr(getattr(value, "op", None), "name", None) != "relax.dequantize":
+        return None
+    scale = const_value(value.args[1])
+    return float(scale.reshape(())) if scale is not None and scale.size == 1 else None
+
+
+def QuantizedToInteger(act_dtype: str = "uint8", report: QuantizedReport | None = None, requantize: str = "float"):
     """The module pass (before ``LegalizeOps``); ``report`` collects what it did."""
     sink = report if report is not None else QuantizedReport()
 
     @tvm.transform.module_pass(opt_level=0, name="tirbyoc.QuantizedToInteger")
     def _pass(mod, _ctx):
-        new, rep = quantized_to_integer(mod, act_dtype)
-        sink.integer += rep.integer
-        sink.kept += rep.kept
+        new, rep = quantized_to_integer(mod, act_dtype, requantize)
+        for name in ("integer", "kept", "shifted", "unshifted"):
+            getattr(sink, name).extend(getattr(rep, name))
         return new
 
     return _pass
 
 
-__all__ = ["QuantizedReport", "QuantizedToInteger", "has_quantize_ops", "quantized_to_integer"]
+__all__ = ["QuantizedReport", "QuantizedToInteger", "has_quantize_ops", "qdq_output_step", "quantized_to_integer"]

@@ -1,0 +1,81 @@
+"""How an integer core's accumulators come back to the next layer's quantization.
+
+`QuantizedToInteger` rewrites ``quantize(relu?(core + bias), sy, zy)`` with ``core`` an
+integer conv or matmul whose int32 accumulators ``acc`` (zero points already corrected) stand
+for ``acc * scale`` per output channel. The tail is one of:
+
+- **float** (ONNX's semantics exactly): ``quantize(relu?(acc * scale + bias), sy, zy)``, its
+  rounding half to even; TVM lowers it to float arithmetic (a CPU's vector unit, an
+  accelerator's host);
+- **shift** (an accelerator's integer ALU, VTA's): where ``scale / sy`` is one power of two
+  ``2^-k`` for every channel and the bias a whole number of ``scale`` steps (ONNX Runtime
+  quantizes a bias to int32 at exactly that scale),
+  ``clip(((acc + bias_q + 2^(k-1)) >> k) + zy, lo, hi)`` in int32: an add, a shift and a clip,
+  the operations such an ALU runs on the accumulator tile before a narrowing store. It rounds
+  ties up, as VTA does, where ONNX rounds them to even: an accumulator exactly half way between
+  two steps (one value in ``2^k``) can come out one step above the QDQ graph's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import relax
+
+_RANGE = {"uint8": (0, 255), "int8": (-128, 127)}
+REQUANTIZE = ("float", "shift")
+
+
+def float_requantize(acc, scale: np.ndarray, shape, bias, relu: bool, sy, zy, axis: int, out_dtype: str | None):
+    """``quantize(relu?(acc * scale + bias), sy, zy)`` (``out_dtype`` None: the float value)."""
+    real = relax.op.multiply(relax.op.astype(acc, "float32"), relax.const(scale.reshape(shape), "float32"))
+    if bias is not None:
+        real = relax.op.add(real, relax.const(np.broadcast_to(bias, (scale.size,)).reshape(shape), "float32"))
+    if relu:
+        real = relax.op.nn.relu(real)
+    if out_dtype is None:
+        return real
+    return relax.op.quantize(real, sy, zy, axis, out_dtype)
+
+
+def shift_exponent(scale: np.ndarray, sy: float) -> int | None:
+    """``k`` where ``scale / sy`` is ``2^-k`` (k >= 0) for every channel, else None."""
+    ratio = scale.astype(np.float64) / float(sy)
+    k = -np.log2(ratio)
+    if not np.all(np.isfinite(k)) or np.any(np.abs(k - np.round(k)) > 1e-9) or len(set(np.round(k))) != 1:
+        return None
+    k0 = int(np.round(k.flat[0]))
+    return k0 if k0 >= 0 else None
+
+
+def shift_requantize(acc, scale: np.ndarray, shape, bias, relu: bool, sy, zy, out_dtype: str):
+    """(the shift tail, None) or (None, why it cannot be one); ``sy``, ``zy``: the output's
+    scale and zero point as numpy scalars."""
+    if out_dtype not in _RANGE:
+        return None, f"the output is quantized to {out_dtype}"
+    if sy.size != 1 or zy.size != 1:
+        return None, "the output scale or zero point is not one value"
+    k = shift_exponent(scale, float(sy.reshape(())))
+    if k is None:
+        return None, "the requantization scale is not a power of two (no shift computes it)"
+    offset = np.zeros(scale.size, np.int64)
+    if bias is not None:
+        steps = np.broadcast_to(bias, (scale.size,)).astype(np.float64) / scale.astype(np.float64)
+        if np.any(np.abs(steps - np.round(steps)) > 1e-3):
+            return None, "the bias is not a whole number of accumulator steps"
+        offset = np.round(steps).astype(np.int64)
+    if k:
+        offset = offset + (1 << (k - 1))
+    out = acc
+    if np.any(offset != 0):
+        const = offset.astype(np.int32)
+        out = relax.op.add(out, relax.const(const.reshape(shape) if np.any(const != const[0]) else const[0], "int32"))
+    if k:
+        out = relax.op.right_shift(out, relax.const(k, "int32"))
+    zero = int(zy.reshape(()))
+    if zero:
+        out = relax.op.add(out, relax.const(zero, "int32"))
+    lo, hi = _RANGE[out_dtype]
+    return relax.op.astype(relax.op.clip(out, max(lo, zero) if relu else lo, hi), out_dtype), None
+
+
+__all__ = ["REQUANTIZE", "float_requantize", "shift_exponent", "shift_requantize"]
