@@ -12,9 +12,10 @@ call sites - of:
   needs the block's computation to be the description's exactly (same index expressions, same
   operand order, same dtypes), up to loop tiling.
 
-Models are legalized as they are for the template: float32 for ``blas``; `quantize`d
-(uint8 x int8 -> int32 cores) for ``x86_vnni`` and ``hexagon_hvx``; int8 x int8 for ``vta``
-and ``cuda_mma``.
+Models are legalized as ``tirbyoc run`` prepares them for the template: float32 for ``blas``;
+for an int8 template the built-in's ``_int8`` variant (`tirbyoc.app.models.quantize`: QDQ,
+calibrated) made integer by `QuantizedToInteger` (uint8 x int8 -> int32 cores for ``x86_vnni``
+and ``hexagon_hvx``; int8 x int8 for ``vta`` and ``cuda_mma``).
 
 ``--qdq`` measures the same three models as a user of an int8 accelerator brings them: built
 as float ONNX graphs (`tirbyoc.testing.qdq`: the same architectures, batch norms folded,
@@ -37,7 +38,8 @@ import time
 from pathlib import Path
 
 import tirbyoc
-from tirbyoc.app.models import bert_base, mobilenet_v2, quantize, resnet50
+from tirbyoc.app.models import bert_base, mobilenet_v2, resnet50
+from tirbyoc.app.preparation import preparation
 from tirbyoc.relax.bridge import call_counts, mac_blocks, offload_module
 from tirbyoc.offloading.table import render
 
@@ -74,13 +76,16 @@ def legalized_qdq(path: Path, template):
     return mod, report
 
 
-def legalized(model: str, variant: str):
-    from tvm import relax
+def legalized(model: str, template):
+    """(the built-in legalized as `tirbyoc run` prepares it for ``template``: float for blas,
+    its ``_int8`` QDQ variant made integer for an int8 template, the QuantizedReport or None)."""
+    from tirbyoc.app.run import legalized_model
+    from tirbyoc.relax.quantized import QuantizedReport
 
-    mod = MODELS[model]()
-    if variant != "float32":
-        mod = quantize(mod, act_dtype=variant)
-    return relax.transform.LegalizeOps()(mod)
+    report = QuantizedReport()
+    name = model if VARIANT.get(template.name, "float32") == "float32" else f"{model}_int8"
+    _, mod, _, _ = legalized_model(f"builtin:{name}", [template], 0, quantized=report)
+    return mod, (report if report.integer or report.kept else None)
 
 
 def tvm_exact_covers(func, block: str, intrinsics) -> bool:
@@ -149,11 +154,11 @@ def main():
         for name in templates:
             template = tirbyoc.get_template(name)
             variant = VARIANT.get(name, "float32")
-            key = (model, variant)
+            key = (model, preparation([template]))
             if key not in cache:
                 t0 = time.perf_counter()
                 cache[key] = (legalized_qdq(qdq_model(model, folder), template) if args.qdq
-                              else (legalized(model, variant), None))
+                              else legalized(model, template))
                 print(f"[reach] {model} ({'QDQ, ' if args.qdq else ''}{variant}) legalized in "
                       f"{time.perf_counter() - t0:.1f} s", flush=True)
             mod, quantized = cache[key]
@@ -171,7 +176,8 @@ def main():
                 "not_covered": top_reasons(report),
             }
             if quantized is not None:
-                entry["variant"] = f"QDQ (ONNX Runtime), {variant} activations"
+                made_by = "ONNX Runtime" if args.qdq else "tirbyoc.app.models.quantize"
+                entry["variant"] = f"QDQ ({made_by}), {variant} activations"
                 entry["chains_integer"] = len(quantized.integer)
                 entry["chains_kept_float"] = [{"chain": c, "why": w} for c, w in quantized.kept]
             assert total == report.total_macs, (total, report.total_macs)
@@ -180,10 +186,10 @@ def main():
                   f"{entry['tvm_exact_coverage']:.1%} ({t_offload:.0f} s + {t_exact:.0f} s)", flush=True)
             rows.append([model, name, ("QDQ " if quantized else "") + variant, f"{report.total_macs / 1e9:.2f} G",
                          f"{report.coverage:.1%}", f"{entry['tvm_exact_coverage']:.1%}"]
-                        + ([f"{len(quantized.integer)} / {len(quantized.kept)}"] if quantized else []))
+                        + [f"{len(quantized.integer)} / {len(quantized.kept)}" if quantized else "-"])
     print()
     print(render(["model", "template", "operands", "MACs", "tirbyoc", "TVM exact"]
-                 + (["chains integer / float"] if args.qdq else []), rows))
+                 + ["chains integer / float"], rows))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"benchmark": "reach_qdq" if args.qdq else "reach", "results": results}, indent=2))
     print(f"\nwritten to {out}")
