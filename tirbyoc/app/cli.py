@@ -15,7 +15,7 @@ from tirbyoc.app.jsonout import dumps
 from tirbyoc.app.loaders import legalize
 from tirbyoc.app.model_inputs import load_inputs
 from tirbyoc.app.preparation import integer_module
-from tirbyoc.app.run import Progress, default_templates, legalized_model, load_model, run_model
+from tirbyoc.app.run import Progress, default_templates, importing, legalized_model, load_model, run_model
 from tirbyoc.app.sweep import parse_params, plot, sweep, table
 from tirbyoc.decl.registry import get_template, template_names
 from tirbyoc.errors import TirbyocError
@@ -198,7 +198,7 @@ def cmd_tune(args) -> int:
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="tirbyoc-tune-")
     os.makedirs(work_dir, exist_ok=True)
     bar = Progress(enabled=not args.quiet, label="tune")
-    bar.phase(f"importing {args.model or 'the built-in model'}")
+    bar.phase(importing(args.model))
     spec, mod, _, _ = legalized_model(args.model, [template], args.seed, obj=args.object,
                                       input_shapes=_shapes_arg(args.input_shape))
     bar.phase(f"tuning the PrimFuncs {template.name} can offload, {args.trials} trials")

@@ -35,7 +35,7 @@ from tirbyoc._tvm import PrimCall, StringImm, is_host_target, make_target, relax
 from tirbyoc.app.deploy_hexagon import FORMATS as HEXAGON_FORMATS
 from tirbyoc.app.deploy_hexagon import HexagonArtifact, check_deployable, export_hexagon
 from tirbyoc.app.jsonout import dumps
-from tirbyoc.app.run import Progress, build_and_time, legalized_model, templates_and_target
+from tirbyoc.app.run import Progress, build_and_time, importing, legalized_model, templates_and_target
 from tirbyoc.decl.extern import ExternLibrary, c_compiler
 from tirbyoc.errors import TirbyocError
 from tirbyoc.offloading.hexagon import is_hexagon
@@ -249,7 +249,7 @@ def build_library(model: str | None, templates=None, *, output, target=None, dat
     if output.suffix != ".so" and not (is_hexagon(tgt) and output.suffix in HEXAGON_FORMATS):
         raise TirbyocError(f"{output}: the library is a shared object; name it PATH.so"
                            + (" or PATH.tar" if is_hexagon(tgt) else ""))
-    progress.phase(f"importing {model or 'the built-in model'}")
+    progress.phase(importing(model))
     spec, mod, entry, arrays = legalized_model(model, tmpls, seed, inputs, obj=obj, input_shapes=input_shapes,
                                                constant_weights=True)
     progress.phase(f"offloading to {', '.join(t.name for t in tmpls)}")

@@ -339,6 +339,7 @@ def _int8(builder: Callable) -> Callable:
     build.__doc__ = (f"{builder.__name__} quantized with `quantize` (QDQ: uint8 or int8 activations "
                      "x int8 weights, calibrated).")
     build.quantized = True
+    build.calibrated = True
     return build
 
 

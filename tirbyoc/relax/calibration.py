@@ -217,7 +217,8 @@ class _Plan:
         if b.size != channels:
             return  # not a per-channel bias: left float, outside the chain
         sb = (sw * np.float32(self.qdq[c.x][0])).astype(np.float32)
-        b_q = np.round(b.reshape(-1) / sb).astype("int32")
+        info = np.iinfo(np.int32)
+        b_q = np.clip(np.round(b.reshape(-1).astype(np.float64) / sb), info.min, info.max).astype("int32")
         self.args[c.bias] = {index: _dequantized(b_q, sb, "int32", 0, b.shape, c.var.name + "_bias")}
 
 
