@@ -99,12 +99,17 @@ def test_commutative_multiply_binds_operands_by_role():
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_conv2d_is_an_implicit_gemm(layout):
+    """Channels x pixels for NCHW (the weight [O, C*kh*kw] times the im2col [C*kh*kw, H*W]),
+    pixels x channels for NHWC: the GEMM whose staging copies run along the buffers' rows
+    (the output written back in its own order, not transposed)."""
     m = best(conv2d(1, 32, 16, 16, 64, 3, 3, layout=layout), "blas").best
     mapping = m.mapping
-    assert mapping["vj"] == ("vf",)
+    channels, pixels = ("vi", "vj") if layout == "NCHW" else ("vj", "vi")
+    assert mapping[channels] == ("vf",)
     assert set(mapping["vk"]) == {"vrc", "vry", "vrx"}
-    assert set(mapping["vi"]) == {"vy", "vx"}
+    assert set(mapping[pixels]) == {"vy", "vx"}
     assert "reindex" in m.operand("A").staging
+    assert all(o.keeps_order for o in m.operands)
 
 
 def test_strided_dilated_conv_reindexes_the_data_window():
@@ -253,16 +258,16 @@ def test_fused_relax_primfunc_matches_its_conv_block():
     results = [r for r in explain(mod, "blas") if r.function.startswith("fused_")]
     blocks = {r.block: r for r in results}
     assert {"pad_temp", "conv2d_nchw", "compute"} <= set(blocks)
-    assert blocks["conv2d_nchw"].best.mapping["vj"] == ("v_ff",)
+    assert blocks["conv2d_nchw"].best.mapping["vi"] == ("v_ff",)  # NCHW: channels x pixels
     assert blocks["compute"].best is None
 
 
 def test_block_index_map_fuses_implicit_gemm_axes():
     m = best(conv2d(1, 8, 6, 6, 16, 3, 3), "blas").best
     imap = m.block_index_map()
-    # iterators (vn, vf, vy, vx, vrc, vry, vrx) -> (outer..., i = vy*4 + vx, j = vf, k = (vrc*3 + vry)*3 + vrx)
+    # iterators (vn, vf, vy, vx, vrc, vry, vrx) -> (outer..., i = vf, j = vy*4 + vx, k = (vrc*3 + vry)*3 + vrx)
     out = [int(x) for x in imap.map_indices([0, 5, 2, 3, 7, 1, 2])]
-    assert out[-3:] == [2 * 4 + 3, 5, (7 * 3 + 1) * 3 + 2]
+    assert out[-3:] == [5, 2 * 4 + 3, (7 * 3 + 1) * 3 + 2]
 
 
 def test_two_buffers_with_one_name_offload():

@@ -52,9 +52,10 @@ def test_a_constant_conv_weight_is_packed_once_and_the_model_still_agrees():
     (name,) = done.functions
     assert len(done.functions[name]) == 1  # the weight, by its PrimFunc parameter's name
     func = packed[name]
-    # the PrimFunc now takes the weight as blas's GEMM reads it: [C*kh*kw, O]
+    # the PrimFunc now takes the weight as blas's GEMM reads it: [O, C*kh*kw] (an NCHW
+    # convolution is channels x pixels)
     shapes = [[int(d) for d in p.shape] for p in func.params]
-    assert [72, 16] in shapes and [16, 8, 3, 3] not in shapes
+    assert [16, 72] in shapes and [16, 8, 3, 3] not in shapes
     assert done.bytes_per_call[name] == 72 * 16 * 4
     arrays = inputs(mod)
     ref, _, _ = build_and_time(mod, TARGET, "main", arrays, 1, timed=False)

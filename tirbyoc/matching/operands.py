@@ -52,11 +52,24 @@ def operand_map(op, dims: tuple, wacc: Access, axes: dict, is_output: bool) -> O
         staging.append(f"copy to {op.scope}")
     direct = ok and "pad" not in staging
     return OperandMap(
+        keeps_order=_keeps_order(view, axes, wacc),
         operand=op.name, buffer=wacc.buffer, access=wacc.text, is_output=is_output,
         view_axes=view, view_extents=padded, tile=tile, direct=direct,
         staging=tuple(dict.fromkeys(staging)) if not direct else tuple(s for s in staging if s.startswith("copy")),
         reason="; ".join(reasons) or None, pack=pack, scope=op.scope, workload_scope=wacc.scope,
     )
+
+
+def _keeps_order(view: tuple, axes: dict, wacc: Access) -> bool:
+    """Whether the intrinsic axes of ``view`` index ``wacc``'s dimensions outermost first (a
+    fused axis by its outermost dimension): a copy between the two then runs along both
+    buffers' rows instead of transposing them."""
+    firsts = []
+    for a in view:
+        dims = [d for d, vs in enumerate(wacc.index_vars) for v in axes[a].iters if v in vs]
+        if dims:
+            firsts.append(min(dims))
+    return firsts == sorted(firsts)
 
 
 def _window_dims(view: tuple, axes: dict, wacc: Access) -> tuple[list[int], str | None]:

@@ -122,6 +122,7 @@ class OperandMap:
     pack: bool = False
     scope: str = "global"  # the intrinsic's scope for it
     workload_scope: str = "global"
+    keeps_order: bool = True  # its axes index the workload's dimensions outermost first
 
     def layout_map(self):
         """IndexMap from the operand's view (its axes in intrinsic order, padded extents) to
@@ -199,9 +200,10 @@ class Match:
         staged = sum(1 for o in self.operands
                      if not o.direct and not (resizable and set(o.staging) <= {"pad"}))
         heavy = sum(1 for o in self.operands for s in o.staging if s in ("transpose", "pack", "reindex"))
-        if resizable:
+        if resizable:  # a staging copy that transposes costs more than one along the rows
             absent = sum(1 for a in self.axes if not a.iters)
-            return (absent + len(self.outer), staged, heavy, round(waste, 6))
+            reordered = sum(1 for o in self.operands if not o.direct and not o.keeps_order)
+            return (absent + len(self.outer), staged, heavy, reordered, round(waste, 6))
         return (staged, heavy, round(waste, 6), len(self.outer))
 
     def block_index_map(self):

@@ -1,7 +1,7 @@
 """Pack constant weights once, at compile time, instead of on every call.
 
 An offloaded PrimFunc often begins by copying a weight into the layout its intrinsic reads:
-blas's GEMM wants a conv's OIHW weight as ``[C*kh*kw, O]``, x86_vnni's ``vpdpbusd`` wants B as
+blas's GEMM wants a conv's OIHW weight as ``[O, C*kh*kw]``, x86_vnni's ``vpdpbusd`` wants B as
 ``[N/16, K/4, 16, 4]``, padding rounds a weight up to the intrinsic's tile. When every call site
 passes that weight as a Relax constant (an ONNX or PyTorch model's initializers, a model whose
 weights `tirbyoc build` / `tirbyoc run` bound), the copy computes the same array on every call.
