@@ -31,9 +31,9 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from tirbyoc._tvm import build, const_value, host_target, relax_vm, to_tensor, tvm
+from tirbyoc.relax.requantize import ACT_RANGE
 
 _CORES = ("relax.nn.conv2d", "relax.matmul")
-_RANGE = {"uint8": (0, 255), "int8": (-128, 127)}
 
 
 @dataclass
@@ -145,7 +145,7 @@ def activation_params(lo: float, hi: float, dtype: str, power_of_two: bool) -> t
     """(scale, zero point) of a tensor observed in [lo, hi]: ONNX Runtime's MinMax (the range
     widened to hold 0, asymmetric), or with ``power_of_two`` symmetric with a power-of-two
     scale (a uint8 tensor with no negative value keeps zero point 0)."""
-    qmin, qmax = _RANGE[dtype]
+    qmin, qmax = ACT_RANGE[dtype]
     lo, hi = min(lo, 0.0), max(hi, 0.0)
     if power_of_two:
         if dtype == "uint8" and lo >= 0:
@@ -257,7 +257,7 @@ def quantize_static(mod, entry: str, samples: list[list[np.ndarray]], act_dtype:
     """``mod`` (a float Relax module, weights bound as constants) with ``mod[entry]``'s cores
     quantized in QDQ form, calibrated on ``samples`` (each a list of the entry's input arrays;
     see the module's docstring)."""
-    if act_dtype not in _RANGE:
+    if act_dtype not in ACT_RANGE:
         raise ValueError(f"act_dtype must be uint8 or int8, got {act_dtype!r}")
     flat = relax.transform.ToNonDataflow()(mod)
     func = flat[entry]

@@ -39,9 +39,7 @@ from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
 from tirbyoc._tvm import const_value, tvm
 from tirbyoc.relax.quantized_report import QuantizedReport
-from tirbyoc.relax.requantize import REQUANTIZE, float_requantize, shift_requantize
-
-_ACT_RANGE = {"uint8": (0, 255), "int8": (-128, 127)}
+from tirbyoc.relax.requantize import ACT_RANGE, REQUANTIZE, float_requantize, shift_requantize
 
 
 class _Pattern:
@@ -80,7 +78,7 @@ def _check(m: dict, p: _Pattern, act_dtype: str):
     """The constants of one matched chain, or `_Refused` with the reason it stays float."""
     x = m[p.x]
     w, sw, zw, sx, zx = (const_value(m[e]) for e in (p.w, p.sw, p.zw, p.sx, p.zx))
-    if str(x.ty.dtype) not in _ACT_RANGE:
+    if str(x.ty.dtype) not in ACT_RANGE:
         raise _Refused(f"activations are {x.ty.dtype}, not 8-bit")
     if w is None or sw is None or zw is None:
         raise _Refused("the weights are not constants")
@@ -193,8 +191,8 @@ def _rewrite(call, m: dict, p: _Pattern, act_dtype: str, report: QuantizedReport
             return tail
     if not quantized:  # a chain with a float output
         return float_requantize(corrected, scale, shape, bias, relu, None, None, -1, None)
-    return float_requantize(corrected, scale, shape, bias, relu, m[p.sy], m[p.zy], int(call.attrs.axis),
-                            str(call.attrs.out_dtype))
+    at = call.attrs
+    return float_requantize(corrected, scale, shape, bias, relu, m[p.sy], m[p.zy], int(at.axis), str(at.out_dtype))
 
 
 def _static_core(m: dict, p: _Pattern, act_dtype: str, what: str, core_call):
@@ -227,7 +225,7 @@ def _dynamic_matmul(m: dict, p: _Pattern, act_dtype: str):
     sx, zx, sw, zw = (v.reshape(()) for v in scalars)
     x, w = m[p.x], m[p.w]
     for t in (x, w):
-        if str(t.ty.dtype) not in _ACT_RANGE:
+        if str(t.ty.dtype) not in ACT_RANGE:
             raise _Refused(f"an operand is {t.ty.dtype}, not 8-bit")
     try:
         k = int(x.ty.shape.values[-1])
@@ -298,7 +296,7 @@ def _rewrite_integer(call, m: dict, p: _IntegerPattern, act_dtype: str, report: 
         k = int(a.ty.shape.values[-1])
     except (AttributeError, TypeError):
         k = None
-    if str(a.ty.dtype) not in _ACT_RANGE or str(w.ty.dtype) not in _ACT_RANGE or k is None \
+    if str(a.ty.dtype) not in ACT_RANGE or str(w.ty.dtype) not in ACT_RANGE or k is None \
             or str(call.attrs.out_dtype) != "int32":
         if not any(call.same_as(c) for c in report.seen):
             report.seen.append(call)
@@ -315,7 +313,7 @@ def quantized_to_integer(mod, act_dtype: str = "uint8", requantize: str = "float
     dtype the target template's core takes (uint8 for x86_vnni / Hexagon, int8 for VTA);
     ``requantize``: how accumulators come back to the next layer's quantization where they can
     (`tirbyoc.relax.requantize`: ``"float"``, or ``"shift"`` for an integer ALU)."""
-    if act_dtype not in _ACT_RANGE:
+    if act_dtype not in ACT_RANGE:
         raise ValueError(f"act_dtype must be uint8 or int8, got {act_dtype!r}")
     if requantize not in REQUANTIZE:
         raise ValueError(f"requantize must be one of {REQUANTIZE}, got {requantize!r}")

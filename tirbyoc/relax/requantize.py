@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from tvm import relax
 
-_RANGE = {"uint8": (0, 255), "int8": (-128, 127)}
+ACT_RANGE = {"uint8": (0, 255), "int8": (-128, 127)}  # the 8-bit activation dtypes, their ranges
 REQUANTIZE = ("float", "shift")
 
 
@@ -50,7 +50,7 @@ def shift_exponent(scale: np.ndarray, sy: float) -> int | None:
 def shift_requantize(acc, scale: np.ndarray, shape, bias, relu: bool, sy, zy, out_dtype: str):
     """(the shift tail, None) or (None, why it cannot be one); ``sy``, ``zy``: the output's
     scale and zero point as numpy scalars."""
-    if out_dtype not in _RANGE:
+    if out_dtype not in ACT_RANGE:
         return None, f"the output is quantized to {out_dtype}"
     if sy.size != 1 or zy.size != 1:
         return None, "the output scale or zero point is not one value"
@@ -74,8 +74,8 @@ def shift_requantize(acc, scale: np.ndarray, shape, bias, relu: bool, sy, zy, ou
     zero = int(zy.reshape(()))
     if zero:
         out = relax.op.add(out, relax.const(zero, "int32"))
-    lo, hi = _RANGE[out_dtype]
+    lo, hi = ACT_RANGE[out_dtype]
     return relax.op.astype(relax.op.clip(out, max(lo, zero) if relu else lo, hi), out_dtype), None
 
 
-__all__ = ["REQUANTIZE", "float_requantize", "shift_exponent", "shift_requantize"]
+__all__ = ["ACT_RANGE", "REQUANTIZE", "float_requantize", "shift_exponent", "shift_requantize"]
