@@ -65,6 +65,7 @@ def tvm_engines(path: Path, template: str, group: str, repeat: int):
     from tirbyoc.offloading.lowering import PIPELINE
     from tirbyoc.relax.bridge import offload_module
     from tirbyoc.relax.prepack import pack_constant_weights
+    from tirbyoc.relax.rest import schedule_rest_of
 
     tgt = make_target(complete_target({"kind": "llvm"}))
     _, mod, entry, arrays = legalized_model(str(path), [template], 0, constant_weights=True)
@@ -72,10 +73,13 @@ def tvm_engines(path: Path, template: str, group: str, repeat: int):
     if group == "tirbyoc":
         offloaded, report = offload_module(mod, [template])
         packed, report.packed = pack_constant_weights(offloaded)
+        packed, report.rest = schedule_rest_of(packed, tgt)
+        offloaded, _ = schedule_rest_of(offloaded, tgt)
         builds = {"tirbyoc": (packed, repeat), "tirbyoc_per_call_packing": (offloaded, repeat)}
         facts = {"coverage": report.coverage, "packed_weights": report.packed.tensors,
                  "packed_bytes_per_run": report.packed_bytes_per_run(),
-                 "_profile": (packed, report, tgt)}
+                 "rest": {k: v for k, v in report.rest.to_json().items() if k != "functions"},
+                 "_profile": (packed, tgt)}
     dev = tvm.cpu()
     args = [tvm.runtime.tensor(a, dev) for a in arrays]
     timers, outs = {}, {}
@@ -108,14 +112,32 @@ def ort_engine(path: Path, inputs: Path, threads: int, repeat: int):
     return {"onnxruntime": ms}, {"onnxruntime": out}, {}
 
 
-def profile(packed, report, tgt, repeat: int) -> list[dict]:
+def call_sites(mod) -> dict:
+    """PrimFunc name -> how many ``call_tir`` sites the module's Relax functions have for it
+    (after fusion a function is no longer the one the offload report names)."""
+    import tvm_ffi  # deferred: after the thread count is set
+    from tvm import relax
+
+    counts: dict = {}
+
+    def visit(call):
+        if call.args and isinstance(call.args[0], relax.GlobalVar):
+            counts[call.args[0].name_hint] = counts.get(call.args[0].name_hint, 0) + 1
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            tvm_ffi.structural_walk(func, (relax.Call, visit), order="pre")
+    return counts
+
+
+def profile(packed, tgt, repeat: int) -> list[dict]:
     """Per PrimFunc of the offloaded model: ms per call built and timed alone, times its call
     sites; most time first."""
     from tirbyoc._tvm import tirx  # deferred: after the thread count is set
     from tirbyoc.app.profiling import time_function
     from tirbyoc.relax.bridge import OFFLOADED_ATTR
 
-    calls = {f.name: f.calls for f in report.functions}
+    calls = call_sites(packed)
     rows = []
     for gv, func in packed.functions.items():
         if isinstance(func, tirx.PrimFunc):

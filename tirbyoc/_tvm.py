@@ -96,6 +96,14 @@ def isa_features(target) -> set[str]:
     return {str(f) for f in codegen.llvm_get_cpu_features(make_target(target)) if str(f).startswith(_ISA)}
 
 
+def vector_bytes(target) -> int:
+    """Bytes in one vector register of an LLVM CPU ``target``: 64 with AVX-512, 32 with AVX,
+    else 16 (SSE, NEON)."""
+
+    features = isa_features(target)
+    return 64 if "avx512f" in features else 32 if "avx" in features else 16
+
+
 def host_target() -> "tvm.target.Target":
 
     cpu = str(codegen.llvm_get_system_cpu())

@@ -10,19 +10,69 @@
 #include <tirbyoc_ffi.h>
 
 #include <stdlib.h>
-#include <unistd.h>
 
 int tirbyoc_blas_sgemm(int trans_b, int m, int n, int k, const float* a, int lda,
                        const float* b, int ldb, float beta, float* c, int ldc);
 void tirbyoc_blas_threads(int n);
 extern int tirbyoc_blas_outer;
 
-/* Threads for a whole matmul: TIRBYOC_BLAS_THREADS, else every online core. A packed kernel
- * runs on the Relax VM's thread, outside TVM's parallel loops, so it may use them all. */
-static int packed_threads(void) {
+/* TVM's thread pool, as the code TVM generates reaches it: TVM's module loader sets these
+ * pointers when it loads this library (weak: a library TVM links them into has one copy). */
+typedef struct {
+  void* sync_handle;
+  int32_t num_task;
+} tirbyoc_parallel_env;
+typedef int (*tirbyoc_parallel_lambda)(int task_id, tirbyoc_parallel_env* penv, void* cdata);
+__attribute__((weak)) int (*__TVMBackendParallelLaunch)(tirbyoc_parallel_lambda, void*, int);
+
+/* One whole matmul, cut into tasks. A packed kernel runs between TVM's parallel loops; were
+ * OpenBLAS to thread it with its own pool, that pool's threads would spin on the cores TVM's
+ * threads want next (and TVM's on theirs): BERT-base's elementwise functions, run in parallel
+ * between such matmuls, ran 3x slower. So the kernel runs on TVM's pool, each task a
+ * single-threaded GEMM on a block of C's columns (or rows, where C has more rows than
+ * columns: the operand every task reads whole, and packs, is the smaller one). */
+typedef struct {
+  int trans_b;
+  int64_t batch, m, n, k;
+  const float* a;
+  const float* b;
+  float* c;
+} job;
+
+static int64_t block(int64_t extent, int task, int tasks, int64_t* begin) {
+  int64_t step = (extent + tasks - 1) / tasks;
+  step = (step + 15) / 16 * 16; /* whole 64-byte lines of C per task */
+  *begin = step * task;
+  if (*begin >= extent) return 0;
+  return extent - *begin < step ? extent - *begin : step;
+}
+
+static int run_block(int task, tirbyoc_parallel_env* env, void* data) {
+  const job* j = (const job*)data;
+  int tasks = env ? env->num_task : 1;
+  int by_rows = j->m > j->n;
+  int64_t begin, len = block(by_rows ? j->m : j->n, task, tasks, &begin);
+  if (len == 0) return 0;
+  for (int64_t i = 0; i < j->batch; ++i) {
+    const float* a = j->a + i * j->m * j->k;
+    const float* b = j->b + i * j->k * j->n;
+    float* c = j->c + i * j->m * j->n;
+    int ldb = j->trans_b ? (int)j->k : (int)j->n;
+    if (by_rows)
+      tirbyoc_blas_sgemm(j->trans_b, (int)len, (int)j->n, (int)j->k, a + begin * j->k, (int)j->k,
+                         b, ldb, 0.0f, c + begin * j->n, (int)j->n);
+    else
+      tirbyoc_blas_sgemm(j->trans_b, (int)j->m, (int)len, (int)j->k, a, (int)j->k,
+                         b + (j->trans_b ? begin * j->k : begin), ldb, 0.0f, c + begin,
+                         (int)j->n);
+  }
+  return 0;
+}
+
+/* TIRBYOC_BLAS_THREADS=n runs a whole matmul on OpenBLAS's own n threads instead. */
+static int openblas_threads(void) {
   const char* env = getenv("TIRBYOC_BLAS_THREADS");
-  int n = env ? atoi(env) : (int)sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? n : 1;
+  return env ? atoi(env) : 0;
 }
 
 static int matmul(int trans_b, const char* fn, const TVMFFIAny* args, int32_t num_args,
@@ -58,13 +108,16 @@ static int matmul(int trans_b, const char* fn, const TVMFFIAny* args, int32_t nu
   const float* a = (const float*)tirbyoc_data(t[0]);
   const float* b = (const float*)tirbyoc_data(t[1]);
   float* c = (float*)tirbyoc_data(t[2]);
-  tirbyoc_blas_threads(packed_threads());
-  tirbyoc_blas_outer = 1;
-  for (int64_t i = 0; i < batch; ++i) {
-    tirbyoc_blas_sgemm(trans_b, (int)m, (int)n, (int)k, a + i * m * k, (int)k, b + i * k * n,
-                       trans_b ? (int)k : (int)n, 0.0f, c + i * m * n, (int)n);
+  job j = {trans_b, batch, m, n, k, a, b, c};
+  int threads = openblas_threads();
+  if (threads > 0 || __TVMBackendParallelLaunch == NULL) {
+    tirbyoc_blas_threads(threads > 0 ? threads : 1);
+    tirbyoc_blas_outer = 1;
+    run_block(0, NULL, &j);
+    tirbyoc_blas_outer = 0;
+  } else if (__TVMBackendParallelLaunch(run_block, &j, 0) != 0) {
+    return tirbyoc_fail("RuntimeError", "%s: TVM's thread pool failed to run the matmul", fn);
   }
-  tirbyoc_blas_outer = 0;
   return tirbyoc_return_none(rv);
 }
 

@@ -42,6 +42,7 @@ from tirbyoc.offloading.hexagon import is_hexagon
 from tirbyoc.offloading.lowering import PIPELINE
 from tirbyoc.relax.bridge import offload_module
 from tirbyoc.relax.prepack import pack_constant_weights
+from tirbyoc.relax.rest import schedule_rest_of
 from tirbyoc.sim import LIBRARY as SIM_LIBRARY
 from tirbyoc.tuning.apply import tuned_schedules
 
@@ -257,6 +258,7 @@ def build_library(model: str | None, templates=None, *, output, target=None, dat
     offloaded, report = offload_module(mod, tmpls, progress=progress.step, tuned=tuned,
                                        whole_calls=whole_calls)
     offloaded, _ = pack_constant_weights(offloaded)
+    offloaded, _ = schedule_rest_of(offloaded, tgt)
     progress.phase("compiling and linking")
     cross = None
     if is_hexagon(tgt):

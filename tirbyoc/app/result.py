@@ -47,6 +47,7 @@ class RunResult:
             "functions": [f.to_json() for f in r.functions],
             "packed_weights": None if r.packed is None else {
                 **r.packed.to_json(), "tensors": r.packed.tensors, "bytes_per_run": r.packed_bytes_per_run()},
+            "rest": None if r.rest is None else r.rest.to_json(),
             "quantized": self.quantized.to_json() if self.quantized is not None else None,
             "reference": self.reference.to_json() if self.reference is not None else None,
             "emulated": self.emulated.to_json() if self.emulated is not None else None,
@@ -82,6 +83,8 @@ class RunResult:
         if r.packed is not None and r.packed.tensors:
             text += (f"\nweights: {r.packed.tensors} packed once at compile time, not on every call "
                      f"({_bytes(r.packed_bytes_per_run())} of copies less per run)")
+        if r.rest is not None and r.rest.left:
+            text += f"\nthe rest: {r.rest.summary()}"
         if self.quantized is not None:
             text += f"\nquantized model: {self.quantized.describe()}"
         if self.reference is not None:

@@ -50,6 +50,7 @@ from tirbyoc.offloading.hexagon import is_hexagon
 from tirbyoc.relax.bridge import offload_module
 from tirbyoc.relax.emulated import EmulatedRuns, emulate_offloaded
 from tirbyoc.relax.prepack import pack_constant_weights
+from tirbyoc.relax.rest import schedule_rest_of
 from tirbyoc.relax.quantized import QuantizedReport, qdq_output_step
 from tirbyoc.tuning.apply import tuned_schedules
 
@@ -274,6 +275,7 @@ def run_offloaded(mod, tmpls, target, entry, arrays, ref_out, *, repeat: int = 1
     if not any(f.offloaded for f in report.functions):
         return OffloadRun(report, missing=["nothing was offloaded: the offloaded build would be "
                                            "TVM's build again, so it was not built"])
+    offloaded, report.rest = schedule_rest_of(offloaded, model_target(target))
     emulated = None
     if is_hexagon(check_target(target)):
         capacities = {s.name: s.capacity for t in tmpls for s in t.scopes if s.capacity}

@@ -1,21 +1,24 @@
 """tirbyoc's IRModule => IRModule passes, in the order they run in a Relax pipeline::
 
     [QuantizedToInteger] -> Dispatch(rules) -> LegalizeOps -> [FuseOps / FuseTIR]
-        -> OffloadTIR(templates) -> PackConstantWeights -> tvm.compile
+        -> OffloadTIR(templates) -> PackConstantWeights -> ScheduleRest(target) -> tvm.compile
 
 `QuantizedToInteger` makes a quantized (QDQ) model's float conv/matmul chains integer cores
 (`tirbyoc.relax.quantized`); `Dispatch` rewrites Relax operators into hand-written TIR or
 library calls for the current target (`tirbyoc.relax.dispatch`); `OffloadTIR` offloads the
 PrimFuncs left after legalization to templates (`tirbyoc.relax.bridge`);
 `PackConstantWeights` runs the copies an offloaded PrimFunc makes of a constant weight once, at
-compile time (`tirbyoc.relax.prepack`).
+compile time (`tirbyoc.relax.prepack`); `ScheduleRest` fuses the functions no template took, as
+TVM's pipeline would, and runs their loops in parallel and in vectors, bit for bit as TVM's
+build computes them (`tirbyoc.relax.rest`).
 """
 
 from tirbyoc.relax.bridge import OffloadReport, OffloadTIR
 from tirbyoc.relax.dispatch import Dispatch, DispatchReport, LibraryKernel, Matched, Rule, TIRKernel
 from tirbyoc.relax.prepack import PackConstantWeights, PackedWeights
 from tirbyoc.relax.quantized import QuantizedReport, QuantizedToInteger
+from tirbyoc.relax.rest import RestSchedule, ScheduleRest
 
 __all__ = ["Dispatch", "DispatchReport", "LibraryKernel", "Matched", "OffloadReport", "OffloadTIR",
            "PackConstantWeights", "PackedWeights",
-           "QuantizedReport", "QuantizedToInteger", "Rule", "TIRKernel"]
+           "QuantizedReport", "QuantizedToInteger", "RestSchedule", "Rule", "ScheduleRest", "TIRKernel"]

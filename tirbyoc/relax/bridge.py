@@ -105,6 +105,7 @@ class OffloadReport:
 
     functions: list[FunctionReport] = field(default_factory=list)
     packed: object = None  # tirbyoc.relax.prepack.PackedWeights, once weights were packed
+    rest: object = None  # tirbyoc.relax.rest.RestSchedule, once the functions left were scheduled
 
     def packed_bytes_per_run(self) -> int:
         """Bytes of weight copies a run of the model no longer makes (each packed function's

@@ -1,0 +1,161 @@
+"""The functions no template took: fused, in parallel rows and vectors, bit for bit as TVM's
+build computes them; and whole library matmuls on TVM's thread pool."""
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax
+
+from tirbyoc._tvm import make_target, relax_vm, tirx
+from tirbyoc.relax.bridge import OFFLOADED_ATTR, offload_module
+from tirbyoc.relax.rest import RestSchedule, ScheduleRest, schedule_rest_of
+from tirbyoc.rewrite.rest import SCHEDULED_ATTR, schedule_rest
+
+TARGET = make_target({"kind": "llvm"})
+AVX2 = 32  # bytes per vector: 8 float32 lanes
+
+
+def legalized(build, shape, dtype="float32"):
+    """The PrimFunc LegalizeOps makes of ``build(x)`` on one input of ``shape``."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, dtype))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(build(x))
+        bb.emit_func_output(out)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    return next(f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc))
+
+
+def loops(func):
+    found = []
+    tvm_ffi.structural_walk(func, (tirx.For, found.append), order="pre")
+    return [(int(l.kind), int(l.extent)) for l in found]
+
+
+PARALLEL, VECTORIZED, SERIAL = 1, 2, 0
+
+
+def run(func, *arrays):
+    exe = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=TARGET)
+    out = tvm.runtime.empty([int(d) for d in func.params[-1].shape], str(func.params[-1].dtype))
+    exe(*[tvm.runtime.tensor(a) for a in arrays], out)
+    return out.numpy()
+
+
+def same_values(func, new, shape, low=-4.0, high=4.0):
+    x = np.random.default_rng(0).uniform(low, high, shape).astype("float32")
+    a, b = run(func, x), run(new, x)
+    assert np.array_equal(a, b), np.abs(a - b).max()
+
+
+def test_an_elementwise_nest_runs_parallel_rows_of_vectors_with_the_same_bits():
+    func = legalized(lambda x: relax.op.erf(x), (1, 128, 64))
+    new, nests = schedule_rest(func, AVX2)
+    assert [(n.parallel, n.lanes) for n in nests] == [(128, 8)]  # rows of 8 vectors each
+    assert loops(new) == [(PARALLEL, 128), (SERIAL, 8), (VECTORIZED, 8)]
+    same_values(func, new, (1, 128, 64))
+
+
+def test_a_reduction_runs_its_rows_in_parallel_and_its_sums_serially():
+    func = legalized(lambda x: relax.op.nn.softmax(x), (2, 4, 32, 48))
+    new, nests = schedule_rest(func, AVX2)
+    assert len(nests) == 4 and all(n.parallel == 2 * 4 * 32 for n in nests)
+    kinds = loops(new)
+    assert kinds.count((SERIAL, 48)) >= 2  # the max and the sum along each row: in order
+    assert [n.lanes for n in nests] == [0, 8, 0, 8]  # exp and divide: vectors; the sums: none
+    same_values(func, new, (2, 4, 32, 48))
+
+
+def test_an_innermost_loop_the_lanes_do_not_divide_is_left_whole():
+    func = legalized(lambda x: relax.op.nn.relu(x), (1, 256, 7, 7))
+    new, nests = schedule_rest(func, AVX2)
+    assert [(n.parallel, n.lanes) for n in nests] == [(256, 0)]
+    assert loops(new) == [(PARALLEL, 256), (SERIAL, 7), (SERIAL, 7)]  # for LLVM's vectorizer
+    same_values(func, new, (1, 256, 7, 7))
+
+
+def test_a_small_nest_gets_vectors_but_no_thread_launch():
+    func = legalized(lambda x: relax.op.sigmoid(x), (4, 16))
+    new, nests = schedule_rest(func, AVX2)
+    assert [(n.parallel, n.lanes) for n in nests] == [(0, 8)]
+    assert not any(k == PARALLEL for k, _ in loops(new))
+
+
+def test_a_function_scheduled_already_is_left_as_it_is():
+    func = legalized(lambda x: relax.op.erf(x), (1, 128, 64))
+    once, _ = schedule_rest(func, AVX2)
+    again, nests = schedule_rest(once, AVX2)
+    assert nests == () and again.same_as(once)
+
+
+def model(m=64, k=96, n=128):
+    """matmul (offloaded to blas) -> GELU -> softmax -> layer norm: the rest of a transformer."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((m, k), "float32"))
+    w = relax.const(np.random.default_rng(3).standard_normal((k, n)).astype("float32") * 0.1)
+    gamma = relax.const(np.ones(n, "float32"))
+    beta = relax.const(np.zeros(n, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.matmul(x, w))
+            g = bb.emit(relax.op.nn.gelu(h))
+            s = bb.emit(relax.op.nn.softmax(g))
+            out = bb.emit_output(relax.op.nn.layer_norm(s, gamma, beta, axes=[-1]))
+        bb.emit_func_output(out)
+    return relax.transform.LegalizeOps()(bb.get())
+
+
+def outputs(mod, x):
+    vm = relax_vm(tvm.compile(mod, target=TARGET), tvm.cpu())
+    return vm["main"](tvm.runtime.tensor(x)).numpy()
+
+
+def test_the_module_pass_schedules_only_what_no_template_took_and_keeps_every_bit():
+    offloaded, report = offload_module(model(), ["blas"])
+    assert report.coverage == 1.0
+    new, rest = schedule_rest_of(offloaded, TARGET)
+    assert isinstance(rest, RestSchedule) and rest.left >= 3 and rest.parallel == rest.left
+    scheduled = {gv.name_hint for gv, f in new.functions.items()
+                 if isinstance(f, tirx.PrimFunc) and SCHEDULED_ATTR in (f.attrs or {})}
+    assert scheduled == set(rest.functions)
+    assert not any(OFFLOADED_ATTR in (new[name].attrs or {}) for name in scheduled)
+    assert 'R.call_dps_packed("tirbyoc_blas_matmul_nn"' in str(new["main"])  # the offload stays
+    assert "with parallel loops" in rest.summary() and rest.to_json()["left"] == rest.left
+    x = np.random.default_rng(0).standard_normal((64, 96)).astype("float32")
+    assert np.array_equal(outputs(new, x), outputs(offloaded, x))
+
+
+def test_the_pass_form_fills_its_report_and_leaves_other_targets_alone():
+    offloaded, _ = offload_module(model(), ["blas"])
+    report = RestSchedule()
+    ScheduleRest(TARGET, report)(offloaded)
+    assert report.left >= 3 and report.vector_bytes in (16, 32, 64)
+    same, none = schedule_rest_of(offloaded, {"kind": "cuda", "arch": "sm_80"})
+    assert none is None and same.same_as(offloaded)
+
+
+@pytest.mark.parametrize("shape_a, shape_b", [((200, 40), (40, 24)),  # more rows: split by rows
+                                                ((24, 40), (40, 200)),  # more columns
+                                                ((3, 33, 17), (3, 17, 50))])  # batched
+@pytest.mark.parametrize("openblas_threads", [None, "2"])
+def test_a_whole_library_matmul_shares_its_work_on_any_split(shape_a, shape_b, openblas_threads, monkeypatch):
+    """The packed kernel cuts C into blocks on TVM's thread pool (or, with TIRBYOC_BLAS_THREADS,
+    runs on OpenBLAS's own threads): every split gives numpy's product."""
+    if openblas_threads:
+        monkeypatch.setenv("TIRBYOC_BLAS_THREADS", openblas_threads)
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType(shape_a, "float32"))
+    b = relax.Var("b", relax.TensorType(shape_b, "float32"))
+    with bb.function("main", [a, b]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(a, b))
+        bb.emit_func_output(out)
+    offloaded, report = offload_module(relax.transform.LegalizeOps()(bb.get()), ["blas"])
+    assert [f.extern for f in report.functions if f.macs] == ["tirbyoc_blas_matmul_nn"]
+    rng = np.random.default_rng(5)
+    xa, xb = rng.standard_normal(shape_a).astype("float32"), rng.standard_normal(shape_b).astype("float32")
+    vm = relax_vm(tvm.compile(offloaded, target=TARGET), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(xa), tvm.runtime.tensor(xb)).numpy()
+    np.testing.assert_allclose(got, xa @ xb, rtol=1e-5, atol=1e-4)

@@ -1,0 +1,98 @@
+"""`ScheduleRest`: the functions of an offloaded model no template took, fused as TVM's
+pipeline fuses them and given parallel rows and vector lanes.
+
+After `OffloadTIR` a model's cores are library calls or tensorized loops; what is left
+(activations, softmax, layer norms, residual adds, reshapes) TVM builds as ``LegalizeOps``
+wrote it, serial and scalar. This pass runs TVM's own fusion first (``AnnotateTIROpPattern
+-> FoldConstant -> FuseOps -> FuseTIR``, what ``tvm.compile``'s CPU pipeline would run next;
+offloaded functions are opaque, so nothing is fused into them), then schedules each function
+that is neither offloaded nor scheduled already with `tirbyoc.rewrite.rest.schedule_rest`:
+the model computes the same values, bit for bit, on every core. Where it goes::
+
+    LegalizeOps -> OffloadTIR -> PackConstantWeights -> ScheduleRest -> tvm.compile
+
+Only for a target this machine runs (an LLVM target for its CPU); any other target's module
+comes back as it came.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tvm import relax
+
+from tirbyoc._tvm import is_host_target, make_target, tirx, tvm, vector_bytes
+from tirbyoc.relax.bridge import OFFLOADED_ATTR
+from tirbyoc.rewrite.rest import SCHEDULED_ATTR, schedule_rest
+
+
+@dataclass
+class RestSchedule:
+    """What `ScheduleRest` did: the functions left to TVM after fusion, and per function it
+    scheduled, its nests (`tirbyoc.rewrite.rest.NestSchedule`)."""
+
+    left: int = 0  # PrimFuncs no template took, after fusion
+    functions: dict = field(default_factory=dict)  # name -> tuple of NestSchedule
+    vector_bytes: int = 0
+
+    @property
+    def parallel(self) -> int:
+        return sum(1 for nests in self.functions.values() if any(n.parallel for n in nests))
+
+    @property
+    def vectorized(self) -> int:
+        return sum(1 for nests in self.functions.values() if any(n.lanes for n in nests))
+
+    def summary(self) -> str:
+        return (f"{self.left} function(s) no template took, fused as TVM fuses them: {self.parallel} "
+                f"with parallel loops, {self.vectorized} with {self.vector_bytes * 8}-bit vectors "
+                "(the same values as TVM's build, bit for bit)")
+
+    def to_json(self) -> dict:
+        return {"left": self.left, "parallel": self.parallel, "vectorized": self.vectorized,
+                "vector_bits": self.vector_bytes * 8,
+                "functions": {name: [{"block": n.block, "parallel": n.parallel, "lanes": n.lanes}
+                                     for n in nests] for name, nests in self.functions.items()}}
+
+
+def _fused(mod):
+    if not any(isinstance(f, relax.Function) for f in mod.functions.values()):
+        return mod
+    return tvm.transform.Sequential([relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
+                                     relax.transform.FuseOps(), relax.transform.FuseTIR()])(mod)
+
+
+def schedule_rest_of(mod, target) -> tuple[object, RestSchedule | None]:
+    """(``mod`` fused and its functions no template took scheduled, what was done); ``mod``
+    and None for a target this machine does not run."""
+    tgt = make_target(target)
+    if str(tgt.kind.name) != "llvm" or not is_host_target(tgt):
+        return mod, None
+    mod = _fused(mod)
+    report = RestSchedule(vector_bytes=vector_bytes(tgt))
+    for gv, func in list(mod.functions.items()):
+        attrs = func.attrs or {}
+        if not isinstance(func, tirx.PrimFunc) or OFFLOADED_ATTR in attrs or SCHEDULED_ATTR in attrs:
+            continue
+        report.left += 1
+        new, nests = schedule_rest(func, report.vector_bytes)
+        if nests:
+            mod[gv] = new.with_attr(SCHEDULED_ATTR, True)
+            report.functions[gv.name_hint] = nests
+    return mod, report
+
+
+def ScheduleRest(target, report: RestSchedule | None = None):  # noqa: N802 - a pass, named as TVM's are
+    """`schedule_rest_of` as an IRModule pass; ``report``, when given, is filled in."""
+
+    @tvm.transform.module_pass(opt_level=0, name="tirbyoc.ScheduleRest")
+    def _pass(mod, _ctx):
+        new, done = schedule_rest_of(mod, target)
+        if report is not None and done is not None:
+            report.__dict__.update(done.__dict__)
+        return new
+
+    return _pass
+
+
+__all__ = ["RestSchedule", "ScheduleRest", "schedule_rest_of"]

@@ -1,0 +1,145 @@
+"""The CPU schedule of the loop nests no template took: parallel rows, vector lanes.
+
+What tirbyoc does not offload, TVM builds as ``LegalizeOps`` wrote it: every loop serial and
+scalar, on one core. In a model whose cores are offloaded that rest is what is left of its
+time (BERT-base on blas: GELU, softmax and layer norms, a quarter of the run). This gives each
+such loop nest the schedule TVM's own default CPU rules would start from, keeping every
+value bit for bit:
+
+* the nest's leading loops that only spatial block iterators use are fused and run in
+  parallel (the rows of a softmax or a layer norm, all of an elementwise nest);
+* a nest with no reduction (elementwise, a transpose, a reshape) runs its innermost loop
+  as vectors of its output's dtype, where that loop's extent is a multiple of the lanes
+  (vectorizing a fused loop would index every lane through divisions: gathers).
+
+Reductions stay serial inside each row: splitting or vectorizing them reassociates float sums
+(what dlight's reduction rules and ``rfactor`` do), which moves the last bits of a float
+model and can move a quantized model's rounding ties. Each step is one of TVM's schedule
+primitives, which check their own legality; a nest a primitive refuses stays as it was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tirbyoc._tvm import s_tir, tirx, tvm_ffi
+from tirbyoc.dtypes import dtype_bytes
+
+SCHEDULED_ATTR = "tirbyoc.rest"  # set on a function this schedule changed: what it did
+MIN_PARALLEL = 4096  # iterations below which TVM's parallel launch costs more than it saves
+ROWS = 64  # parallel iterations enough to share a nest evenly among the cores
+
+
+@dataclass(frozen=True)
+class NestSchedule:
+    """What one loop nest got: its block, the fused parallel extent (0: none) and the
+    vector lanes (0: none)."""
+
+    block: str
+    parallel: int
+    lanes: int
+
+
+def _uses(expr, loop_var) -> bool:
+    found = []
+    tvm_ffi.structural_walk(expr, (tirx.Var, lambda v: found.append(v.same_as(loop_var))), order="pre")
+    return any(found)
+
+
+def _spatial_prefix(sch, block, loops) -> list:
+    """The leading loops of ``block``'s nest that only its spatial iterators' bindings use."""
+    stmt = sch.get(loops[-1]).body
+    if not isinstance(stmt, s_tir.SBlockRealize):
+        return []
+    binds = list(zip(sch.get(block).iter_vars, stmt.iter_values))
+    prefix = []
+    for loop in loops:
+        var = sch.get(loop).loop_var
+        kinds = {int(iv.iter_type) for iv, value in binds if _uses(value, var)}
+        if not kinds <= {0}:  # 0: IterVar.DataPar
+            break
+        prefix.append(loop)
+    return prefix
+
+
+def _is_perfect(sch, loops) -> bool:
+    """Each loop's body is the next loop (the last one's, the block): nothing in between
+    that a fuse would have to move."""
+    return all(sch.get(outer).body.same_as(sch.get(inner)) for outer, inner in zip(loops, loops[1:]))
+
+
+def _lanes(sch, block, vector_bytes: int) -> int:
+    """Elements of the block's (first) output in one vector register."""
+    writes = sch.get(block).writes
+    return vector_bytes // max(1, dtype_bytes(str(writes[0].source.dtype))) if writes else 0
+
+
+def _schedule_nest(sch, block, vector_bytes: int) -> NestSchedule | None:
+    lanes = _lanes(sch, block, vector_bytes)
+    loops = sch.get_loops(block)
+    if not loops or not _is_perfect(sch, loops):
+        return None
+    if any(int(sch.get(l).kind) != 0 for l in loops):  # 0: ForKind.SERIAL; scheduled already
+        return None
+    prefix = _spatial_prefix(sch, block, loops)
+    if not prefix or not all(isinstance(sch.get(l).extent, tirx.IntImm) for l in prefix):
+        return None
+    work = _iterations(sch, loops)
+    elementwise = len(prefix) == len(loops) and all(int(iv.iter_type) == 0 for iv in sch.get(block).iter_vars)
+    vector = lanes if elementwise and lanes > 1 and _iterations(sch, loops[-1:]) % lanes == 0 else 0
+    if vector:  # indices stay a ramp over the lanes, outer operands a broadcast
+        outer, inner = sch.split(loops[-1], [None, vector])
+        sch.vectorize(inner)
+        prefix = [outer] if len(prefix) == 1 else prefix[:-1]
+    elif len(prefix) == len(loops) > 1:
+        prefix = prefix[:-1]  # the innermost loop stays whole, for LLVM's vectorizer
+    rows = _rows(sch, prefix)
+    fused = sch.fuse(*rows) if len(rows) > 1 else rows[0]
+    parallel = _iterations(sch, [fused]) if work >= MIN_PARALLEL else 0
+    if parallel > 1:
+        sch.parallel(fused)
+    else:
+        parallel = 0
+    name = str(sch.get(block).name_hint)
+    return NestSchedule(name, parallel, vector) if parallel or vector else None
+
+
+def _iterations(sch, loops) -> int:
+    n = 1
+    for loop in loops:
+        ext = sch.get(loop).extent
+        n *= int(ext.value) if isinstance(ext, tirx.IntImm) else 1
+    return n
+
+
+def _rows(sch, prefix) -> list:
+    """The fewest leading loops of ``prefix`` with at least `ROWS` iterations (all of them if
+    fewer): the loops fused into the parallel one. Fusing more would cost a division per
+    iteration for every index, and take the loop nest LLVM vectorizes away from it."""
+    for n in range(1, len(prefix) + 1):
+        if _iterations(sch, prefix[:n]) >= ROWS:
+            return prefix[:n]
+    return prefix
+
+
+def schedule_rest(func, vector_bytes: int):
+    """(``func`` with each top-level loop nest scheduled as the module docstring says, with
+    vectors of ``vector_bytes``; the nests scheduled). A function that is not schedulable TIR, or whose loops were scheduled
+    already, comes back unchanged with no nests."""
+    try:
+        sch = s_tir.Schedule(func)
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    except Exception:  # noqa: BLE001 - not schedulable TIR (no root block): TVM's lowering as is
+        return func, ()
+    done = []
+    for block in blocks:
+        try:
+            nest = _schedule_nest(sch, block, vector_bytes)
+        except s_tir.ScheduleError:  # a primitive refused: the nest keeps the steps before it
+            continue
+        if nest is not None:
+            done.append(nest)
+    return sch.mod["main"], tuple(done)
+
+
+__all__ = ["MIN_PARALLEL", "NestSchedule", "SCHEDULED_ATTR", "schedule_rest"]
