@@ -175,7 +175,8 @@ def worker(args) -> None:
 def _spawn(args, threads: str, model: str, precision: str, group: str, outputs: str, profile: bool = False) -> dict:
     """Run one engine group in a process of its own (``profile``: only the per-PrimFunc profile,
     no timing rounds)."""
-    env = {**os.environ, "TVM_NUM_THREADS": threads, "OMP_NUM_THREADS": threads, "TIRBYOC_BLAS_THREADS": threads}
+    env = {**os.environ, "TVM_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}
+    env.pop("TIRBYOC_BLAS_THREADS", None)  # whole blas matmuls share TVM's pool, sized above
     cmd = [sys.executable, __file__, "--worker", "--worker-threads", threads, "--models", model,
            "--precision", precision, "--group", group, "--rounds", "0" if profile else str(args.rounds),
            "--repeat", str(args.repeat), "--cache", args.cache, "--outputs", outputs]

@@ -181,9 +181,10 @@ def test_verify_accepts_a_scalar_for_a_0d_buffer():
 
 
 # ------------------------------------------------------------- OpenBLAS threads (item 9)
-def test_blas_runs_single_threaded_inside_tvm_loops_and_on_all_cores_whole(monkeypatch):
+def test_blas_runs_single_threaded_inside_tvm_loops_and_whole_on_tvms_pool(monkeypatch):
     """Tile calls happen inside TVM's parallel loops: OpenBLAS's own pool must not fight TVM's.
-    A whole matmul (a packed kernel on the VM's thread) may use TIRBYOC_BLAS_THREADS cores."""
+    A whole matmul (a packed kernel on the VM's thread) runs on TVM's pool, single-threaded
+    GEMMs, unless TIRBYOC_BLAS_THREADS asks for OpenBLAS's own threads."""
     import ctypes
 
     import scipy_openblas32 as ob
@@ -204,8 +205,13 @@ def test_blas_runs_single_threaded_inside_tvm_loops_and_on_all_cores_whole(monke
     assert shim.tirbyoc_blas_sgemm(0, 8, 8, 8, ptr(a), 8, ptr(a), 8, 0.0, ptr(c), 8) == 0
     assert threads() == 1 and np.allclose(c, 8)
 
-    monkeypatch.setenv("TIRBYOC_BLAS_THREADS", "2")
+    monkeypatch.delenv("TIRBYOC_BLAS_THREADS", raising=False)
     matmul = PACKED_LIBRARY.runtime_module()["tirbyoc_blas_matmul_nn"]
+    out = to_tensor(np.zeros((8, 8), "float32"))
+    matmul(to_tensor(a), to_tensor(a), out)
+    assert threads() == 1 and np.allclose(out.numpy(), 8)
+
+    monkeypatch.setenv("TIRBYOC_BLAS_THREADS", "2")
     out = to_tensor(np.zeros((8, 8), "float32"))
     matmul(to_tensor(a), to_tensor(a), out)
     assert threads() == 2 and np.allclose(out.numpy(), 8)

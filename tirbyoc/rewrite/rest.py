@@ -1,16 +1,20 @@
 """The CPU schedule of the loop nests no template took: parallel rows, vector lanes.
 
-What tirbyoc does not offload, TVM builds as ``LegalizeOps`` wrote it: every loop serial and
-scalar, on one core. In a model whose cores are offloaded that rest is what is left of its
-time (BERT-base on blas: GELU, softmax and layer norms, a quarter of the run). This gives each
-such loop nest the schedule TVM's own default CPU rules would start from, keeping every
-value bit for bit:
+What tirbyoc does not offload, TVM builds as ``LegalizeOps`` wrote it: every loop serial, on
+one core, vectorized only where LLVM manages it by itself. In a model whose cores are
+offloaded that rest is what is left of its time (BERT-base on blas: GELU, softmax and layer
+norms, a quarter of the run). This gives each such loop nest the parallel and vector steps of
+MetaSchedule's default CPU rule (``ParallelizeVectorizeUnroll``), untuned, keeping every value
+bit for bit:
 
-* the nest's leading loops that only spatial block iterators use are fused and run in
-  parallel (the rows of a softmax or a layer norm, all of an elementwise nest);
+* the fewest leading loops that only spatial block iterators use and that give `ROWS`
+  iterations are fused and run in parallel (the rows of a softmax or a layer norm, the
+  outer dimensions of an elementwise nest); the loops inside them stay as they are, so that
+  indices need no division and LLVM still sees the inner loops it vectorizes;
 * a nest with no reduction (elementwise, a transpose, a reshape) runs its innermost loop
-  as vectors of its output's dtype, where that loop's extent is a multiple of the lanes
-  (vectorizing a fused loop would index every lane through divisions: gathers).
+  as vectors of its output's dtype, where the lanes divide that loop's extent (vectorizing
+  a fused loop would index every lane through divisions: gathers);
+* a nest of fewer than `MIN_PARALLEL` iterations is not worth waking the thread pool for.
 
 Reductions stay serial inside each row: splitting or vectorizing them reassociates float sums
 (what dlight's reduction rules and ``rfactor`` do), which moves the last bits of a float
@@ -124,8 +128,8 @@ def _rows(sch, prefix) -> list:
 
 def schedule_rest(func, vector_bytes: int):
     """(``func`` with each top-level loop nest scheduled as the module docstring says, with
-    vectors of ``vector_bytes``; the nests scheduled). A function that is not schedulable TIR, or whose loops were scheduled
-    already, comes back unchanged with no nests."""
+    vectors of ``vector_bytes``; the nests scheduled). A function that is not schedulable
+    TIR, or whose loops were scheduled already, comes back unchanged with no nests."""
     try:
         sch = s_tir.Schedule(func)
         blocks = sch.get_child_blocks(sch.get_sblock("root"))
