@@ -16,8 +16,8 @@ int tirbyoc_blas_sgemm(int trans_b, int m, int n, int k, const float* a, int lda
 void tirbyoc_blas_threads(int n);
 extern int tirbyoc_blas_outer;
 
-/* TVM's thread pool, as the code TVM generates reaches it: TVM's module loader sets these
- * pointers when it loads this library (weak: a library TVM links them into has one copy). */
+/* TVM's thread pool, reached as the code TVM generates reaches it: TVM's module loader sets
+ * this pointer when it loads the library (weak: a library TVM links it into has one copy). */
 typedef struct {
   void* sync_handle;
   int32_t num_task;
