@@ -112,32 +112,14 @@ def ort_engine(path: Path, inputs: Path, threads: int, repeat: int):
     return {"onnxruntime": ms}, {"onnxruntime": out}, {}
 
 
-def call_sites(mod) -> dict:
-    """PrimFunc name -> how many ``call_tir`` sites the module's Relax functions have for it
-    (after fusion a function is no longer the one the offload report names)."""
-    import tvm_ffi  # deferred: after the thread count is set
-    from tvm import relax
-
-    counts: dict = {}
-
-    def visit(call):
-        if call.args and isinstance(call.args[0], relax.GlobalVar):
-            counts[call.args[0].name_hint] = counts.get(call.args[0].name_hint, 0) + 1
-
-    for func in mod.functions.values():
-        if isinstance(func, relax.Function):
-            tvm_ffi.structural_walk(func, (relax.Call, visit), order="pre")
-    return counts
-
-
 def profile(packed, tgt, repeat: int) -> list[dict]:
     """Per PrimFunc of the offloaded model: ms per call built and timed alone, times its call
     sites; most time first."""
     from tirbyoc._tvm import tirx  # deferred: after the thread count is set
     from tirbyoc.app.profiling import time_function
-    from tirbyoc.relax.bridge import OFFLOADED_ATTR
+    from tirbyoc.relax.bridge import OFFLOADED_ATTR, call_counts
 
-    calls = call_sites(packed)
+    calls = call_counts(packed)  # from the module: fusion renames what the report named
     rows = []
     for gv, func in packed.functions.items():
         if isinstance(func, tirx.PrimFunc):

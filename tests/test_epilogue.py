@@ -9,7 +9,7 @@ from tvm import relax
 
 import tirbyoc
 from tirbyoc import BlockALU, TemplateError
-from tirbyoc.app.preparation import fuse
+from tirbyoc.relax.bridge import fuse
 from tirbyoc.rewrite.steps import StepKind
 
 VTA = tirbyoc.get_template("vta")

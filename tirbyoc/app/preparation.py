@@ -35,14 +35,6 @@ def preparation(templates) -> tuple:
     return activation_dtype(templates), requantize_mode(templates), fuses_epilogues(templates)
 
 
-def fuse(mod):
-    """TVM's operator fusion of a legalized module (``AnnotateTIROpPattern``, ``FuseOps``,
-    ``FuseTIR``), as its default pipeline does before building."""
-    mod = relax.transform.AnnotateTIROpPattern()(mod)
-    mod = relax.transform.FuseOps()(mod)
-    return relax.transform.FuseTIR()(mod)
-
-
 def activation_dtype(templates) -> str | None:
     """The activation dtype the first template's GEMM takes (uint8 or int8), if any: the
     quantized built-ins are quantized to it."""
@@ -95,5 +87,5 @@ def with_constant_weights(mod, entry: str, arrays: list):
     return relax.transform.DeadCodeElimination([entry])(folded), rest  # PrimFuncs folded away
 
 
-__all__ = ["activation_dtype", "bind_weights", "fuse", "fuses_epilogues", "integer_module", "preparation", "requantize_mode",
+__all__ = ["activation_dtype", "bind_weights", "fuses_epilogues", "integer_module", "preparation", "requantize_mode",
            "with_constant_weights"]

@@ -24,7 +24,6 @@ from tirbyoc.app.model_inputs import model_inputs
 from tirbyoc.app.models import CALIBRATION_SEEDS, MODELS, build_model
 from tirbyoc.app.preparation import (
     activation_dtype,
-    fuse,
     fuses_epilogues,
     integer_module,
     requantize_mode,
@@ -47,7 +46,7 @@ from tirbyoc.errors import ModelError, TirbyocError, last_line
 from tirbyoc.offloading.lowering import PIPELINE
 from tirbyoc.offloading.verification import compare_arrays
 from tirbyoc.offloading.hexagon import is_hexagon
-from tirbyoc.relax.bridge import offload_module
+from tirbyoc.relax.bridge import fuse, offload_module
 from tirbyoc.relax.emulated import EmulatedRuns, emulate_offloaded
 from tirbyoc.relax.prepack import pack_constant_weights
 from tirbyoc.relax.rest import schedule_rest_of

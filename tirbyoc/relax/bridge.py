@@ -10,7 +10,7 @@ Where it goes in TVM's CPU pipeline::
 
 For a template that runs epilogues on its accumulator tiles (a `BlockALU`: vta), fuse first:
 only then does a core's PrimFunc carry the bias, requantization and ReLU that follow it
-(`tirbyoc.app.preparation.fuse`, which `tirbyoc run` applies for such a template).
+(`fuse`, which `tirbyoc run` applies for such a template).
 
 Offloaded PrimFuncs are marked opaque (``op_pattern`` = kOpaque) so a later FuseOps does
 not merge them into their neighbours; running the pass again (another template) only
@@ -140,6 +140,14 @@ class OffloadReport:
 
 # the one definition of MACs, shared with the matcher (kept under the name callers know)
 mac_blocks = block_macs
+
+
+def fuse(mod):
+    """TVM's operator fusion of a legalized module (``AnnotateTIROpPattern``, ``FuseOps``,
+    ``FuseTIR``), as its default pipeline does before building."""
+    mod = relax.transform.AnnotateTIROpPattern()(mod)
+    mod = relax.transform.FuseOps()(mod)
+    return relax.transform.FuseTIR()(mod)
 
 
 def call_counts(mod) -> dict[str, int]:
@@ -338,4 +346,5 @@ def OffloadTIR(templates: Sequence, *, policy="first", verify: bool = True,
     return _pass
 
 
-__all__ = ["OFFLOADED_ATTR", "FunctionReport", "OffloadReport", "OffloadTIR", "offload_module", "replace_call_tir"]
+__all__ = ["OFFLOADED_ATTR", "FunctionReport", "OffloadReport", "OffloadTIR", "call_counts", "fuse", "offload_module",
+           "replace_call_tir"]

@@ -3,8 +3,8 @@ pipeline fuses them and given parallel rows and vector lanes.
 
 After `OffloadTIR` a model's cores are library calls or tensorized loops; what is left
 (activations, softmax, layer norms, residual adds, reshapes) TVM builds as ``LegalizeOps``
-wrote it, serial and scalar. This pass runs TVM's own fusion first (``AnnotateTIROpPattern
--> FoldConstant -> FuseOps -> FuseTIR``, what ``tvm.compile``'s CPU pipeline would run next;
+wrote it, serial and scalar. This pass runs TVM's own fusion first (``FoldConstant``, then
+`tirbyoc.relax.bridge.fuse`: what ``tvm.compile``'s CPU pipeline would run next;
 offloaded functions are opaque, so nothing is fused into them), then schedules each function
 that is neither offloaded nor scheduled already with `tirbyoc.rewrite.rest.schedule_rest`:
 the model computes the same values, bit for bit, on every core. Where it goes::
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from tvm import relax
 
 from tirbyoc._tvm import is_host_target, make_target, tirx, tvm, vector_bytes
-from tirbyoc.relax.bridge import OFFLOADED_ATTR
+from tirbyoc.relax.bridge import OFFLOADED_ATTR, fuse
 from tirbyoc.rewrite.rest import SCHEDULED_ATTR, schedule_rest
 
 
@@ -58,8 +58,7 @@ class RestSchedule:
 def _fused(mod):
     if not any(isinstance(f, relax.Function) for f in mod.functions.values()):
         return mod
-    return tvm.transform.Sequential([relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
-                                     relax.transform.FuseOps(), relax.transform.FuseTIR()])(mod)
+    return fuse(relax.transform.FoldConstant()(mod))
 
 
 def schedule_rest_of(mod, target) -> tuple[object, RestSchedule | None]:

@@ -25,9 +25,12 @@ primitives, which check their own legality; a nest a primitive refuses stays as 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import prod
 
 from tirbyoc._tvm import s_tir, tirx, tvm_ffi
 from tirbyoc.dtypes import dtype_bytes
+from tirbyoc.ir.tir_walk import perfect_nest
+from tirbyoc.rewrite.cpu import loop_extent
 
 SCHEDULED_ATTR = "tirbyoc.rest"  # set on a function this schedule changed: what it did
 MIN_PARALLEL = 4096  # iterations below which TVM's parallel launch costs more than it saves
@@ -50,12 +53,9 @@ def _uses(expr, loop_var) -> bool:
     return any(found)
 
 
-def _spatial_prefix(sch, block, loops) -> list:
-    """The leading loops of ``block``'s nest that only its spatial iterators' bindings use."""
-    stmt = sch.get(loops[-1]).body
-    if not isinstance(stmt, s_tir.SBlockRealize):
-        return []
-    binds = list(zip(sch.get(block).iter_vars, stmt.iter_values))
+def _spatial_prefix(sch, loops, realize) -> list:
+    """The leading ``loops`` that only the spatial iterators' bindings in ``realize`` use."""
+    binds = list(zip(realize.block.iter_vars, realize.iter_values))
     prefix = []
     for loop in loops:
         var = sch.get(loop).loop_var
@@ -64,12 +64,6 @@ def _spatial_prefix(sch, block, loops) -> list:
             break
         prefix.append(loop)
     return prefix
-
-
-def _is_perfect(sch, loops) -> bool:
-    """Each loop's body is the next loop (the last one's, the block): nothing in between
-    that a fuse would have to move."""
-    return all(sch.get(outer).body.same_as(sch.get(inner)) for outer, inner in zip(loops, loops[1:]))
 
 
 def _lanes(sch, block, vector_bytes: int) -> int:
@@ -81,12 +75,13 @@ def _lanes(sch, block, vector_bytes: int) -> int:
 def _schedule_nest(sch, block, vector_bytes: int) -> NestSchedule | None:
     lanes = _lanes(sch, block, vector_bytes)
     loops = sch.get_loops(block)
-    if not loops or not _is_perfect(sch, loops):
+    nest = perfect_nest(sch.get(loops[0])) if loops else None
+    if nest is None or len(nest[0]) != len(loops):  # something between the loops a fuse would move
         return None
     if any(int(sch.get(l).kind) != 0 for l in loops):  # 0: ForKind.SERIAL; scheduled already
         return None
-    prefix = _spatial_prefix(sch, block, loops)
-    if not prefix or not all(isinstance(sch.get(l).extent, tirx.IntImm) for l in prefix):
+    prefix = _spatial_prefix(sch, loops, nest[1])
+    if not prefix or any(loop_extent(sch, l) is None for l in prefix):
         return None
     work = _iterations(sch, loops)
     elementwise = len(prefix) == len(loops) and all(int(iv.iter_type) == 0 for iv in sch.get(block).iter_vars)
@@ -109,11 +104,8 @@ def _schedule_nest(sch, block, vector_bytes: int) -> NestSchedule | None:
 
 
 def _iterations(sch, loops) -> int:
-    n = 1
-    for loop in loops:
-        ext = sch.get(loop).extent
-        n *= int(ext.value) if isinstance(ext, tirx.IntImm) else 1
-    return n
+    """The iterations of ``loops`` (a loop of symbolic extent counts as one)."""
+    return prod(loop_extent(sch, loop) or 1 for loop in loops)
 
 
 def _rows(sch, prefix) -> list:
