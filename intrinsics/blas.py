@@ -11,8 +11,6 @@ instead called whole from Relax: ``csrc/blas_packed.c`` exports the TVM packed f
 """
 
 from functools import cache
-from typing import Optional
-
 from pathlib import Path
 
 from tirbyoc import (

@@ -6,7 +6,6 @@ bad Dispatch rules in test_dispatch.py.)
 """
 
 import json
-import os
 
 import pytest
 from tvm.script import tirx as T

@@ -8,7 +8,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 from tirbyoc import ExternLibrary, ExternLibraryError, PackedFunction
-from tirbyoc.relax.dispatch import (Dispatch, DispatchError, DispatchReport, LibraryKernel, Rule,
+from tirbyoc.relax.dispatch import (Dispatch, DispatchError, DispatchReport, Rule,
                               TIRKernel, dispatch_module)
 
 LLVM = {"kind": "llvm"}

@@ -7,7 +7,6 @@ capacity. The one piece of TVM behaviour the staging works around (blockize on a
 copy) is checked numerically on the CPU.
 """
 
-import numpy as np
 import pytest
 from workloads import conv2d, matmul
 

@@ -46,7 +46,6 @@ def test_offload_tir_replaces_primfuncs_and_keeps_call_tir():
 def test_whole_matmul_becomes_call_dps_packed_with_the_library_attached():
     import numpy as np
     import tvm
-    from tvm import relax
 
     from tirbyoc._tvm import make_target, relax_vm
 
