@@ -16,7 +16,6 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
 
 HERE = Path(__file__).resolve().parent
 
@@ -33,7 +32,8 @@ def main():
     from tirbyoc import PIPELINE, get_template
     from tirbyoc._tvm import make_target, relax_vm
     from tirbyoc.relax.bridge import offload_module
-    from tirbyoc.app.run import compare, legalized_model
+    from tirbyoc.app.legalize import legalized_model
+    from tirbyoc.app.run import compare
 
     template = get_template(args.template)
     t0 = time.perf_counter()

@@ -185,7 +185,8 @@ def test_export_module_saves_what_offload_tir_made(tmp_path):
     from tvm import relax
 
     from tirbyoc.app.deploy import export_module
-    from tirbyoc.app.run import legalized_model, model_output
+    from tirbyoc.app.legalize import legalized_model
+    from tirbyoc.app.run import model_output
     from tirbyoc.relax import OffloadTIR
 
     _, mod, entry, arrays = legalized_model("builtin:mlp", ["blas"], 0)

@@ -74,7 +74,7 @@ def test_builtin_resnet50_outputs_are_finite_and_verified_on_blas():
 def test_builtin_float_models_keep_activations_of_order_one():
     """Weights drawn as torch.nn initialises them (+-1/sqrt(fan-in)): a ResNet-18's logits
     stay O(1) instead of 1e20."""
-    from tirbyoc.app.run import legalized_model
+    from tirbyoc.app.legalize import legalized_model
     from tirbyoc.app.run import model_output as _output
 
     _, mod, entry, arrays = legalized_model("builtin:resnet18", ["blas"], 0)

@@ -97,7 +97,7 @@ def test_separate_init_needs_prepare():
 
 
 def test_tasks_are_distinct_and_weighted():
-    from tirbyoc.app.run import legalized_model
+    from tirbyoc.app.legalize import legalized_model
 
     _, mod, _, _ = legalized_model("builtin:cnn_int8", [tirbyoc.get_template("x86_vnni")], 0)
     tasks, skipped = offloadable_tasks(mod, "x86_vnni")
@@ -111,7 +111,7 @@ def test_tune_then_run_with_database(tmp_path):
     """`tune` fills a database; `run_model(database=...)` applies it, verified."""
     from tirbyoc.app.run import run_model
 
-    from tirbyoc.app.run import legalized_model
+    from tirbyoc.app.legalize import legalized_model
 
     _, mod, _, _ = legalized_model("builtin:mlp_int8", [tirbyoc.get_template("x86_vnni")], 0)
     seen = []

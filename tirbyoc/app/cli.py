@@ -15,7 +15,8 @@ from tirbyoc.app.jsonout import dumps
 from tirbyoc.app.loaders import legalize
 from tirbyoc.app.model_inputs import load_inputs
 from tirbyoc.app.preparation import integer_module
-from tirbyoc.app.run import Progress, default_templates, importing, legalized_model, load_model, run_model
+from tirbyoc.app.legalize import importing, legalized_model, load_model
+from tirbyoc.app.run import Progress, default_templates, run_model
 from tirbyoc.app.sweep import parse_params, plot, sweep, table
 from tirbyoc.decl.registry import get_template, template_names
 from tirbyoc.errors import TirbyocError
@@ -175,7 +176,7 @@ def cmd_run(args) -> int:
                        inputs=inputs, baseline=args.baseline, repeat=args.repeat,
                        time_baseline=not args.no_baseline, obj=args.object,
                        input_shapes=_shapes_arg(args.input_shape), profile=args.profile,
-                       reference=args.reference)
+                       reference=args.reference, fast_math=args.fast_math)
     if args.json:
         print(dumps(result.to_json()))
     else:
@@ -245,7 +246,8 @@ def cmd_build(args) -> int:
     built = build_library(args.model, args.template, output=args.output, target=_target_arg(args.target),
                           database=args.database, seed=args.seed, obj=args.object,
                           input_shapes=_shapes_arg(args.input_shape), whole_calls=not args.no_whole_calls,
-                          progress=Progress(enabled=not args.quiet), run_check=False)
+                          progress=Progress(enabled=not args.quiet), run_check=False,
+                          fast_math=args.fast_math)
     if args.json:
         print(dumps(built.to_json()))
         return 0
@@ -259,6 +261,8 @@ def cmd_build(args) -> int:
         if f.verified is not True:
             print(f"  {f.name}: {'DISAGREES with TVM' if f.verified is False else 'not verified'}"
                   f"{' - ' + f.check_note if f.check_note else ''}")
+    if built.fast_math is not None:
+        print(f"  {built.fast_math.describe()}")
     if built.cross is not None:
         _print_cross(built, inputs)
         return 0 if all(f.verified is not False for f in r.functions) else 1

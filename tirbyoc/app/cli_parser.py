@@ -10,6 +10,7 @@ from importlib import metadata
 
 from tirbyoc.app.models import MODELS
 from tirbyoc.decl.registry import template_names
+from tirbyoc.relax.fast_math import ERF_ABS, EXP_REL
 
 EXIT_CODES = """exit status:
   0  done (for run and sweep: the outputs match, or were not compared)
@@ -24,6 +25,11 @@ _EXAMPLES = {
     "sweep": "tirbyoc sweep -t vta -p BLOCK_OUT=8,16,32 -p ACC_KIB=64,128 -m builtin:cnn_int8",
     "build": "tirbyoc build -m builtin:cnn_int8 -t vta -o dist/cnn.so   (Hexagon: -t hexagon_hvx -o dist/cnn.tar)",
 }
+
+
+FAST_MATH_HELP = ("compute float32 erf, tanh, exp, softmax, sigmoid, SiLU and GELU with TVM's vectorizable "
+                  f"approximations (erf and tanh within {ERF_ABS:.0e}, exp within {EXP_REL:.1e} relative), in "
+                  "the offloaded build and in TVM's build it is checked against alike")
 
 
 def _epilog(command: str) -> str:
@@ -129,6 +135,7 @@ def _add_run(sub, common) -> None:
     p.add_argument("--profile", action="store_true",
                    help="also time each offloaded PrimFunc alone, TVM's build and the offloaded one "
                         "(ms per call, a column of the table)")
+    p.add_argument("--fast-math", action="store_true", help=FAST_MATH_HELP)
 
 
 def _add_tune(sub, common) -> None:
@@ -180,6 +187,7 @@ def _add_build(sub, common) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the weights a built-in model is built with")
     p.add_argument("--no-whole-calls", action="store_true",
                    help="call library kernels from inside PrimFuncs, never as whole Relax calls")
+    p.add_argument("--fast-math", action="store_true", help=FAST_MATH_HELP)
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
 
 

@@ -35,12 +35,14 @@ from tirbyoc._tvm import PrimCall, StringImm, is_host_target, make_target, relax
 from tirbyoc.app.deploy_hexagon import FORMATS as HEXAGON_FORMATS
 from tirbyoc.app.deploy_hexagon import HexagonArtifact, check_deployable, export_hexagon
 from tirbyoc.app.jsonout import dumps
-from tirbyoc.app.run import Progress, build_and_time, importing, legalized_model, templates_and_target
+from tirbyoc.app.legalize import importing, legalized_model
+from tirbyoc.app.run import Progress, build_and_time, templates_and_target
 from tirbyoc.decl.extern import ExternLibrary, c_compiler
 from tirbyoc.errors import TirbyocError
 from tirbyoc.offloading.hexagon import is_hexagon
 from tirbyoc.offloading.lowering import PIPELINE
 from tirbyoc.relax.bridge import offload_module
+from tirbyoc.relax.fast_math import FastMathReport
 from tirbyoc.relax.prepack import pack_constant_weights
 from tirbyoc.relax.rest import schedule_rest_of
 from tirbyoc.sim import LIBRARY as SIM_LIBRARY
@@ -63,6 +65,7 @@ class Built:
     output: np.ndarray | None = field(default=None, repr=False)  # on the seeded inputs, if run
     sample_inputs: list = field(default_factory=list, repr=False)
     cross: HexagonArtifact | None = None  # for a Hexagon target: what was written, how to link
+    fast_math: FastMathReport | None = None  # --fast-math: what the library approximates
 
     @property
     def kind(self) -> str:
@@ -76,7 +79,8 @@ class Built:
                 "templates": self.templates, "target": self.target, "entry": self.entry,
                 "inputs": self.inputs, "linked": self.linked,
                 "offloaded_macs": self.report.offloaded_macs, "macs": self.report.total_macs,
-                "functions": [f.to_json() for f in self.report.functions]}
+                "functions": [f.to_json() for f in self.report.functions],
+                "fast_math": self.fast_math.to_json() if self.fast_math is not None else None}
 
 
 def _templates_libraries(tmpls) -> tuple[dict, dict]:
@@ -234,13 +238,15 @@ def _check_target(target) -> None:
 def build_library(model: str | None, templates=None, *, output, target=None, database=None,
                   seed: int = 0, inputs: dict | None = None, obj: str | None = None,
                   input_shapes: dict | None = None, progress: Progress | None = None,
-                  run_check: bool = True, whole_calls: bool = True) -> Built:
+                  run_check: bool = True, whole_calls: bool = True, fast_math: bool = False) -> Built:
     """Legalize ``model``, bind its weights, offload it (each function verified), compile it
     for the target and export one shared library (see the module's docstring), with its
     manifest beside it. ``run_check``: also run the model offloaded the same way in this
     process, on the seeded inputs (``Built.sample_inputs``), and keep its output - what a
     process that loads the artifact must reproduce. ``whole_calls``: as `offload_module`'s
-    (False: library kernels are called from inside PrimFuncs, never whole)."""
+    (False: library kernels are called from inside PrimFuncs, never whole). ``fast_math``: the
+    model's float32 transcendental functions approximated (`tirbyoc.relax.fast_math`), as
+    ``tirbyoc run --fast-math`` verifies them."""
     progress = progress or Progress(enabled=False)
     output = Path(output)
     if target is not None:
@@ -251,8 +257,9 @@ def build_library(model: str | None, templates=None, *, output, target=None, dat
         raise TirbyocError(f"{output}: the library is a shared object; name it PATH.so"
                            + (" or PATH.tar" if is_hexagon(tgt) else ""))
     progress.phase(importing(model))
+    fast = FastMathReport() if fast_math else None
     spec, mod, entry, arrays = legalized_model(model, tmpls, seed, inputs, obj=obj, input_shapes=input_shapes,
-                                               constant_weights=True)
+                                               constant_weights=True, fast_math=fast)
     progress.phase(f"offloading to {', '.join(t.name for t in tmpls)}")
     tuned = tuned_schedules(database) if database is not None else None
     offloaded, report = offload_module(mod, tmpls, progress=progress.step, tuned=tuned,
@@ -269,7 +276,7 @@ def build_library(model: str | None, templates=None, *, output, target=None, dat
     params = offloaded[entry].params
     built = Built(output, shipped, spec, [t.name for t in tmpls], json.loads(str(tgt)), entry,
                   [{"name": p.name, "shape": [int(d) for d in p.ty.shape.values], "dtype": str(p.ty.dtype)}
-                   for p in params], report, libs, None, arrays, cross)
+                   for p in params], report, libs, None, arrays, cross, fast)
     if run_check and cross is None and all(t.runs_here() for t in tmpls):
         sims = [t.simulator for t in tmpls if t.simulator is not None]
         built.output = build_and_time(offloaded, tgt, entry, arrays, 1, sims, timed=False)[0]

@@ -9,6 +9,7 @@ from tirbyoc.app.targets import BASELINES
 from tirbyoc.offloading.table import group_repeats, render
 from tirbyoc.relax.bridge import OffloadReport
 from tirbyoc.relax.emulated import EmulatedRuns
+from tirbyoc.relax.fast_math import FastMathReport
 from tirbyoc.relax.quantized import QuantizedReport
 
 
@@ -29,6 +30,7 @@ class RunResult:
     quantized: QuantizedReport | None = None  # a QDQ model's chains made integer
     reference: Reference | None = None  # ONNX Runtime on the same model and inputs
     emulated: EmulatedRuns | None = None  # the offloaded PrimFuncs ran in an emulator
+    fast_math: FastMathReport | None = None  # --fast-math: what was approximated, in both builds
 
     def to_json(self) -> dict:
         r = self.report
@@ -51,6 +53,7 @@ class RunResult:
             "quantized": self.quantized.to_json() if self.quantized is not None else None,
             "reference": self.reference.to_json() if self.reference is not None else None,
             "emulated": self.emulated.to_json() if self.emulated is not None else None,
+            "fast_math": self.fast_math.to_json() if self.fast_math is not None else None,
         }
 
     def outcome(self) -> str:
@@ -87,6 +90,8 @@ class RunResult:
             text += f"\nthe rest: {r.rest.summary()}"
         if self.quantized is not None:
             text += f"\nquantized model: {self.quantized.describe()}"
+        if self.fast_math is not None:
+            text += f"\n{self.fast_math.describe()}"
         if self.reference is not None:
             text += f"\nreference: {self.reference.describe()}"
         for name, st in self.simulation.items():

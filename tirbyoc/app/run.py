@@ -16,19 +16,9 @@ from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 
 import numpy as np
-from tvm import relax
 
 from tirbyoc._tvm import is_host_target, relax_vm, tirx, tvm
-from tirbyoc.app.loaders import load_model_file
-from tirbyoc.app.model_inputs import model_inputs
-from tirbyoc.app.models import CALIBRATION_SEEDS, MODELS, build_model
-from tirbyoc.app.preparation import (
-    activation_dtype,
-    fuses_epilogues,
-    integer_module,
-    requantize_mode,
-    with_constant_weights,
-)
+from tirbyoc.app.legalize import importing, legalized_model
 from tirbyoc.app.profiling import profile_functions
 from tirbyoc.app.reference import onnxruntime_reference, output_step
 from tirbyoc.app.result import RunResult
@@ -46,11 +36,12 @@ from tirbyoc.errors import ModelError, TirbyocError, last_line
 from tirbyoc.offloading.lowering import PIPELINE
 from tirbyoc.offloading.verification import compare_arrays
 from tirbyoc.offloading.hexagon import is_hexagon
-from tirbyoc.relax.bridge import fuse, offload_module
+from tirbyoc.relax.bridge import offload_module
 from tirbyoc.relax.emulated import EmulatedRuns, emulate_offloaded
+from tirbyoc.relax.fast_math import FastMathReport
 from tirbyoc.relax.prepack import pack_constant_weights
 from tirbyoc.relax.rest import schedule_rest_of
-from tirbyoc.relax.quantized import QuantizedReport, qdq_output_step
+from tirbyoc.relax.quantized import QuantizedReport
 from tirbyoc.tuning.apply import tuned_schedules
 
 DEFAULT_TEMPLATES = ("x86_vnni", "blas")  # the first that runs here is the default
@@ -97,86 +88,6 @@ def default_templates() -> list[str]:
             return [name]
     raise TirbyocError("none of the default templates (x86_vnni, blas) runs on this machine; "
                        "pass --template")
-
-
-def load_model(spec: str | None, templates, obj: str | None = None,
-               input_shapes: dict | None = None):
-    """A Relax IRModule from ``builtin:NAME`` (default: an MLP, quantized to the activation
-    dtype of an int8 template), an ``.onnx`` file or a ``.py`` file
-    (`tirbyoc.app.loaders.load_model_file`; ``obj`` picks an object of the file, ``input_shapes``
-    fixes an ONNX model's dynamic dimensions)."""
-
-    if spec in (None, "", "builtin"):
-        spec = "builtin:" + ("mlp_int8" if activation_dtype(templates) else "mlp")
-    if not spec.startswith("builtin:"):
-        if spec.endswith((".onnx", ".py")):
-            return spec, load_model_file(spec, obj, input_shapes=input_shapes)
-        raise TirbyocError(f"model {spec!r}: give builtin:NAME (NAME one of {sorted(MODELS)}), "
-                           "an .onnx file or a .py file")
-    if obj is not None or input_shapes:
-        raise TirbyocError("--object and --input-shape apply to model files, not built-in models")
-    name = spec.split(":", 1)[1]
-    if name not in MODELS:
-        raise TirbyocError(f"unknown built-in model {name!r}; known: {sorted(MODELS)}")
-    return spec, build_model(name, activation_dtype(templates), requantize_mode(templates))
-
-
-def importing(model: str | None) -> str:
-    """What the import phase says it does: a calibrated ``_int8`` built-in is quantized first,
-    which runs TVM's build of the float model (a minute for BERT-base)."""
-    name = (model or "").split(":", 1)[-1] if (model or "").startswith("builtin:") else None
-    if name and getattr(MODELS.get(name), "calibrated", False):
-        return (f"importing {model} (quantizing it: calibration runs TVM's build of the float model "
-                f"on {len(CALIBRATION_SEEDS)} sample inputs, once per process)")
-    return f"importing {model or 'the built-in model'}"
-
-
-def legalized_model(model: str | None, templates, seed: int, inputs: dict | None = None, *,
-                    obj: str | None = None, input_shapes: dict | None = None,
-                    quantized: QuantizedReport | None = None, as_given: list | None = None,
-                    constant_weights: bool = False):
-    """(spec, legalized module, entry function, inputs) of a model for ``templates``: the
-    user's ``inputs`` (name -> array) where given, else seeded data in each input's domain
-    (`tirbyoc.app.model_inputs`). A quantized model's chains are made integer first
-    (`integer_module`; ``quantized`` collects the report); ``as_given`` receives the model
-    legalized as it was given (the same module when nothing was made integer). For a
-    template that fuses epilogues the module comes fused (`fuse`). ``constant_weights``: the
-    weights bound as constants, as a deployed model has them (`with_constant_weights`); the
-    inputs returned are then the model's own inputs only."""
-    spec, loaded = load_model(model, templates, obj, input_shapes)
-    converted = integer_module(loaded, templates, quantized)
-    if quantized is not None and converted is not loaded:
-        quantized.step = qdq_output_step(loaded, entry_function(loaded))
-    mod = relax.transform.LegalizeOps()(converted)
-    if as_given is not None:
-        as_given.append(mod if converted is loaded else relax.transform.LegalizeOps()(loaded))
-    if fuses_epilogues(templates):
-        mod = fuse(mod)
-    entry = entry_function(mod)
-    arrays = model_inputs(mod, entry, seed, inputs)
-    if constant_weights:
-        given = as_given[-1] if as_given else None
-        bound, arrays_left = with_constant_weights(mod, entry, arrays)
-        if given is not None:
-            as_given[-1] = bound if given is mod else with_constant_weights(given, entry, arrays)[0]
-        mod, arrays = bound, arrays_left
-    return spec, mod, entry, arrays
-
-
-def entry_function(mod) -> str:
-    """The Relax function a run calls: ``forward`` (relax.frontend.nn, built-ins), ``main``
-    (ONNX, PyTorch), or the only one there is."""
-
-    names = [gv.name_hint for gv, f in mod.functions.items() if isinstance(f, relax.Function)]
-    for name in ("forward", "main"):
-        if name in names:
-            return name
-    if len(names) == 1:
-        return names[0]
-    if not names:
-        raise TirbyocError("the model has no Relax function to run (a TensorIR workload?); "
-                           "`tirbyoc match` explains it, tirbyoc.offload(func, template) offloads it")
-    raise TirbyocError(f"the model has Relax functions {sorted(names)}; name the entry forward or main")
 
 
 def model_output(value) -> np.ndarray:
@@ -333,7 +244,7 @@ def run_model(model: str | None = None, templates: list | None = None, *, target
               database: str | None = None, inputs: dict | None = None,
               baseline: str = "default", time_baseline: bool = True, obj: str | None = None,
               input_shapes: dict | None = None, profile: bool = False,
-              reference: str | None = None) -> RunResult:
+              reference: str | None = None, fast_math: bool = False) -> RunResult:
     """``templates``: names or Template objects (a variant from a template's factory).
     ``database``: a `tirbyoc tune` work directory whose tuned schedules are applied.
     ``inputs``: the model's inputs by name (the rest are drawn, see `legalized_model`).
@@ -343,7 +254,9 @@ def run_model(model: str | None = None, templates: list | None = None, *, target
     ``obj``, ``input_shapes``: which object of a model file; an ONNX model's input shapes.
     ``profile``: also time each offloaded PrimFunc alone, untouched and offloaded.
     ``reference``: ``"onnxruntime"`` also runs an ONNX model in ONNX Runtime on the same
-    inputs (`tirbyoc.app.reference`): its latency and agreement with tirbyoc's output."""
+    inputs (`tirbyoc.app.reference`): its latency and agreement with tirbyoc's output.
+    ``fast_math``: approximate the model's float32 transcendental functions, in both builds
+    (`tirbyoc.relax.fast_math`)."""
     _check_reference(reference, model)
     tuned = tuned_schedules(database) if database is not None else None
     progress = progress or Progress(enabled=False)
@@ -352,11 +265,11 @@ def run_model(model: str | None = None, templates: list | None = None, *, target
     seconds = {}
     t0 = time.perf_counter()
     progress.phase(importing(model))
-    quantized = QuantizedReport()
+    quantized, fast = QuantizedReport(), (FastMathReport() if fast_math else None)
     as_given = []
     spec, mod, entry, arrays = legalized_model(model, tmpls, seed, inputs, obj=obj, quantized=quantized,
                                                input_shapes=input_shapes, as_given=as_given,
-                                               constant_weights=True)
+                                               constant_weights=True, fast_math=fast)
     seconds["import"] = time.perf_counter() - t0
     ref_out, latency = None, {}
     if all(t.runs_here() for t in tmpls):
@@ -370,24 +283,19 @@ def run_model(model: str | None = None, templates: list | None = None, *, target
     progress.phase(f"offloading to {', '.join(names)}, building and running")
     done = run_offloaded(mod, tmpls, tgt, entry, arrays, ref_out, repeat=repeat,
                          progress=progress.step, tuned=tuned, profile=profile)
-    report, comparison, ms, missing, new_out = (done.report, done.comparison, done.ms, done.missing,
-                                                done.output)
-    if unstable:
-        missing.append(UNSTABLE)
-    verified = None if comparison is None else comparison.passed
-    err = float("nan") if comparison is None else comparison.abs_err
-    if ms is not None:
-        latency["offloaded"] = ms
+    comparison, missing = done.comparison, done.missing + ([UNSTABLE] if unstable else [])
+    if done.ms is not None:
+        latency["offloaded"] = done.ms
     seconds["offload_build_run"] = time.perf_counter() - t0  # with --profile, its timings too
-
     ref = None
-    if reference == "onnxruntime" and new_out is not None:
+    if reference == "onnxruntime" and done.output is not None:
         progress.phase("running the model in ONNX Runtime")
-        ref = onnxruntime_reference(model, arrays, new_out, repeat)
+        ref = onnxruntime_reference(model, arrays, done.output, repeat)
     target_json = json.loads(str(model_target(tgt)))  # the target both builds really used
-    return RunResult(spec, names, target_json, report, verified, err, latency, seconds,
+    return RunResult(spec, names, target_json, done.report, None if comparison is None else comparison.passed,
+                     float("nan") if comparison is None else comparison.abs_err, latency, seconds,
                      "; ".join(missing) or None, done.simulation, comparison, baseline,
-                     quantized if quantized.integer or quantized.kept else None, ref, done.emulated)
+                     quantized if quantized.integer or quantized.kept else None, ref, done.emulated, fast)
 
 
 __all__ = ["BASELINES", "OffloadRun", "Progress", "RunResult", "baseline_module", "check_target", "compare",

@@ -28,9 +28,9 @@ from tirbyoc.app.run import (
     check_target,
     check_templates_on_target,
     complete_target,
-    legalized_model,
     run_offloaded,
 )
+from tirbyoc.app.legalize import legalized_model
 from tirbyoc.app.targets import model_target
 from tirbyoc.decl.registry import as_template, get_template, template_names
 from tirbyoc.errors import TirbyocError

@@ -1,10 +1,12 @@
 """tirbyoc's IRModule => IRModule passes, in the order they run in a Relax pipeline::
 
-    [QuantizedToInteger] -> Dispatch(rules) -> LegalizeOps -> [FuseOps / FuseTIR]
+    [QuantizedToInteger] -> [FastMath] -> Dispatch(rules) -> LegalizeOps -> [FuseOps / FuseTIR]
         -> OffloadTIR(templates) -> PackConstantWeights -> ScheduleRest(target) -> tvm.compile
 
 `QuantizedToInteger` makes a quantized (QDQ) model's float conv/matmul chains integer cores
-(`tirbyoc.relax.quantized`); `Dispatch` rewrites Relax operators into hand-written TIR or
+(`tirbyoc.relax.quantized`); `FastMath`, opt-in, computes float32 erf, tanh, exp, softmax,
+sigmoid, SiLU and GELU with TVM's vectorizable approximations (`tirbyoc.relax.fast_math`);
+`Dispatch` rewrites Relax operators into hand-written TIR or
 library calls for the current target (`tirbyoc.relax.dispatch`); `OffloadTIR` offloads the
 PrimFuncs left after legalization to templates (`tirbyoc.relax.bridge`);
 `PackConstantWeights` runs the copies an offloaded PrimFunc makes of a constant weight once, at
@@ -15,10 +17,11 @@ build computes them (`tirbyoc.relax.rest`).
 
 from tirbyoc.relax.bridge import OffloadReport, OffloadTIR
 from tirbyoc.relax.dispatch import Dispatch, DispatchReport, LibraryKernel, Matched, Rule, TIRKernel
+from tirbyoc.relax.fast_math import FastMath, FastMathReport
 from tirbyoc.relax.prepack import PackConstantWeights, PackedWeights
 from tirbyoc.relax.quantized import QuantizedReport, QuantizedToInteger
 from tirbyoc.relax.rest import RestSchedule, ScheduleRest
 
-__all__ = ["Dispatch", "DispatchReport", "LibraryKernel", "Matched", "OffloadReport", "OffloadTIR",
+__all__ = ["Dispatch", "DispatchReport", "FastMath", "FastMathReport", "LibraryKernel", "Matched", "OffloadReport", "OffloadTIR",
            "PackConstantWeights", "PackedWeights",
            "QuantizedReport", "QuantizedToInteger", "RestSchedule", "Rule", "ScheduleRest", "TIRKernel"]

@@ -1,0 +1,115 @@
+"""A model as tirbyoc offloads it: loaded (a built-in, an ONNX or a ``.py`` file), made integer
+where it is quantized, optionally given fast math, legalized, and its inputs drawn.
+
+`run`, `build`, `sweep` and the benchmarks all start here, so that they offload the same
+module and a user's model and a built-in take one path.
+"""
+
+from __future__ import annotations
+
+from tvm import relax
+
+from tirbyoc.app.loaders import load_model_file
+from tirbyoc.app.model_inputs import model_inputs
+from tirbyoc.app.models import CALIBRATION_SEEDS, MODELS, build_model
+from tirbyoc.app.preparation import (
+    activation_dtype,
+    fuses_epilogues,
+    integer_module,
+    requantize_mode,
+    with_constant_weights,
+)
+from tirbyoc.errors import TirbyocError
+from tirbyoc.relax.bridge import fuse
+from tirbyoc.relax.fast_math import FastMathReport, fast_math_of
+from tirbyoc.relax.quantized import QuantizedReport, qdq_output_step
+
+
+def load_model(spec: str | None, templates, obj: str | None = None,
+               input_shapes: dict | None = None):
+    """A Relax IRModule from ``builtin:NAME`` (default: an MLP, quantized to the activation
+    dtype of an int8 template), an ``.onnx`` file or a ``.py`` file
+    (`tirbyoc.app.loaders.load_model_file`; ``obj`` picks an object of the file, ``input_shapes``
+    fixes an ONNX model's dynamic dimensions)."""
+
+    if spec in (None, "", "builtin"):
+        spec = "builtin:" + ("mlp_int8" if activation_dtype(templates) else "mlp")
+    if not spec.startswith("builtin:"):
+        if spec.endswith((".onnx", ".py")):
+            return spec, load_model_file(spec, obj, input_shapes=input_shapes)
+        raise TirbyocError(f"model {spec!r}: give builtin:NAME (NAME one of {sorted(MODELS)}), "
+                           "an .onnx file or a .py file")
+    if obj is not None or input_shapes:
+        raise TirbyocError("--object and --input-shape apply to model files, not built-in models")
+    name = spec.split(":", 1)[1]
+    if name not in MODELS:
+        raise TirbyocError(f"unknown built-in model {name!r}; known: {sorted(MODELS)}")
+    return spec, build_model(name, activation_dtype(templates), requantize_mode(templates))
+
+
+def importing(model: str | None) -> str:
+    """What the import phase says it does: a calibrated ``_int8`` built-in is quantized first,
+    which runs TVM's build of the float model (a minute for BERT-base)."""
+    name = (model or "").split(":", 1)[-1] if (model or "").startswith("builtin:") else None
+    if name and getattr(MODELS.get(name), "calibrated", False):
+        return (f"importing {model} (quantizing it: calibration runs TVM's build of the float model "
+                f"on {len(CALIBRATION_SEEDS)} sample inputs, once per process)")
+    return f"importing {model or 'the built-in model'}"
+
+
+def legalized_model(model: str | None, templates, seed: int, inputs: dict | None = None, *,
+                    obj: str | None = None, input_shapes: dict | None = None,
+                    quantized: QuantizedReport | None = None, as_given: list | None = None,
+                    constant_weights: bool = False, fast_math: FastMathReport | None = None):
+    """(spec, legalized module, entry function, inputs) of a model for ``templates``: the
+    user's ``inputs`` (name -> array) where given, else seeded data in each input's domain
+    (`tirbyoc.app.model_inputs`). A quantized model's chains are made integer first
+    (`integer_module`; ``quantized`` collects the report); ``as_given`` receives the model
+    legalized as it was given (the same module when nothing was made integer). For a
+    template that fuses epilogues the module comes fused (`fuse`). ``constant_weights``: the
+    weights bound as constants, as a deployed model has them (`with_constant_weights`); the
+    inputs returned are then the model's own inputs only. ``fast_math``: when given, the
+    model's float32 erf, tanh, exp, softmax, sigmoid, SiLU and GELU become TVM's fast
+    approximations (`tirbyoc.relax.fast_math`), in this module and in ``as_given`` alike, and
+    the report is filled in."""
+    spec, loaded = load_model(model, templates, obj, input_shapes)
+    converted = integer_module(loaded, templates, quantized)
+    if quantized is not None and converted is not loaded:
+        quantized.step = qdq_output_step(loaded, entry_function(loaded))
+    if fast_math is not None:
+        fast, done = fast_math_of(converted)
+        fast_math.add(done)
+        loaded, converted = (fast if converted is loaded else fast_math_of(loaded)[0]), fast
+    mod = relax.transform.LegalizeOps()(converted)
+    if as_given is not None:
+        as_given.append(mod if converted is loaded else relax.transform.LegalizeOps()(loaded))
+    if fuses_epilogues(templates):
+        mod = fuse(mod)
+    entry = entry_function(mod)
+    arrays = model_inputs(mod, entry, seed, inputs)
+    if constant_weights:
+        given = as_given[-1] if as_given else None
+        bound, arrays_left = with_constant_weights(mod, entry, arrays)
+        if given is not None:
+            as_given[-1] = bound if given is mod else with_constant_weights(given, entry, arrays)[0]
+        mod, arrays = bound, arrays_left
+    return spec, mod, entry, arrays
+
+
+def entry_function(mod) -> str:
+    """The Relax function a run calls: ``forward`` (relax.frontend.nn, built-ins), ``main``
+    (ONNX, PyTorch), or the only one there is."""
+
+    names = [gv.name_hint for gv, f in mod.functions.items() if isinstance(f, relax.Function)]
+    for name in ("forward", "main"):
+        if name in names:
+            return name
+    if len(names) == 1:
+        return names[0]
+    if not names:
+        raise TirbyocError("the model has no Relax function to run (a TensorIR workload?); "
+                           "`tirbyoc match` explains it, tirbyoc.offload(func, template) offloads it")
+    raise TirbyocError(f"the model has Relax functions {sorted(names)}; name the entry forward or main")
+
+
+__all__ = ["entry_function", "importing", "legalized_model", "load_model"]
