@@ -29,6 +29,7 @@ from tirbyoc.offloading.table import render
 from tirbyoc.offloading.verification import Verification
 from tirbyoc.offloading.verification import verify as run_verify
 from tirbyoc.rewrite.double_buffer import plan_double_buffering
+from tirbyoc.rewrite.in_place import in_place_note, read_in_place
 from tirbyoc.rewrite.scratchpad import scratchpad_usage
 from tirbyoc.rewrite.steps import DECISIONS, Step, StepKind
 from tirbyoc.rewrite.tensorize import Rewritten, tensorize
@@ -239,6 +240,7 @@ def _untuned(func, simplified, results, choose, target, schedule, tmpl, name, ve
     current, outcomes, rewrites = _apply(simplified, results, choose, target, schedule, tmpl,
                                          check_each=False)
     current = current if rewrites else func  # verified against the function as given
+    current, outcomes = _in_place(current, rewrites, outcomes)
     current, outcomes = _account_scratchpads(current, tmpl, rewrites, outcomes)
     verification = None
     unavailable = tmpl.unavailable_reason() if isinstance(tmpl, Template) else None
@@ -255,6 +257,7 @@ def _untuned(func, simplified, results, choose, target, schedule, tmpl, name, ve
             current, outcomes, rewrites = _apply(simplified, results, choose, target, schedule, tmpl,
                                                  check_each=True)
             current = current if rewrites else func
+            current, outcomes = _in_place(current, rewrites, outcomes)
             current, outcomes = _account_scratchpads(current, tmpl, rewrites, outcomes)
             verification = _verify_on(tmpl, func, current, target) if rewrites else None
     return Offloaded(current, func, name, tuple(outcomes), verification, tuple(rewrites))
@@ -281,6 +284,7 @@ def _from_tuned(func, tmpl, name, results, tuned, target, verify):
     if found is None or not found[1]:
         return None
     new, blocks = found
+    new, in_place = read_in_place(new)
     new, _ = _account_scratchpads(new, tmpl, blocks, [])
     verification = None
     if verify and not (tmpl.unavailable_reason() and is_host_target(target)):
@@ -289,7 +293,8 @@ def _from_tuned(func, tmpl, name, results, tuned, target, verify):
             return None
     outcomes = tuple(BlockOutcome(r.block, r.macs, blocks.get(r.block),
                                   None if r.block in blocks else (r.reason or "not in the tuned schedule"),
-                                  (TUNED_STEP,) if r.block in blocks else ())
+                                  ((TUNED_STEP,) + ((Step(StepKind.IN_PLACE, in_place_note(in_place)),)
+                                                    if in_place else ())) if r.block in blocks else ())
                      for r in results)
     return Offloaded(new, func, name, outcomes, verification)
 
@@ -300,6 +305,24 @@ def prepare_for_simulator(func, template):
     simulator. MetaSchedule's candidates go through it too, so the cycles a tuning measures are
     those of the code `offload` gives."""
     return _account_scratchpads(func, template, True, [])[0]
+
+
+def _in_place(func, rewrites, outcomes):
+    """(``func`` with the staging copies that move nothing replaced by views of its
+    parameters (`tirbyoc.rewrite.in_place`), ``outcomes`` with that among the steps of the
+    offloaded blocks whose operands they were)."""
+    if not rewrites:
+        return func, outcomes
+    func, done = read_in_place(func)
+    if not done:
+        return func, outcomes
+    operands = {rw.match.block: {op.buffer for op in rw.match.operands} for rw in rewrites}
+
+    def noted(o):
+        mine = [d for d in done if d.param in operands.get(o.block, ())]
+        return replace(o, steps=tuple(o.steps) + (Step(StepKind.IN_PLACE, in_place_note(mine)),)) if mine else o
+
+    return func, [noted(o) if o.offloaded else o for o in outcomes]
 
 
 def _account_scratchpads(func, template, rewrites, outcomes):

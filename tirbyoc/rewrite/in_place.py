@@ -1,0 +1,187 @@
+"""Staging copies that move nothing, removed: the intrinsic reads or writes the parameter in
+place, through a view of it.
+
+The matcher stages an operand whose intrinsic axis is fused from several loops (a 1x1
+convolution's pixels ``y * W + x``, an NHWC activation's rows ``(n, y, x)``) through a reindexed
+copy, because TVM's tensorize hands an intrinsic a *region* of a buffer, never a reshaped one.
+Many of those copies put every element at the address it already had: ``D[0, c, y, x]``
+copied into ``D_global[c, y * 14 + x]``, an OIHW 1x1 weight into ``[1, 1, O, I]``, the
+``[O, pixels]`` result written back into ``O[0, o, y, x]``. Each such copy is a pass over the
+tensor per call (a read and a write of a megabyte on a ResNet-50 layer) for nothing.
+
+`read_in_place` finds them among a scheduled function's top-level loop nests and replaces the
+copy's buffer with a view of the parameter (TVM's ``DeclBuffer`` bound to the parameter's
+data; ``D_global = D.view(256, 196)`` in TVMScript), dropping the copy. It proves, for each:
+
+- the nest is one block ``G[v] = X[f(v)]`` (a read) or ``X[f(v)] = G[v]`` (a write-back), no
+  predicate, one dtype; ``X`` a compact parameter, ``G`` a ``global`` allocation of as many
+  elements;
+- the loops run the block's iterators once each, and ``G``'s flat index is a bijection of the
+  iterators onto all of ``G`` (``detect_iter_map``, bijective): the copy covers ``G`` once;
+- the flat indices of ``G`` and ``X`` are equal (``Analyzer.can_prove_equal``);
+- no other nest touches ``X``; a read comes before every other nest using ``G`` and none of
+  them writes ``G`` (it would write the caller's input); a write-back comes after them all.
+
+Anything else keeps its copy. Padded copies (more elements), transposes and packings (other
+addresses) and scratchpad stagings (another scope) are never identities.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tirbyoc._tvm import TensorLoad, child_stmts, iter_blocks, root_block, sym, tirx, tvm, tvm_ffi
+from tirbyoc.ir.tir_walk import always_true, perfect_nest, with_root_body
+
+_MAX_ELEMENTS = 2 ** 31 - 1  # flat indices are proved in int32
+
+
+@dataclass(frozen=True)
+class InPlace:
+    """A copy removed: ``copy`` (the staging buffer) is now a view of parameter ``param``."""
+
+    copy: str
+    param: str
+    kind: str  # "read" or "write"
+    shape: tuple[int, ...]
+
+    def describe(self) -> str:
+        return f"{self.param} as [{', '.join(map(str, self.shape))}]"
+
+
+def in_place_note(done: list[InPlace]) -> str:
+    """One sentence for a report: which parameters are now used in place, as what."""
+    return f"in place: {', '.join(d.describe() for d in done)} (their copies moved nothing)"
+
+
+def read_in_place(func) -> tuple[object, list[InPlace]]:
+    """(``func`` with its identity staging copies replaced by views of its parameters, what
+    was removed); ``func`` itself when there is none (see the module's docstring)."""
+    root = root_block(func)
+    if root is None:
+        return func, []
+    params = [p for p in func.params if isinstance(p, tirx.Buffer)]
+    nests = child_stmts(root.body) if isinstance(root.body, tirx.SeqStmt) else [root.body]
+    allocs = list(root.alloc_buffers)
+    views, done = {}, []  # staging buffer -> (view, parameter)
+    kept = list(nests)
+    for i, nest in enumerate(nests):
+        found = _identity_copy(nest, params)
+        if found is None:
+            continue
+        g, x, kind = found
+        if not any(b.same_as(g) for b in allocs) or not _alone(nests, i, g, x, kind):
+            continue
+        views[g] = (tirx.decl_buffer(g.shape, g.dtype, str(g.name)), x)
+        allocs = [b for b in allocs if not b.same_as(g)]
+        kept[i] = None
+        done.append(InPlace(str(g.name), str(x.name), kind, tuple(int(e) for e in g.shape)))
+    if not done:
+        return func, []
+    rest = [n for n in kept if n is not None]
+
+    def swap(buf):
+        for g, (view, _) in views.items():
+            if buf.same_as(g):
+                return view
+        return buf
+
+    body = tvm_ffi.structural_map(rest[0] if len(rest) == 1 else tirx.SeqStmt(rest), [(tirx.Buffer, swap)])
+    decls = [tirx.DeclBuffer(view, data=x.data) for view, x in views.values()]
+    return with_root_body(func, tirx.SeqStmt(decls + [body]), allocs), done
+
+
+def _identity_copy(nest, params):
+    """(staging buffer, parameter, "read" | "write") when ``nest`` is a whole copy between
+    them that keeps every element's address, else None."""
+    found = perfect_nest(nest)
+    if found is None:
+        return None
+    loops, realize = found
+    blk = realize.block
+    store = blk.body
+    if (not always_true(realize.predicate) or blk.init is not None or blk.alloc_buffers
+            or blk.match_buffers or not isinstance(store, tirx.BufferStore)
+            or not isinstance(store.value, TensorLoad)):
+        return None
+    dst, src = store.buffer, store.value.source
+    is_param = {id(b): any(p.same_as(b) for p in params) for b in (dst, src)}
+    if is_param[id(src)] and not is_param[id(dst)]:
+        g, x, kind, g_idx, x_idx = dst, src, "read", store.indices, store.value.indices
+    elif is_param[id(dst)] and not is_param[id(src)]:
+        g, x, kind, g_idx, x_idx = src, dst, "write", store.value.indices, store.indices
+    else:
+        return None
+    size = _elements(g.shape)
+    if (size is None or size != _elements(x.shape) or size > _MAX_ELEMENTS or str(g.dtype) != str(x.dtype)
+            or str(g.scope()) != "global" or list(x.strides) or list(g.strides)):
+        return None
+    loop_dom = {lp.loop_var: tvm.ir.Range.from_min_extent(lp.min, lp.extent) for lp in loops}
+    if not sym.detect_iter_map(list(realize.iter_values), loop_dom, check_level="bijective").indices:
+        return None
+    iter_dom = {iv.var: iv.dom for iv in blk.iter_vars}
+    if _elements([iv.dom.extent for iv in blk.iter_vars]) != size:
+        return None
+    g_flat = _flat(g.shape, g_idx)
+    if not sym.detect_iter_map([g_flat], iter_dom, check_level="bijective").indices:
+        return None
+    analyzer = sym.Analyzer()
+    for var, dom in iter_dom.items():
+        analyzer.bind(var, dom)
+    return (g, x, kind) if analyzer.can_prove_equal(g_flat, _flat(x.shape, x_idx)) else None
+
+
+def _alone(nests, i: int, g, x, kind: str) -> bool:
+    """Whether the copy at ``nests[i]`` may become a view: ``x`` used by no other nest; for a
+    read, no other nest before it uses ``g`` nor any writes it; for a write-back, none after
+    it uses ``g``."""
+    for j, nest in enumerate(nests):
+        if j == i:
+            continue
+        reads, writes = _uses(nest)
+        if _holds(reads + writes, x):
+            return False
+        uses_g = _holds(reads + writes, g)
+        if kind == "read" and (uses_g and j < i or _holds(writes, g)):
+            return False
+        if kind == "write" and uses_g and j > i:
+            return False
+    return True
+
+
+def _holds(buffers: list, buf) -> bool:
+    return any(b.same_as(buf) for b in buffers)
+
+
+def _uses(stmt) -> tuple[list, list]:
+    """(buffers ``stmt`` reads, buffers it writes), from its loads, stores and the regions its
+    blocks declare (a tensorized block touches its buffers only through those)."""
+    reads, writes = [], []
+    tvm_ffi.structural_walk(stmt, [(TensorLoad, lambda n: reads.append(n.source)),
+                                   (tirx.BufferStore, lambda n: writes.append(n.buffer))], order="pre")
+    for blk in iter_blocks(stmt):
+        reads.extend(r.source for r in blk.reads)
+        writes.extend(w.source for w in blk.writes)
+        reads.extend(m.source.source for m in blk.match_buffers)
+    return reads, writes
+
+
+def _flat(shape, indices):
+    """The row-major flat index of ``indices`` in a compact buffer of ``shape``."""
+    out = None
+    for extent, index in zip(shape, indices):
+        out = index if out is None else out * int(extent) + index
+    return out
+
+
+def _elements(shape) -> int | None:
+    """How many elements ``shape`` holds, None when an extent is symbolic."""
+    n = 1
+    for extent in shape:
+        if not isinstance(extent, int) and not hasattr(extent, "value"):
+            return None
+        n *= int(extent)
+    return n
+
+
+__all__ = ["InPlace", "in_place_note", "read_in_place"]
