@@ -8,7 +8,7 @@ from tvm.script import tirx as T
 from workloads import conv2d, matmul
 
 import tirbyoc
-from tirbyoc._tvm import iter_blocks, tirx, tvm_ffi
+from tirbyoc._tvm import TensorLoad, iter_blocks, tirx, tvm_ffi
 from tirbyoc.offloading.verification import verify
 from tirbyoc.rewrite.in_place import read_in_place
 from tirbyoc.rewrite.steps import StepKind
@@ -19,7 +19,7 @@ HOST = {"kind": "llvm"}
 def copy_blocks(func) -> set[str]:
     """Names of the blocks that only copy (a store of a bare load): the staging copies."""
     return {b.name_hint for b in iter_blocks(func.body)
-            if isinstance(b.body, tirx.BufferStore) and type(b.body.value).__name__ == "TensorLoad"}
+            if isinstance(b.body, tirx.BufferStore) and isinstance(b.body.value, TensorLoad)}
 
 
 def views(func) -> list[str]:

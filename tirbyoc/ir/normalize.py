@@ -46,10 +46,20 @@ def _trivial(loops, realize) -> bool:
         isinstance(v, tirx.Var) and v.same_as(lp.loop_var) for v, lp in zip(vals, loops))
 
 
-def _bijective(loops, realize) -> bool:
+def is_bijection(exprs, dom: dict) -> bool:
+    """Whether ``exprs`` map the iterators of ``dom`` (var -> Range) one to one onto their
+    joint range (TVM's ``detect_iter_map``, bijective); False where TVM cannot analyse them."""
+    try:
+        res = sym.detect_iter_map(list(exprs), dom, check_level=sym.iter_affine_map.IterMapLevel.Bijective)
+    except Exception:  # noqa: BLE001 - TVM raises on forms it cannot analyse: not ours to fix
+        return False
+    return len(res.indices) == len(exprs)
+
+
+def bijective_binding(loops, realize) -> bool:
     """Whether the block's instances are exactly the loops' iterations, once each: loops the
     bindings do not use have extent 1, an iterator bound to a constant has a one-element
-    domain at that constant, and the other bindings are a bijection (``detect_iter_map``)."""
+    domain at that constant, and the other bindings are a bijection (`is_bijection`)."""
 
     values = list(realize.iter_values)
     used = [lp for lp in loops if any(_uses(v, lp.loop_var) for v in values)]
@@ -64,12 +74,7 @@ def _bijective(loops, realize) -> bool:
             varying.append(v)
     if not varying:
         return True
-    dom = {lp.loop_var: tvm.ir.Range.from_min_extent(lp.min, lp.extent) for lp in used}
-    try:
-        res = sym.detect_iter_map(varying, dom, check_level=sym.iter_affine_map.IterMapLevel.Bijective)
-    except Exception:  # noqa: BLE001 - TVM raises on forms it cannot analyse: not ours to fix
-        return False
-    return len(res.indices) == len(varying)
+    return is_bijection(varying, {lp.loop_var: tvm.ir.Range.from_min_extent(lp.min, lp.extent) for lp in used})
 
 
 def _uses(expr, var) -> bool:
@@ -93,7 +98,7 @@ def _replace(stmt, name: str):
         loops, realize = nest
         if str(realize.block.name_hint) != name:
             return None
-        if _trivial(loops, realize) or not always_true(realize.predicate) or not _bijective(loops, realize):
+        if _trivial(loops, realize) or not always_true(realize.predicate) or not bijective_binding(loops, realize):
             return None
         return _rebuilt(loops, realize)
     if isinstance(stmt, tirx.SeqStmt):
@@ -174,4 +179,4 @@ def unique_buffer_names(func):
     return tvm_ffi.structural_map(func, [(tirx.Buffer, swap)])
 
 
-__all__ = ["simplify_indices", "trivial_loops", "unique_buffer_names"]
+__all__ = ["bijective_binding", "is_bijection", "simplify_indices", "trivial_loops", "unique_buffer_names"]

@@ -291,10 +291,10 @@ def _from_tuned(func, tmpl, name, results, tuned, target, verify):
         verification = _verify_on(tmpl, func, new, target)
         if verification.passed is False:
             return None
+    steps = (TUNED_STEP,) + ((Step(StepKind.IN_PLACE, in_place_note(in_place)),) if in_place else ())
     outcomes = tuple(BlockOutcome(r.block, r.macs, blocks.get(r.block),
                                   None if r.block in blocks else (r.reason or "not in the tuned schedule"),
-                                  ((TUNED_STEP,) + ((Step(StepKind.IN_PLACE, in_place_note(in_place)),)
-                                                    if in_place else ())) if r.block in blocks else ())
+                                  steps if r.block in blocks else ())
                      for r in results)
     return Offloaded(new, func, name, outcomes, verification)
 

@@ -56,24 +56,23 @@ def _gelu_tanh(x):
     return c(0.5) * x * (c(1.0) + topi.fast_tanh(inner))
 
 
+def _elementwise(fn, hint: str):
+    """The approximation of a one-argument op: ``fn`` of its argument, as a PrimFunc named
+    ``hint`` (`BlockBuilder.call_te`)."""
+    return lambda bb, call: bb.call_te(fn, call.args[0], primfunc_name_hint=hint)
+
+
 # relax op -> (short name in the report, the approximation as a function of (builder, call))
 APPROXIMATIONS = {
-    "relax.erf": ("erf", lambda bb, call: bb.call_te(topi.fast_erf, call.args[0],
-                                                      primfunc_name_hint="fast_erf")),
-    "relax.tanh": ("tanh", lambda bb, call: bb.call_te(topi.fast_tanh, call.args[0],
-                                                        primfunc_name_hint="fast_tanh")),
-    "relax.exp": ("exp", lambda bb, call: bb.call_te(topi.fast_exp, call.args[0],
-                                                      primfunc_name_hint="fast_exp")),
+    "relax.erf": ("erf", _elementwise(topi.fast_erf, "fast_erf")),
+    "relax.tanh": ("tanh", _elementwise(topi.fast_tanh, "fast_tanh")),
+    "relax.exp": ("exp", _elementwise(topi.fast_exp, "fast_exp")),
     "relax.nn.softmax": ("softmax", lambda bb, call: bb.call_te(
         topi.nn.fast_softmax, call.args[0], int(call.attrs.axis), primfunc_name_hint="fast_softmax")),
-    "relax.sigmoid": ("sigmoid", lambda bb, call: bb.call_te(_sigmoid, call.args[0],
-                                                              primfunc_name_hint="fast_sigmoid")),
-    "relax.nn.silu": ("silu", lambda bb, call: bb.call_te(lambda x: topi.multiply(x, _sigmoid(x)),
-                                                           call.args[0], primfunc_name_hint="fast_silu")),
-    "relax.nn.gelu": ("gelu", lambda bb, call: bb.call_te(_gelu, call.args[0],
-                                                           primfunc_name_hint="fast_gelu")),
-    "relax.nn.gelu_tanh": ("gelu_tanh", lambda bb, call: bb.call_te(_gelu_tanh, call.args[0],
-                                                                     primfunc_name_hint="fast_gelu_tanh")),
+    "relax.sigmoid": ("sigmoid", _elementwise(_sigmoid, "fast_sigmoid")),
+    "relax.nn.silu": ("silu", _elementwise(lambda x: topi.multiply(x, _sigmoid(x)), "fast_silu")),
+    "relax.nn.gelu": ("gelu", _elementwise(_gelu, "fast_gelu")),
+    "relax.nn.gelu_tanh": ("gelu_tanh", _elementwise(_gelu_tanh, "fast_gelu_tanh")),
 }
 
 

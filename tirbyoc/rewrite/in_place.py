@@ -17,7 +17,8 @@ data; ``D_global = D.view(256, 196)`` in TVMScript), dropping the copy. It prove
   predicate, one dtype; ``X`` a compact parameter, ``G`` a ``global`` allocation of as many
   elements;
 - the loops run the block's iterators once each, and ``G``'s flat index is a bijection of the
-  iterators onto all of ``G`` (``detect_iter_map``, bijective): the copy covers ``G`` once;
+  iterators onto all of ``G`` (`tirbyoc.ir.normalize`: ``detect_iter_map``, bijective): the
+  copy covers ``G`` once;
 - the flat indices of ``G`` and ``X`` are equal (``Analyzer.can_prove_equal``);
 - no other nest touches ``X``; a read comes before every other nest using ``G`` and none of
   them writes ``G`` (it would write the caller's input); a write-back comes after them all.
@@ -30,7 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tirbyoc._tvm import TensorLoad, child_stmts, iter_blocks, root_block, sym, tirx, tvm, tvm_ffi
+from tirbyoc._tvm import TensorLoad, child_stmts, iter_blocks, root_block, sym, tirx, tvm_ffi
+from tirbyoc.ir.normalize import bijective_binding, is_bijection
 from tirbyoc.ir.tir_walk import always_true, perfect_nest, with_root_body
 
 _MAX_ELEMENTS = 2 ** 31 - 1  # flat indices are proved in int32
@@ -105,10 +107,10 @@ def _identity_copy(nest, params):
             or not isinstance(store.value, TensorLoad)):
         return None
     dst, src = store.buffer, store.value.source
-    is_param = {id(b): any(p.same_as(b) for p in params) for b in (dst, src)}
-    if is_param[id(src)] and not is_param[id(dst)]:
+    src_param, dst_param = _holds(params, src), _holds(params, dst)
+    if src_param and not dst_param:
         g, x, kind, g_idx, x_idx = dst, src, "read", store.indices, store.value.indices
-    elif is_param[id(dst)] and not is_param[id(src)]:
+    elif dst_param and not src_param:
         g, x, kind, g_idx, x_idx = src, dst, "write", store.value.indices, store.indices
     else:
         return None
@@ -116,14 +118,11 @@ def _identity_copy(nest, params):
     if (size is None or size != _elements(x.shape) or size > _MAX_ELEMENTS or str(g.dtype) != str(x.dtype)
             or str(g.scope()) != "global" or list(x.strides) or list(g.strides)):
         return None
-    loop_dom = {lp.loop_var: tvm.ir.Range.from_min_extent(lp.min, lp.extent) for lp in loops}
-    if not sym.detect_iter_map(list(realize.iter_values), loop_dom, check_level="bijective").indices:
+    if not bijective_binding(loops, realize):
         return None
     iter_dom = {iv.var: iv.dom for iv in blk.iter_vars}
-    if _elements([iv.dom.extent for iv in blk.iter_vars]) != size:
-        return None
     g_flat = _flat(g.shape, g_idx)
-    if not sym.detect_iter_map([g_flat], iter_dom, check_level="bijective").indices:
+    if _elements([iv.dom.extent for iv in blk.iter_vars]) != size or not is_bijection([g_flat], iter_dom):
         return None
     analyzer = sym.Analyzer()
     for var, dom in iter_dom.items():
