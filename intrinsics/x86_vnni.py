@@ -8,6 +8,12 @@ each group's sum to a 32-bit lane: C[16] += A[4] . B[16, 4]. The products are su
 LLVM 22 declares the intrinsic as ``(<16 x i32>, <64 x i8>, <64 x i8>)``: A's 4 bytes are
 broadcast as one i32 to 16 lanes and reinterpreted as 64 bytes; B's 64 bytes load as they are.
 (TVM's ``dot_16x4_vnni`` still passes ``<16 x i32>`` and no longer builds.)
+
+``x86_vnni_emulated`` (``make_template(emulated=True)``) is the same template with
+``vpdpbusd`` written as portable vector code (widen, multiply, add in 32 bits: the
+instruction's values, bit for bit), built for this CPU. It runs the whole rewrite - tiles,
+packed weights, fused epilogues, views - on a CPU without AVX-512 VNNI so that what tirbyoc
+does with VNNI is verified there too; its times are not VNNI's, and `tirbyoc run` reports none.
 """
 
 from functools import cache
@@ -17,13 +23,17 @@ from tirbyoc import Cost, Intrinsic, IntrinsicGroup, Operand, Role, Runtime, Tem
 
 NAME = "x86_vnni"
 TARGET = {"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2}
+EMULATED_NAME = "x86_vnni_emulated"
+EMULATED_TARGET = {"kind": "llvm", "num-cores": 2}  # this CPU (`tirbyoc run` names its mcpu)
 
 
 @cache
-def dot_product(lanes: int = 16, k: int = 4) -> Intrinsic:
-    """C[lanes] += sum_k u8 A[k] * i8 B[lanes, k], one vpdpbusd (lanes=16, k=4)."""
+def dot_product(lanes: int = 16, k: int = 4, emulated: bool = False) -> Intrinsic:
+    """C[lanes] += sum_k u8 A[k] * i8 B[lanes, k], one vpdpbusd (lanes=16, k=4); ``emulated``:
+    the same values from portable vector code (`make_template`)."""
     if (lanes, k) != (16, 4):
         raise ValueError("vpdpbusd zmm computes exactly 16 lanes x 4 bytes")
+    name = EMULATED_NAME if emulated else NAME
 
     def build():
         from tvm.script import tirx as T
@@ -62,21 +72,37 @@ def dot_product(lanes: int = 16, k: int = 4) -> Intrinsic:
                     dtype="int32x16",
                 )
 
-        return desc, impl
+        @T.prim_func(s_tir=True)
+        def emulated_impl(
+            A: T.Buffer((4,), "uint8", offset_factor=1),
+            B: T.Buffer((16, 4), "int8", offset_factor=1),
+            C: T.Buffer((16,), "int32", offset_factor=1),
+        ) -> None:
+            with T.sblock("root"):
+                T.reads(C[0:16], A[0:4], B[0:16, 0:4])
+                T.writes(C[0:16])
+                for i in T.vectorized(16):
+                    C[i] = C[i] + (T.cast(A[0], "int32") * T.cast(B[i, 0], "int32")
+                                   + T.cast(A[1], "int32") * T.cast(B[i, 1], "int32")
+                                   + T.cast(A[2], "int32") * T.cast(B[i, 2], "int32")
+                                   + T.cast(A[3], "int32") * T.cast(B[i, 3], "int32"))
+
+        return desc, emulated_impl if emulated else impl
 
     return Intrinsic(
-        f"{NAME}.dot_16x4_u8i8i32",
+        f"{name}.dot_16x4_u8i8i32",
         Role.COMPUTE,
         [Operand("A", (4,), "uint8"), Operand("B", (16, 4), "int8"), Operand("C", (16,), "int32")],
         [("i", 16, "S"), ("k", 4, "R")],
         build,
         cost=Cost(cycles=1),
-        doc="vpdpbusd zmm: C[16] += u8 A[4] . i8 B[16,4] (B packed [N/16, K/4, 16, 4])",
+        doc=("vpdpbusd zmm" + (" emulated" if emulated else "")
+             + ": C[16] += u8 A[4] . i8 B[16,4] (B packed [N/16, K/4, 16, 4])"),
     )
 
 
 @cache
-def zero_fill(lanes: int = 16, dtype: str = "int32") -> Intrinsic:
+def zero_fill(lanes: int = 16, dtype: str = "int32", name: str = NAME) -> Intrinsic:
     """C[lanes] = 0 as one vector store."""
 
     def build():
@@ -102,7 +128,7 @@ def zero_fill(lanes: int = 16, dtype: str = "int32") -> Intrinsic:
         return desc, impl
 
     return Intrinsic(
-        f"{NAME}.zero_{lanes}_{dtype}",
+        f"{name}.zero_{lanes}_{dtype}",
         Role.INIT,
         [Operand("C", (lanes,), dtype)],
         [("i", lanes, "S")],
@@ -116,18 +142,31 @@ def _requires() -> Optional[str]:
     from tirbyoc.decl.host import host_cpu_features
 
     if "avx512vnni" not in host_cpu_features():
-        return "this CPU lacks AVX-512 VNNI (avx512vnni)"
+        return (f"this CPU lacks AVX-512 VNNI (avx512vnni); -t {EMULATED_NAME} runs the same "
+                "rewrite with vpdpbusd emulated (its values, bit for bit; not its times)")
     return None
+
+
+def make_template(emulated: bool = False) -> Template:
+    """The VNNI template; ``emulated``: ``x86_vnni_emulated``, its dot product as portable
+    vector code for this CPU (values verified here, times not VNNI's)."""
+    name = EMULATED_NAME if emulated else NAME
+    return Template(
+        name=name,
+        target=EMULATED_TARGET if emulated else TARGET,
+        runtime=Runtime.LLVM,
+        groups=(IntrinsicGroup("dot_u8i8i32", compute=dot_product(emulated=emulated),
+                               init=zero_fill(name=name)),),
+        requires=None if emulated else _requires,  # portable code runs on any LLVM host
+        doc=("AVX-512 VNNI int8 dot products (u8 activations x i8 weights -> i32)"
+             + (", vpdpbusd emulated in portable vector code" if emulated else "")),
+        emulates="vpdpbusd (AVX-512 VNNI)" if emulated else "",
+        params={"emulated": emulated},
+        factory=make_template,
+    )
 
 
 DOT = dot_product()
 ZERO = zero_fill()
-
-TEMPLATE = Template(
-    name=NAME,
-    target=TARGET,
-    runtime=Runtime.LLVM,
-    groups=(IntrinsicGroup("dot_u8i8i32", compute=DOT, init=ZERO),),
-    requires=_requires,
-    doc="AVX-512 VNNI int8 dot products (u8 activations x i8 weights -> i32)",
-)
+TEMPLATE = make_template()
+EMULATED = make_template(emulated=True)

@@ -246,6 +246,16 @@ def test_run_on_a_template_that_cannot_run_here_says_so(capsys, monkeypatch):
     assert code == 0 and out["verified"] is None and "cannot run here" in out["not_run"]
 
 
+def test_x86_vnni_without_vnni_names_its_emulation(capsys, monkeypatch):
+    from tirbyoc.decl import host
+
+    monkeypatch.setattr(host, "host_cpu_features", lambda: {"avx2"})  # a CPU without VNNI
+    code = main(["run", "-q", "--json", "-t", "x86_vnni"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["verified"] is None and out["latency_ms"] == {}
+    assert "lacks AVX-512 VNNI" in out["not_run"] and "-t x86_vnni_emulated" in out["not_run"]
+
+
 def test_compiling_never_goes_through_a_shell(tmp_path, monkeypatch):
     """A source path full of shell syntax is one argument to the compiler, never a command."""
     monkeypatch.chdir(tmp_path)

@@ -80,11 +80,12 @@ def test_vta_model_carries_its_simulator(tmp_path):
     check(built, tmp_path)
 
 
-def test_x86_vnni_int8_model(tmp_path):
-    vnni = tirbyoc.get_template("x86_vnni")
+@pytest.mark.parametrize("template", ["x86_vnni", "x86_vnni_emulated"])
+def test_x86_vnni_int8_model(tmp_path, template):
+    vnni = tirbyoc.get_template(template)
     if not vnni.runs_here():
-        pytest.skip(f"x86_vnni cannot run here: {vnni.unavailable_reason()}")
-    built = build_library("builtin:mlp_int8", ["x86_vnni"], output=tmp_path / "out" / "mlp.so")
+        pytest.skip(f"{template} cannot run here: {vnni.unavailable_reason()}")
+    built = build_library("builtin:mlp_int8", [template], output=tmp_path / "out" / "mlp.so")
     assert built.linked == []
     check(built, tmp_path)
 

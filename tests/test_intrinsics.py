@@ -36,7 +36,7 @@ def _runnable(name):
     return t
 
 
-@pytest.mark.parametrize("template", ["x86_vnni", "blas", "hexagon_hvx"])
+@pytest.mark.parametrize("template", ["x86_vnni", "x86_vnni_emulated", "blas", "hexagon_hvx"])
 def test_self_check_shipped(template):
     t = _runnable(template)
     for intrin in t.intrinsics():
@@ -69,12 +69,12 @@ def test_blas_batched_odd_shape():
     assert self_check(blas.batched_gemm(3, 5, 7, 11, True), dict(t.target)).passed
 
 
-def test_vnni_does_not_saturate_at_int16():
-    """All-extreme inputs: 4 x 255 x -128 per lane overflows int16; VNNI must be exact."""
-    from tirbyoc_intrinsics import x86_vnni
-
-    t = _runnable("x86_vnni")
-    mod = tvm.compile(tensorize_exact(x86_vnni.DOT), target=t.tvm_target())
+@pytest.mark.parametrize("template", ["x86_vnni", "x86_vnni_emulated"])
+def test_vnni_does_not_saturate_at_int16(template):
+    """All-extreme inputs: 4 x 255 x -128 per lane overflows int16; VNNI must be exact, and
+    so must its emulation."""
+    t = _runnable(template)
+    mod = tvm.compile(tensorize_exact(t.groups[0].compute), target=t.tvm_target())
     a = np.full(4, 255, "uint8")
     b = np.full((16, 4), -128, "int8")
     c = tvm.runtime.tensor(np.zeros(16, "int32"))

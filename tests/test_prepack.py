@@ -123,7 +123,8 @@ def test_run_binds_a_built_in_models_weights_and_copies_none_of_them_per_call():
     assert "packed once at compile time" not in result.table()
 
 
-@pytest.mark.skipif(not tirbyoc.get_template("x86_vnni").runs_here(), reason="needs AVX-512 VNNI")
 def test_x86_vnni_with_packed_weights_agrees_with_tvm():
-    result = run_model("builtin:mlp_int8", ["x86_vnni"], repeat=1)
+    from vnni import VNNI
+
+    result = run_model("builtin:mlp_int8", [VNNI], repeat=1)
     assert result.verified is True and result.report.packed.tensors >= 1

@@ -3,13 +3,12 @@
 import pytest
 from tvm.sym.analyzer import Analyzer
 from tvm.tirx import ForKind
+from vnni import NAME, NATIVE, VNNI
 from workloads import conv2d, matmul, parse
 
 import tirbyoc
 from tirbyoc import RewriteError, offload, tensorize, verify
 
-VNNI = tirbyoc.get_template("x86_vnni")
-needs_vnni = pytest.mark.skipif(not VNNI.runs_here(), reason=str(VNNI.unavailable_reason()))
 
 
 def only(result_blocks):
@@ -27,17 +26,15 @@ def assert_offloaded(func, template, intrinsic_prefix):
 
 
 # ------------------------------------------------------------------------- x86 VNNI
-@needs_vnni
 @pytest.mark.parametrize("m,n,k", [(64, 64, 64), (16, 16, 4), (1, 16, 4), (30, 50, 36), (17, 33, 7),
                                    (3, 15, 17)])
 def test_vnni_int8_dense_any_size(m, n, k):
-    assert_offloaded(matmul(m, n, k, "uint8", "int8", "int32", trans_b=True), VNNI, "x86_vnni.dot")
+    assert_offloaded(matmul(m, n, k, "uint8", "int8", "int32", trans_b=True), VNNI, f"{NAME}.dot")
 
 
-@needs_vnni
 @pytest.mark.parametrize("trans_b", [False, True])
 def test_vnni_weights_either_layout_are_packed_once(trans_b):
-    out = assert_offloaded(matmul(32, 48, 64, "uint8", "int8", "int32", trans_b=trans_b), VNNI, "x86_vnni")
+    out = assert_offloaded(matmul(32, 48, 64, "uint8", "int8", "int32", trans_b=trans_b), VNNI, NAME)
     steps = " ".join(out.offloaded[0].steps)
     assert "pack 16x4 tiles B" in steps or "pack B into 16x4 tiles" in steps
     assert "register-blocked" in steps
@@ -65,12 +62,11 @@ def _copy_blocks(func):
     return found
 
 
-@needs_vnni
 @pytest.mark.parametrize("trans_b", [False, True])
 def test_vnni_weight_pack_writes_in_order_in_parallel(trans_b):
     """The packed weight copy iterates over the packed layout (its write indices are its own
     iterators: contiguous stores, not scattered bytes) and its outer loop runs in parallel."""
-    out = assert_offloaded(matmul(64, 64, 128, "uint8", "int8", "int32", trans_b=trans_b), VNNI, "x86_vnni")
+    out = assert_offloaded(matmul(64, 64, 128, "uint8", "int8", "int32", trans_b=trans_b), VNNI, NAME)
     packs = [(b, loops) for b, loops in _copy_blocks(out.func) if len(b.writes[0].region) == 4]
     assert packs, out.func.script()
     block, loops = packs[0]
@@ -83,39 +79,35 @@ def test_vnni_weight_pack_writes_in_order_in_parallel(trans_b):
     assert "staging cop" in " ".join(out.offloaded[0].steps)
 
 
-@needs_vnni
 def test_vnni_batched_matmul():
-    assert_offloaded(matmul(16, 32, 64, "uint8", "int8", "int32", batch=3), VNNI, "x86_vnni")
+    assert_offloaded(matmul(16, 32, 64, "uint8", "int8", "int32", batch=3), VNNI, NAME)
 
 
-@needs_vnni
 @pytest.mark.parametrize("layout,c,oc,stride", [("NHWC", 16, 32, 1), ("NCHW", 16, 32, 2), ("NHWC", 3, 24, 1),
                                                 ("NCHW", 8, 17, 1)])
 def test_vnni_conv2d(layout, c, oc, stride):
     f = conv2d(1, c, 9, 9, oc, 3, 3, layout=layout, stride=stride, dtype="uint8", wdtype="int8", acc="int32")
-    assert_offloaded(f, VNNI, "x86_vnni")
+    assert_offloaded(f, VNNI, NAME)
 
 
-@needs_vnni
 @pytest.mark.parametrize("trans_b", [False, True])
 def test_vnni_operands_in_the_other_order(trans_b):
     """C += B * A: TVM's tensorize compares expressions literally, so the block's product
     is put in the intrinsic's order first."""
     out = assert_offloaded(matmul(48, 40, 36, "uint8", "int8", "int32", swap_mul=True, trans_b=trans_b),
-                           VNNI, "x86_vnni.dot")
+                           VNNI, f"{NAME}.dot")
     assert any("order the block's operands" in s for s in out.offloaded[0].steps)
 
 
-@needs_vnni
 def test_vnni_separate_init_block():
     f = matmul(32, 32, 32, "uint8", "int8", "int32", trans_b=True, init="outside")
-    assert_offloaded(f, VNNI, "x86_vnni")
+    assert_offloaded(f, VNNI, NAME)
 
 
 def test_tensorize_structure_without_schedule():
     """Before / Expected: the canonical rewrite of a 16x16x8 int8 GEMM, loops as tiled."""
     f = matmul(2, 16, 8, "uint8", "int8", "int32", trans_b=True)
-    (m,) = [x for x in tirbyoc.match(f, VNNI) if x.intrinsic.role.value == "compute"]
+    (m,) = [x for x in tirbyoc.match(f, NATIVE) if x.intrinsic.role.value == "compute"]
     got = tensorize(f, m, schedule=False).func
     expected = parse('''
 @T.prim_func(s_tir=True)
@@ -266,7 +258,7 @@ def test_separate_init_is_folded_into_the_reduction_exactly():
 
 
 @pytest.mark.parametrize("template,dtypes", [
-    pytest.param("x86_vnni", ("uint8", "int8", "int32"), marks=needs_vnni),
+    (NAME, ("uint8", "int8", "int32")),
     ("blas", ("float32",) * 3), ("vta", ("int8", "int8", "int32"))])
 def test_staged_output_with_a_separate_init_offloads(template, dtypes):
     # transposed A and a padded, staged output: two writers of C used to stop cache_write

@@ -213,10 +213,13 @@ def test_cli_run_bad_model(capsys, model, message):
 
 @pytest.mark.parametrize("name", ["cnn_int8", "transformer_int8"])
 def test_int8_builtins_run_verified_on_x86_vnni(name):
-    if not tirbyoc.get_template("x86_vnni").runs_here():
-        pytest.skip("this CPU has no AVX-512 VNNI")
-    r = run_model(f"builtin:{name}", ["x86_vnni"], repeat=1)
+    from vnni import VNNI
+
+    r = run_model(f"builtin:{name}", [VNNI], repeat=1)
     assert r.verified is True and r.max_abs_err == 0 and r.report.coverage == 1.0
+    assert ("offloaded" in r.latency_ms) == (not VNNI.emulates)  # no time for an emulation
+    assert ("offloaded not measured (x86_vnni_emulated emulates vpdpbusd" in r.table()) == bool(VNNI.emulates)
+    assert r.to_json()["emulates"] == ({VNNI.name: VNNI.emulates} if VNNI.emulates else {})
 
 
 def test_builtin_architectures():

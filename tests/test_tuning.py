@@ -18,6 +18,7 @@ from tirbyoc._tvm import structural_equal
 from tirbyoc.tuning import (SimulatorRunner, TirbyocRule, load_database, offloadable_tasks, prepare,
                             rpc_runner, tune, tuned_schedules, tuning_target)
 from tirbyoc.tuning.tasks import workload
+from vnni import NAME, VNNI  # the candidates run here: x86_vnni, or its emulation
 
 
 def _design_spaces(func, template):
@@ -37,19 +38,15 @@ def _replay(space, func, seed):
     return sch.mod["main"]
 
 
-_VNNI = tirbyoc.get_template("x86_vnni")
-# the candidates are AVX-512 VNNI code: checked only where this CPU can run them
-needs_vnni = pytest.mark.skipif(not _VNNI.runs_here(), reason=str(_VNNI.unavailable_reason()))
 
 
-@needs_vnni
 @pytest.mark.parametrize("shape, trans_b", [((64, 96, 128), True), ((50, 40, 70), False)])
 def test_rule_space_replays_and_verifies(shape, trans_b):
     """Every sampled candidate of the space (packed weights; padding for odd extents) builds
     and computes what the workload does."""
     func = workloads.matmul(*shape, "uint8", "int8", "int32", trans_b=trans_b)
-    spaces, rule = _design_spaces(func, "x86_vnni")
-    assert rule.offloaded == {"C": "x86_vnni.dot_16x4_u8i8i32"}
+    spaces, rule = _design_spaces(func, NAME)
+    assert rule.offloaded == {"C": f"{NAME}.dot_16x4_u8i8i32"}
     assert len(spaces) == 2  # the default schedule's register block, and a sampled one
     sampled = [s for s in spaces if any(str(i.kind.name) == "SamplePerfectTile" for i in s.trace.insts)]
     assert len(sampled) == 1
@@ -57,20 +54,20 @@ def test_rule_space_replays_and_verifies(shape, trans_b):
     assert len(candidates) > 1, "sampling never changed the register block"
     for text in list(candidates)[:3]:
         cand = tvm.script.from_source(text)
-        assert "vpdpbusd" in text or "dot_16x4" in text or "call_llvm" in text
-        check = tirbyoc.verify(func, cand, tuning_target("x86_vnni"))
+        assert '(16, 4), "int8", offset_factor=1)' in text  # B's tile, as the intrinsic takes it
+        assert ("vpdpbusd" in text) == (not VNNI.emulates)
+        check = tirbyoc.verify(func, cand, tuning_target(NAME))
         assert check.passed, check.describe()
 
 
 def test_rule_leaves_unmatched_blocks_and_says_why():
     func = workloads.matmul(32, 32, 32, "float32", "float32", "float32")
-    spaces, rule = _design_spaces(func, "x86_vnni")
+    spaces, rule = _design_spaces(func, NAME)
     assert len(spaces) == 1
     assert "C" in rule.refusals and "C" not in rule.offloaded
     assert tirbyoc._tvm.structural_equal(spaces[0].mod["main"].body, func.body)
 
 
-@needs_vnni
 def test_commuted_product_needs_prepare():
     """A product written B * A is reordered by an IR edit, which a trace cannot replay: the
     traced rewrite refuses it, and `prepare` makes the workload traceable."""
@@ -78,44 +75,43 @@ def test_commuted_product_needs_prepare():
     from tirbyoc.tuning.preparation import best_matches
 
     func = workloads.matmul(32, 32, 32, "uint8", "int8", "int32", trans_b=True, swap_mul=True)
-    m = best_matches(func, tirbyoc.get_template("x86_vnni"))["C"]
+    m = best_matches(func, VNNI)["C"]
     with pytest.raises(RewriteError, match="prepare"):
         tensorize_in(Schedule(func), m)
-    ready = prepare(func, "x86_vnni")
+    ready = prepare(func, NAME)
     assert not ready.same_as(func)
-    spaces, rule = _design_spaces(ready, "x86_vnni")
+    spaces, rule = _design_spaces(ready, NAME)
     assert rule.offloaded and not rule.refusals.get("C")
-    assert tirbyoc.verify(func, _replay(spaces[-1], ready, 0), tuning_target("x86_vnni")).passed
+    assert tirbyoc.verify(func, _replay(spaces[-1], ready, 0), tuning_target(NAME)).passed
 
 
 def test_separate_init_needs_prepare():
     func = workloads.matmul(32, 32, 32, "uint8", "int8", "int32", trans_b=True, init="outside")
-    spaces, rule = _design_spaces(func, "x86_vnni")
+    spaces, rule = _design_spaces(func, NAME)
     assert "prepare" in rule.refusals["C"]
-    spaces, rule = _design_spaces(prepare(func, "x86_vnni"), "x86_vnni")
+    spaces, rule = _design_spaces(prepare(func, NAME), NAME)
     assert rule.offloaded
 
 
 def test_tasks_are_distinct_and_weighted():
     from tirbyoc.app.legalize import legalized_model
 
-    _, mod, _, _ = legalized_model("builtin:cnn_int8", [tirbyoc.get_template("x86_vnni")], 0)
-    tasks, skipped = offloadable_tasks(mod, "x86_vnni")
+    _, mod, _, _ = legalized_model("builtin:cnn_int8", [VNNI], 0)
+    tasks, skipped = offloadable_tasks(mod, NAME)
     assert tasks and all(t.intrinsics and t.macs > 0 and t.weight >= 1 for t in tasks)
     names = [n for t in tasks for n in t.functions]
     assert len(names) == len(set(names))
 
 
-@needs_vnni
 def test_tune_then_run_with_database(tmp_path):
     """`tune` fills a database; `run_model(database=...)` applies it, verified."""
     from tirbyoc.app.run import run_model
 
     from tirbyoc.app.legalize import legalized_model
 
-    _, mod, _, _ = legalized_model("builtin:mlp_int8", [tirbyoc.get_template("x86_vnni")], 0)
+    _, mod, _, _ = legalized_model("builtin:mlp_int8", [VNNI], 0)
     seen = []
-    result = tune(mod, "x86_vnni", trials=5, work_dir=str(tmp_path),
+    result = tune(mod, NAME, trials=5, work_dir=str(tmp_path),
                   progress=lambda done, total, name: seen.append((done, total)))
     assert len(result.tasks) == 3 and result.trials == 5
     assert result.valid == result.trials, result.table()
@@ -130,15 +126,16 @@ def test_tune_then_run_with_database(tmp_path):
         assert defaults, task.task.name
         sch = Schedule(wl.mod)
         defaults[0].trace.apply_to_schedule(sch, remove_postproc=False)
-        untuned = tirbyoc.offload(prepare(task.task.func, "x86_vnni"), "x86_vnni").func
+        untuned = tirbyoc.offload(prepare(task.task.func, NAME), NAME).func
         assert structural_equal(sch.mod["main"].without_attr("global_symbol"),
                                  untuned.without_attr("global_symbol"))
     assert all(t.best_secs and t.best_secs < 1e-2 for t in result.tasks if t.trials)
     assert (tmp_path / "database_tuning_record.json").exists()
     data = result.to_json()
     assert data["valid_fraction"] == 1.0 and data["unit"] == "s"
+    assert data["emulates"] == VNNI.emulates and ("emulates" in result.table()) == bool(VNNI.emulates)
 
-    run = run_model("builtin:mlp_int8", ["x86_vnni"], database=str(tmp_path), repeat=2)
+    run = run_model("builtin:mlp_int8", [VNNI], database=str(tmp_path), repeat=2)
     tuned = [f for f in run.report.functions if f.tuned]
     assert tuned, run.table()
     assert all(f.verified for f in tuned)
@@ -211,8 +208,6 @@ def _free_port() -> int:
 def test_rpc_runner_on_loopback(tmp_path):
     """Candidates measured on a server registered with a tracker, as on a remote board."""
     pytest.importorskip("tornado")
-    if not _VNNI.runs_here():  # the server would die on the first AVX-512 instruction
-        pytest.skip(f"x86_vnni cannot run on this machine: {_VNNI.unavailable_reason()}")
     from tvm import rpc
     from tvm.rpc.tracker import Tracker
 
@@ -224,7 +219,7 @@ def test_rpc_runner_on_loopback(tmp_path):
     try:
         time.sleep(0.5)
         func = workloads.matmul(64, 64, 64, "uint8", "int8", "int32", trans_b=True)
-        result = tune(func, "x86_vnni", trials=2, work_dir=str(tmp_path),
+        result = tune(func, NAME, trials=2, work_dir=str(tmp_path),
                       runner=rpc_runner(f"127.0.0.1:{tracker.port}", "tirbyoc-test"))
         assert result.valid == result.trials == 2, result.table()
     finally:

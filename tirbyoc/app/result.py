@@ -31,6 +31,7 @@ class RunResult:
     reference: Reference | None = None  # ONNX Runtime on the same model and inputs
     emulated: EmulatedRuns | None = None  # the offloaded PrimFuncs ran in an emulator
     fast_math: FastMathReport | None = None  # --fast-math: what was approximated, in both builds
+    emulates: dict = field(default_factory=dict)  # template -> the instruction it emulates (untimed)
 
     def to_json(self) -> dict:
         r = self.report
@@ -54,6 +55,7 @@ class RunResult:
             "reference": self.reference.to_json() if self.reference is not None else None,
             "emulated": self.emulated.to_json() if self.emulated is not None else None,
             "fast_math": self.fast_math.to_json() if self.fast_math is not None else None,
+            "emulates": self.emulates,
         }
 
     def outcome(self) -> str:
@@ -111,6 +113,12 @@ class RunResult:
         """Latency and what each build ran on."""
         lat, e = self.latency_ms, self.emulated
         baseline = BASELINES.get(self.baseline, self.baseline)
+        if e is None and self.emulates:
+            what = "; ".join(f"{t} emulates {i}" for t, i in self.emulates.items())
+            return (f"latency: offloaded not measured ({what} in portable code: the values are "
+                    f"the instruction's, the times are not), TVM baseline "
+                    f"{_ms(lat.get('baseline'))}\n  both built for {_target_words(self.target)}; "
+                    f"baseline: {baseline}")
         if e is None:
             return (f"latency: offloaded {_ms(lat.get('offloaded'))}, TVM baseline "
                     f"{_ms(lat.get('baseline'))}\n  both built for {_target_words(self.target)}; "

@@ -193,9 +193,10 @@ def run_offloaded(mod, tmpls, target, entry, arrays, ref_out, *, repeat: int = 1
                                                             if f.offloaded and not f.extern],
                                                 check_target(target), capacities)
     sims = {t.name: t.simulator for t in tmpls if t.simulator is not None}
+    timed = emulated is None and not any(t.emulates for t in tmpls)  # else not the hardware's times
     new_out, ms, stats = build_and_time(offloaded, model_target(target), entry, arrays, repeat,
-                                         list(sims.values()), timed=emulated is None)
-    if profile and emulated is None:
+                                         list(sims.values()), timed=timed)
+    if profile and timed:
         profile_functions(mod, offloaded, report, target, repeat, progress=progress)
     return OffloadRun(report, compare(new_out, ref_out), ms, dict(zip(sims, stats)), missing,
                       new_out, emulated)
@@ -295,7 +296,8 @@ def run_model(model: str | None = None, templates: list | None = None, *, target
     return RunResult(spec, names, target_json, done.report, None if comparison is None else comparison.passed,
                      float("nan") if comparison is None else comparison.abs_err, latency, seconds,
                      "; ".join(missing) or None, done.simulation, comparison, baseline,
-                     quantized if quantized.integer or quantized.kept else None, ref, done.emulated, fast)
+                     quantized if quantized.integer or quantized.kept else None, ref, done.emulated, fast,
+                     {t.name: t.emulates for t in tmpls if t.emulates})
 
 
 __all__ = ["BASELINES", "OffloadRun", "Progress", "RunResult", "baseline_module", "check_target", "compare",

@@ -73,6 +73,11 @@ class Template:
         A vector ALU over whole accumulator tiles (`tirbyoc.decl.alu`): with it (and a block
         DMA) the elementwise blocks after a core - bias, requantization, ReLU - run on the
         accumulator tile and the store narrows (`tirbyoc.rewrite.epilogue`).
+    emulates : str
+        For a template whose implementations stand in, as portable code, for an instruction
+        this machine may lack (``x86_vnni_emulated``): that instruction. Its offloads are
+        verified as any other's - the values are the instruction's - but its times are not
+        the hardware's, so `tirbyoc run` reports none for it.
     """
 
     name: str
@@ -90,6 +95,7 @@ class Template:
     factory: Callable | None = None
     block_dma: BlockDMA | None = None
     block_alu: BlockALU | None = None
+    emulates: str = ""
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name.isidentifier():

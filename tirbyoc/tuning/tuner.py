@@ -102,6 +102,7 @@ class TuneResult:
     database: object = field(repr=False, default=None)
     seconds: float = 0.0
     unit: str = "s"  # what best_secs measures ("s" host seconds, "cycles" for a simulator)
+    emulates: str = ""  # the instruction the template's code emulates: its times are not that one's
 
     @property
     def trials(self) -> int:
@@ -125,12 +126,16 @@ class TuneResult:
                          ", ".join(dict.fromkeys(t.task.intrinsics)), str(t.trials),
                          f"{t.valid}/{t.trials}", best))
         rows += [(n, "-", "-", "not offloadable: " + why[:70], "-", "-", "-") for n, why in self.skipped]
-        return render(("task", "calls", "MACs", "intrinsic", "trials", "valid", "best"), rows)
+        text = render(("task", "calls", "MACs", "intrinsic", "trials", "valid", "best"), rows)
+        if self.emulates:
+            text += (f"\nbest: times of {self.template}'s portable code, which emulates "
+                     f"{self.emulates}: they rank candidates on this CPU, not the instruction's")
+        return text
 
     def to_json(self) -> dict:
         return {"template": self.template, "work_dir": self.work_dir, "seconds": round(self.seconds, 1),
                 "trials": self.trials, "valid": self.valid, "valid_fraction": self.valid_fraction,
-                "unit": self.unit,
+                "unit": self.unit, "emulates": self.emulates,
                 "tasks": [{"name": t.task.name, "functions": t.task.functions, "calls": t.task.weight,
                            "macs": t.task.macs, "intrinsics": list(t.task.intrinsics),
                            "trials": t.trials, "valid": t.valid, "best": t.best_secs} for t in self.tasks],
@@ -280,14 +285,12 @@ def tune(mod, template, *, trials: int, work_dir: str, runner=None, builder=None
     else ``LocalRunner``; `rpc_runner` for a remote board). ``progress(done, total, task)``
     is called after each measured batch. ``quiet`` keeps MetaSchedule's own log tables in
     ``work_dir/logs`` only."""
-
-
-
     template = as_template(template)
     if trials < 1:
         raise TirbyocError(f"--trials {trials}: give at least 1")
     tasks, skipped = offloadable_tasks(mod, template)
-    result = TuneResult(template.name, work_dir, [TaskOutcome(t) for t in tasks], skipped)
+    result = TuneResult(template.name, work_dir, [TaskOutcome(t) for t in tasks], skipped,
+                        emulates=template.emulates)
     if not tasks:
         return result
 
