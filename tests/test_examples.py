@@ -41,12 +41,14 @@ def test_c_target_dispatch_of_concat():
 
 
 def test_d_int8_model_on_x86_vnni():
-    if not tirbyoc.get_template("x86_vnni").runs_here():
-        pytest.skip("this CPU has no AVX-512 VNNI")
+    """On x86_vnni where this CPU has VNNI (timed), else on its emulation (untimed)."""
     report, err, latency = load_example("int8_model_x86_vnni").main()
     assert report.coverage == 1.0 and err == 0
     assert all(f.verified for f in report.functions if f.macs)
-    assert latency["offloaded"] > 0 and latency["TVM default"] > 0
+    if tirbyoc.get_template("x86_vnni").runs_here():
+        assert latency["offloaded"] > 0 and latency["TVM default"] > 0
+    else:
+        assert latency == {"offloaded": None, "TVM default": None}
 
 
 def test_new_accelerator_runs_in_the_simulator():
