@@ -87,6 +87,7 @@ def test_x86_vnni_int8_model(tmp_path, template):
         pytest.skip(f"{template} cannot run here: {vnni.unavailable_reason()}")
     built = build_library("builtin:mlp_int8", [template], output=tmp_path / "out" / "mlp.so")
     assert built.linked == []
+    assert built.to_json()["emulates"] == ({template: vnni.emulates} if vnni.emulates else {})
     check(built, tmp_path)
 
 

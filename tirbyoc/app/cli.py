@@ -263,6 +263,8 @@ def cmd_build(args) -> int:
                   f"{' - ' + f.check_note if f.check_note else ''}")
     if built.fast_math is not None:
         print(f"  {built.fast_math.describe()}")
+    for name, instruction in built.emulates.items():
+        print(f"  {name} emulates {instruction} in portable code: for checking, not for shipping")
     if built.cross is not None:
         _print_cross(built, inputs)
         return 0 if all(f.verified is not False for f in r.functions) else 1

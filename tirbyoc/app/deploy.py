@@ -66,6 +66,7 @@ class Built:
     sample_inputs: list = field(default_factory=list, repr=False)
     cross: HexagonArtifact | None = None  # for a Hexagon target: what was written, how to link
     fast_math: FastMathReport | None = None  # --fast-math: what the library approximates
+    emulates: dict = field(default_factory=dict)  # template -> the instruction its code emulates
 
     @property
     def kind(self) -> str:
@@ -80,7 +81,8 @@ class Built:
                 "inputs": self.inputs, "linked": self.linked,
                 "offloaded_macs": self.report.offloaded_macs, "macs": self.report.total_macs,
                 "functions": [f.to_json() for f in self.report.functions],
-                "fast_math": self.fast_math.to_json() if self.fast_math is not None else None}
+                "fast_math": self.fast_math.to_json() if self.fast_math is not None else None,
+                "emulates": self.emulates}
 
 
 def _templates_libraries(tmpls) -> tuple[dict, dict]:
@@ -276,7 +278,8 @@ def build_library(model: str | None, templates=None, *, output, target=None, dat
     params = offloaded[entry].params
     built = Built(output, shipped, spec, [t.name for t in tmpls], json.loads(str(tgt)), entry,
                   [{"name": p.name, "shape": [int(d) for d in p.ty.shape.values], "dtype": str(p.ty.dtype)}
-                   for p in params], report, libs, None, arrays, cross, fast)
+                   for p in params], report, libs, None, arrays, cross, fast,
+                  {t.name: t.emulates for t in tmpls if t.emulates})
     if run_check and cross is None and all(t.runs_here() for t in tmpls):
         sims = [t.simulator for t in tmpls if t.simulator is not None]
         built.output = build_and_time(offloaded, tgt, entry, arrays, 1, sims, timed=False)[0]
