@@ -161,8 +161,6 @@ def make_template(emulated: bool = False) -> Template:
         doc=("AVX-512 VNNI int8 dot products (u8 activations x i8 weights -> i32)"
              + (", vpdpbusd emulated in portable vector code" if emulated else "")),
         emulates="vpdpbusd (AVX-512 VNNI)" if emulated else "",
-        params={"emulated": emulated},
-        factory=make_template,
     )
 
 
