@@ -132,6 +132,8 @@ def test_template_duplicate_scope_and_bad_target():
         Template("d", {"kind": "llvm"}, Runtime.LLVM, scopes=(Scope("x"), Scope("x")))
     with pytest.raises(TemplateError, match="target must be a TVM target dict"):
         Template("d", "llvm -mcpu=cascadelake", Runtime.LLVM)
+    with pytest.raises(TemplateError, match="emulates must name an instruction"):
+        Template("d", {"kind": "llvm"}, Runtime.LLVM, emulates=True)
 
 
 def test_group_role_checked():

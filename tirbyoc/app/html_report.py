@@ -57,7 +57,9 @@ def render(result) -> str:
         ("model", escape(result.model)), ("templates", escape(", ".join(result.templates))),
         ("target", escape(str(result.target))),
         ("MAC coverage", f"{r.coverage:.1%} ({r.offloaded_macs:,} of {r.total_macs:,})"),
-        ("latency, offloaded", f"{lat['offloaded']:.3f} ms" if "offloaded" in lat else "-"),
+        ("latency, offloaded", f"{lat['offloaded']:.3f} ms" if "offloaded" in lat else
+         escape(f"not measured: {', '.join(result.emulates)} emulates an instruction")
+         if result.emulates else "-"),
         ("latency, TVM default", f"{lat['baseline']:.3f} ms" if "baseline" in lat else "-"),
         ("outputs", outcome),
     ]

@@ -112,6 +112,9 @@ class Template:
                 f"template {self.name!r}: target must be a TVM target dict with a 'kind', "
                 f"e.g. {{'kind': 'llvm', 'mcpu': 'cascadelake'}}; got {self.target!r}"
             )
+        if not isinstance(self.emulates, str):
+            raise TemplateError(f"template {self.name!r}: emulates must name an instruction (a str), "
+                                f"got {self.emulates!r}")
         object.__setattr__(self, "target", MappingProxyType(dict(self.target)))
         object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
         for attr in ("groups", "scopes", "extra", "libraries"):
