@@ -61,33 +61,25 @@ def dot_product(lanes: int = 16, k: int = 4, emulated: bool = False) -> Intrinsi
             with T.sblock("root"):
                 T.reads(C[0:16], A[0:4], B[0:16, 0:4])
                 T.writes(C[0:16])
-                C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
-                    T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
-                    C.vload([0], dtype="int32x16"),
-                    T.reinterpret(
-                        T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 16),
-                        dtype="int8x64",
-                    ),
-                    B.vload([0, 0], dtype="int8x64"),
-                    dtype="int32x16",
-                )
+                if emulated:  # a Python bool: TVMScript parses only the branch taken
+                    for i in T.vectorized(16):
+                        C[i] = C[i] + (T.cast(A[0], "int32") * T.cast(B[i, 0], "int32")
+                                       + T.cast(A[1], "int32") * T.cast(B[i, 1], "int32")
+                                       + T.cast(A[2], "int32") * T.cast(B[i, 2], "int32")
+                                       + T.cast(A[3], "int32") * T.cast(B[i, 3], "int32"))
+                else:
+                    C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
+                        T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
+                        C.vload([0], dtype="int32x16"),
+                        T.reinterpret(
+                            T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 16),
+                            dtype="int8x64",
+                        ),
+                        B.vload([0, 0], dtype="int8x64"),
+                        dtype="int32x16",
+                    )
 
-        @T.prim_func(s_tir=True)
-        def emulated_impl(
-            A: T.Buffer((4,), "uint8", offset_factor=1),
-            B: T.Buffer((16, 4), "int8", offset_factor=1),
-            C: T.Buffer((16,), "int32", offset_factor=1),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-                T.writes(C[0:16])
-                for i in T.vectorized(16):
-                    C[i] = C[i] + (T.cast(A[0], "int32") * T.cast(B[i, 0], "int32")
-                                   + T.cast(A[1], "int32") * T.cast(B[i, 1], "int32")
-                                   + T.cast(A[2], "int32") * T.cast(B[i, 2], "int32")
-                                   + T.cast(A[3], "int32") * T.cast(B[i, 3], "int32"))
-
-        return desc, emulated_impl if emulated else impl
+        return desc, impl
 
     return Intrinsic(
         f"{name}.dot_16x4_u8i8i32",

@@ -113,14 +113,13 @@ class RunResult:
         """Latency and what each build ran on."""
         lat, e = self.latency_ms, self.emulated
         baseline = BASELINES.get(self.baseline, self.baseline)
-        if e is None and self.emulates:
-            what = "; ".join(f"{t} emulates {i}" for t, i in self.emulates.items())
-            return (f"latency: offloaded not measured ({what} in portable code: the values are "
-                    f"the instruction's, the times are not), TVM baseline "
-                    f"{_ms(lat.get('baseline'))}\n  both built for {_target_words(self.target)}; "
-                    f"baseline: {baseline}")
         if e is None:
-            return (f"latency: offloaded {_ms(lat.get('offloaded'))}, TVM baseline "
+            offloaded = _ms(lat.get("offloaded"))
+            if self.emulates:
+                what = "; ".join(f"{t} emulates {i}" for t, i in self.emulates.items())
+                offloaded = (f"not measured ({what} in portable code: the values are the "
+                             "instruction's, the times are not)")
+            return (f"latency: offloaded {offloaded}, TVM baseline "
                     f"{_ms(lat.get('baseline'))}\n  both built for {_target_words(self.target)}; "
                     f"baseline: {baseline}")
         calls = sum(e.calls.values())
