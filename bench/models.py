@@ -2,8 +2,9 @@
 weights copied on every call (no compile-time packing), TVM's default build, and ONNX Runtime.
 
 Models (float ONNX files with random He-initialised weights, made by `tirbyoc.testing.qdq`):
-ResNet-18 and ResNet-50 at 224x224 and a BERT-base encoder (12 layers, seq 128); ``--int8``
-also their QDQ versions from ONNX Runtime's quantizer. Each precision goes to the template
+ResNet-18, ResNet-50 and MobileNetV2 at 224x224 and a BERT-base encoder (12 layers, seq 128);
+``--int8`` also their QDQ versions from ONNX Runtime's recommended flow (``quant_pre_process``,
+then ``quantize_static``), ``--precisions int8`` those alone. Each precision goes to the template
 that computes it here: fp32 to blas, int8 to x86_vnni (only on a CPU with AVX-512 VNNI: the
 row says why not otherwise). Weights are constants, as deployed (`tirbyoc run` does the same).
 
@@ -13,11 +14,13 @@ last steals the other's cores, and the same model reads 1.5x slower by order. ti
 variants share a process (the same pools) and are timed interleaved, ``--rounds`` times each;
 medians are reported. Every row is checked: the offloaded build against TVM's build of the
 same model, and against ONNX Runtime (one output quantization step for a QDQ model, a relative
-tolerance for a float one). The model slowest against ONNX Runtime also gets a per-PrimFunc
-profile (each built and timed alone, times its call sites) and a plot of it.
+tolerance for a float one). Every model and precision also gets a per-PrimFunc profile at the
+first thread count (each built and timed alone, times its call sites), and the model slowest
+against ONNX Runtime a plot of it.
 
-    python bench/models.py [--models resnet18,resnet50,bert_base] [--threads 1,2] [--int8]
-                           [--rounds 5] [--fast-math] [--out bench/results/models.json]
+    python bench/models.py [--models resnet18,resnet50,mobilenet_v2,bert_base] [--threads 1,2]
+                           [--int8 | --precisions fp32,int8] [--rounds 5] [--fast-math]
+                           [--out bench/results/models.json]
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BUILDERS = {"resnet18": "float_resnet18", "resnet50": "float_resnet50", "bert_base": "float_bert_base"}
+BUILDERS = {"resnet18": "float_resnet18", "resnet50": "float_resnet50", "mobilenet_v2": "float_mobilenet_v2",
+            "bert_base": "float_bert_base"}
 TEMPLATES = {"fp32": "blas", "int8": "x86_vnni"}
 
 
@@ -179,7 +183,7 @@ def measure(args, threads: str, name: str, precision: str) -> dict:
     import numpy as np
 
     import tirbyoc
-    from tirbyoc.app.reference import FLOAT_RTOL, output_step
+    from tirbyoc.app.reference import agrees, output_step, steps_apart
     from tirbyoc.app.run import compare
 
     template = TEMPLATES[precision]
@@ -196,13 +200,13 @@ def measure(args, threads: str, name: str, precision: str) -> dict:
         out = {k: np.load(Path(outputs) / f"{k}.npy") for k in samples}
     median = {k: statistics.median(v) for k, v in samples.items()}
     vs_tvm = compare(out["tirbyoc"].ravel(), out["tvm_default"].ravel())
-    ort_err = float(np.abs(out["tirbyoc"].astype(np.float64).ravel() - out["onnxruntime"].ravel()).max())
     step = output_step(model_file(name, precision, Path(args.cache)))
-    bound = step if step else FLOAT_RTOL * float(np.abs(out["onnxruntime"]).max())
+    agree, ort_err = agrees(out["tirbyoc"].ravel(), out["onnxruntime"].ravel(), step)
     row.update(latency_ms=median, samples_ms=samples,
                checks={"verified_vs_tvm": vs_tvm.passed, "max_abs_err_vs_tvm": vs_tvm.abs_err,
                        "same_as_per_call_packing": bool(np.array_equal(out["tirbyoc"], out["tirbyoc_per_call_packing"])),
-                       "agrees_with_onnxruntime": ort_err <= bound * (1 + 1e-6),
+                       "agrees_with_onnxruntime": agree,
+                       "steps_from_onnxruntime": steps_apart(ort_err, step) if step else None,
                        "max_abs_err_vs_onnxruntime": ort_err},
                speedup_vs_onnxruntime=median["onnxruntime"] / median["tirbyoc"],
                speedup_vs_tvm_default=median["tvm_default"] / median["tirbyoc"],
@@ -235,6 +239,16 @@ def table(rows) -> str:
                    "TVM default ms", "ORT ms", "tirbyoc vs ORT", "checked"), out)
 
 
+def profile_summary(row) -> dict:
+    """Where a profiled row's time goes, in ms: its offloaded PrimFuncs, the PrimFuncs left to
+    TVM, and the rest of the model's time (between the functions: the VM, allocation, whole
+    library calls), each PrimFunc built and timed alone."""
+    off = sum(p["ms"] for p in row["profile"] if p["offloaded"])
+    left = sum(p["ms"] for p in row["profile"] if not p["offloaded"])
+    return {"model_ms": row["latency_ms"]["tirbyoc"], "offloaded_ms": off, "left_to_tvm_ms": left,
+            "between_functions_ms": row["latency_ms"]["tirbyoc"] - off - left}
+
+
 def plot(row, path: Path) -> None:
     import matplotlib  # deferred: optional (the test extra installs it)
 
@@ -264,6 +278,8 @@ def main() -> None:
     parser.add_argument("--models", default="resnet18,resnet50,bert_base")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--int8", action="store_true", help="also the QDQ models (x86_vnni: needs AVX-512 VNNI)")
+    parser.add_argument("--precisions", help="the precisions measured, comma-separated (default fp32; "
+                                             "--int8: fp32,int8)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeat", type=int, default=3, help="runs per measurement (TVM's default build: 1)")
     parser.add_argument("--cache", help="folder for the ONNX files (default: a temporary one)")
@@ -280,20 +296,30 @@ def main() -> None:
         args.threads = int(args.worker_threads)
         worker(args)
         return
+    precisions = (args.precisions or ("fp32,int8" if args.int8 else "fp32")).split(",")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         args.cache = args.cache or tmp
+        Path(args.cache).mkdir(parents=True, exist_ok=True)
         for n in args.threads.split(","):
             for name in args.models.split(","):
-                for precision in ("fp32", "int8") if args.int8 else ("fp32",):
+                for precision in precisions:
                     rows.append(measure(args, n, name, precision))
         measured = [r for r in rows if "latency_ms" in r]
+        first = args.threads.split(",")[0]
+        for row in measured:
+            if str(row["threads"]) == first:
+                with tempfile.TemporaryDirectory() as outputs:
+                    row["profile"] = _spawn(args, first, row["model"], row["precision"], "tirbyoc", outputs,
+                                            profile=True)["profile"]
         if measured:
-            slowest = min(measured, key=lambda r: r["speedup_vs_onnxruntime"])
-            with tempfile.TemporaryDirectory() as outputs:
-                slowest["profile"] = _spawn(args, str(slowest["threads"]), slowest["model"], slowest["precision"],
-                                            "tirbyoc", outputs, profile=True)["profile"]
+            slowest = min((r for r in measured if "profile" in r), key=lambda r: r["speedup_vs_onnxruntime"])
     print(table(rows))
+    for row in measured:
+        if "profile" in row:
+            row["profile_summary"] = profile_summary(row)
+            print(f"{row['model']} {row['precision']}, {row['threads']} thread(s): "
+                  + ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in row["profile_summary"].items()))
     out = Path(args.out or HERE / "results" / ("models_fast_math.json" if args.fast_math else "models.json"))
     out.write_text(json.dumps({"benchmark": "models", "cpu": _cpu(), "rows": rows}, indent=1) + "\n")
     if measured:

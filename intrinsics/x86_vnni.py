@@ -153,6 +153,8 @@ def make_template(emulated: bool = False) -> Template:
         doc=("AVX-512 VNNI int8 dot products (u8 activations x i8 weights -> i32)"
              + (", vpdpbusd emulated in portable vector code" if emulated else "")),
         emulates="vpdpbusd (AVX-512 VNNI)" if emulated else "",
+        channels_last=True,  # four input channels per lane, sixteen output channels per store
+        fuses_epilogues=True,  # requantized in the register block's write-back, stored as 8 bits
     )
 
 

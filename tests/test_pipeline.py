@@ -22,7 +22,7 @@ VTA = tirbyoc.get_template("vta")
 def test_stages_run_in_their_registered_order():
     names = stage_names()
     expected = ["commute", "canonicalize", "stage", "pad", "tile", "scratchpad", "epilogue", "fragments", "schedule",
-                "dma copies", "fragment copies", "decompose", "tensorize", "init", "link"]
+                "dma copies", "fragment copies", "cpu epilogue", "decompose", "tensorize", "init", "link"]
     assert names == expected
 
 

@@ -258,3 +258,19 @@ def test_matmul_integer_of_wider_operands_stays_int32_with_the_reason():
     assert not report.integer
     assert report.kept == [("matmul_integer", "operands not 8-bit, or a symbolic reduction length")]
     assert new.script(show_meta=False).count("R.matmul(") == 1
+
+
+def test_one_output_step_apart_agrees_whatever_the_float32_rounding():
+    """Dequantized outputs are whole steps apart only up to float32 rounding at their
+    magnitude (a step of 0.03940047 read as 0.0394011 near 40): one step agrees, two do
+    not, and the count of steps is what the agreement is decided by."""
+    from tirbyoc.app.reference import agrees, steps_apart
+
+    step = 0.03940047
+    q = np.arange(900, 1100)
+    ours, theirs = (q * np.float32(step)).astype(np.float32), ((q + 1) * np.float32(step)).astype(np.float32)
+    agree, err = agrees(ours, theirs, step)
+    assert err > step * (1 + 1e-6)  # the rounding a bound of exactly one step had no room for
+    assert agree and steps_apart(err, step) == 1
+    agree, err = agrees(ours, ((q + 2) * np.float32(step)).astype(np.float32), step)
+    assert not agree and steps_apart(err, step) == 2

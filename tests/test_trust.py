@@ -309,16 +309,14 @@ def test_a_kernel_above_the_measured_peak_stops_the_benchmark(monkeypatch):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "bench" / "gemm.py"
-    spec = importlib.util.spec_from_file_location("bench_gemm", path)
-    gemm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gemm)
-    peak = object.__new__(gemm.VnniPeak)  # the samples themselves need VNNI hardware
-    peak.best, peak.samples = {1: 240.0, 2: 460.0}, {}
-    assert peak.fraction(414.0, "GEMM") == pytest.approx(0.9)
-    assert peak.fraction(200.0, "GEMM", threads=1) == pytest.approx(200 / 240)
+    path = Path(__file__).resolve().parents[1] / "bench" / "gemm_workers.py"
+    spec = importlib.util.spec_from_file_location("bench_gemm_workers", path)
+    workers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(workers)
+    assert workers.fraction_of_peak(414.0, 460.0, "GEMM", 2) == pytest.approx(0.9)
+    assert workers.fraction_of_peak(200.0, 240.0, "GEMM", 1) == pytest.approx(200 / 240)
     with pytest.raises(SystemExit, match="busy"):
-        peak.fraction(780.0, "GEMM 1024^3")
+        workers.fraction_of_peak(780.0, 460.0, "GEMM 1024^3", 2)
 
 
 # ----------------------------------------------------- the baseline's target (item 7)
@@ -336,3 +334,22 @@ def test_both_builds_use_this_cpu_and_the_json_says_which_target():
     assert out["target"]["mcpu"] == host and out["target"]["num-cores"] == 2
     assert out["baseline"]["name"] == "dlight" and "dlight" in out["baseline"]["what"]
     assert f"mcpu={host}" in r.table() and r.verified is True
+
+
+def test_a_template_naming_a_cpu_builds_for_this_one_where_it_has_its_features():
+    """x86_vnni names cascadelake; a run on a CPU with every one of its instruction-set
+    features builds for this CPU instead (LLVM tunes for the CPU that runs the code); one
+    lacking any (or a target for another machine) keeps the named CPU."""
+    from tirbyoc._tvm import host_target, isa_features, make_target
+    from tirbyoc.app.targets import for_this_cpu
+
+    host = host_target()
+    declared = {"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2}
+    has_all = isa_features(make_target(declared)) <= isa_features(host)
+    expected = str(host.attrs["mcpu"]) if has_all else "cascadelake"
+    assert for_this_cpu(declared) == {**declared, "mcpu": expected}
+    amx = {"kind": "llvm", "mcpu": "graniterapids"}
+    if not isa_features(make_target(amx)) <= isa_features(host):  # every CPU seen here lacks AMX
+        assert for_this_cpu(amx) == amx
+    other = {"kind": "llvm", "mtriple": "hexagon", "mcpu": "hexagonv66"}
+    assert for_this_cpu(other) == other

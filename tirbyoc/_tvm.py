@@ -203,15 +203,16 @@ def with_call_args(call, args):
     return PrimCall(call.op, args, call.attrs, call.ty_args, call.span, call.ty)
 
 
-def register_tir_pipeline(name: str, after) -> None:
+def register_tir_pipeline(name: str, after, before=list) -> None:
     """Register, as TIR pipeline ``name`` (for ``tvm.compile(..., tir_pipeline=name)``),
-    TVM's default lowering followed by the passes ``after`` returns, run before the host
-    finalisation (``LowerTVMBuiltin``): where a target's own memory or runtime calls are
+    the passes ``before`` returns (on the scheduled functions, blocks and their annotations
+    still there), TVM's default lowering, then the passes ``after`` returns, run before the
+    host finalisation (``LowerTVMBuiltin``): where a target's own memory or runtime calls are
     lowered that TVM's pipeline has no hook for."""
 
     def pipeline():
         default, finalize_host, finalize_device = s_tir_pipeline.default_s_tir_pipeline()
-        return tvm.transform.Sequential([default, *after()]), finalize_host, finalize_device
+        return tvm.transform.Sequential([*before(), default, *after()]), finalize_host, finalize_device
 
     tirx.compilation_pipeline.PIPELINE_MAP[name] = pipeline
 

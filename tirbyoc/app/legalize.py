@@ -17,11 +17,13 @@ from tirbyoc.app.preparation import (
     fuses_epilogues,
     integer_module,
     requantize_mode,
+    wants_channels_last,
     with_constant_weights,
 )
 from tirbyoc.errors import TirbyocError
 from tirbyoc.relax.bridge import fuse
 from tirbyoc.relax.fast_math import FastMathReport, fast_math_of
+from tirbyoc.relax.layout import LayoutReport, channels_last
 from tirbyoc.relax.quantized import QuantizedReport, qdq_output_step
 
 
@@ -60,7 +62,8 @@ def importing(model: str | None) -> str:
 def legalized_model(model: str | None, templates, seed: int, inputs: dict | None = None, *,
                     obj: str | None = None, input_shapes: dict | None = None,
                     quantized: QuantizedReport | None = None, as_given: list | None = None,
-                    constant_weights: bool = False, fast_math: FastMathReport | None = None):
+                    constant_weights: bool = False, fast_math: FastMathReport | None = None,
+                    layout: LayoutReport | None = None):
     """(spec, legalized module, entry function, inputs) of a model for ``templates``: the
     user's ``inputs`` (name -> array) where given, else seeded data in each input's domain
     (`tirbyoc.app.model_inputs`). A quantized model's chains are made integer first
@@ -71,7 +74,9 @@ def legalized_model(model: str | None, templates, seed: int, inputs: dict | None
     inputs returned are then the model's own inputs only. ``fast_math``: when given, the
     model's float32 erf, tanh, exp, softmax, sigmoid, SiLU and GELU become TVM's fast
     approximations (`tirbyoc.relax.fast_math`), in this module and in ``as_given`` alike, and
-    the report is filled in."""
+    the report is filled in. For a template whose convolutions read NHWC the module is
+    converted to NHWC once (`tirbyoc.relax.layout`; ``layout`` collects what it did), while
+    ``as_given`` keeps the model's own layout."""
     spec, loaded = load_model(model, templates, obj, input_shapes)
     converted = integer_module(loaded, templates, quantized)
     if quantized is not None and converted is not loaded:
@@ -80,9 +85,10 @@ def legalized_model(model: str | None, templates, seed: int, inputs: dict | None
         fast, done = fast_math_of(converted)
         fast_math.add(done)
         loaded, converted = (fast if converted is loaded else fast_math_of(loaded)[0]), fast
-    mod = relax.transform.LegalizeOps()(converted)
+    laid = channels_last(converted, layout)[0] if wants_channels_last(templates) else converted
+    mod = relax.transform.LegalizeOps()(laid)
     if as_given is not None:
-        as_given.append(mod if converted is loaded else relax.transform.LegalizeOps()(loaded))
+        as_given.append(mod if laid is loaded else relax.transform.LegalizeOps()(loaded))
     if fuses_epilogues(templates):
         mod = fuse(mod)
     entry = entry_function(mod)

@@ -15,24 +15,36 @@ from tirbyoc.relax.quantized import QuantizedReport, QuantizedToInteger, has_qua
 
 def fuses_epilogues(templates) -> bool:
     """Whether the first template runs the elementwise work after a core on its accumulator
-    tile (a `BlockALU`): the model is then fused (``FuseOps`` / ``FuseTIR``) before offload,
-    so that each core's PrimFunc carries its epilogue."""
-    return any(getattr(as_template(t), "block_alu", None) is not None for t in templates[:1])
+    tile (a `BlockALU`) or in its register block's write-back (``Template.fuses_epilogues``):
+    the model is then fused (``FuseOps`` / ``FuseTIR``) before offload, so that each core's
+    PrimFunc carries its epilogue."""
+    return any(_has_alu(t) or as_template(t).fuses_epilogues for t in templates[:1])
+
+
+def _has_alu(template) -> bool:
+    return getattr(as_template(template), "block_alu", None) is not None
 
 
 def requantize_mode(templates) -> str:
     """How accumulators come back to the next layer's quantization for ``templates``:
     ``"shift"`` (integer requantization, which an accelerator's ALU runs before a narrowing
     store; the quantized built-ins are then quantized with power-of-two scales, as VTA's
-    quantizer does) where the first template fuses epilogues, else ``"float"``
+    quantizer does) where the first template's ALU fuses epilogues, else ``"float"``
     (`tirbyoc.relax.requantize`, `tirbyoc.app.models.quantize`)."""
-    return "shift" if fuses_epilogues(templates) else "float"
+    return "shift" if any(_has_alu(t) for t in templates[:1]) else "float"
+
+
+def wants_channels_last(templates) -> bool:
+    """Whether the first template's convolutions read NHWC activations: the model is then
+    converted to NHWC once (`tirbyoc.relax.layout`)."""
+    return any(as_template(t).channels_last for t in templates[:1])
 
 
 def preparation(templates) -> tuple:
     """What the model a run offloads depends on in ``templates``: two template lists with the
     same preparation offload the same legalized model (a sweep builds it once)."""
-    return activation_dtype(templates), requantize_mode(templates), fuses_epilogues(templates)
+    return (activation_dtype(templates), requantize_mode(templates), fuses_epilogues(templates),
+            wants_channels_last(templates))
 
 
 def activation_dtype(templates) -> str | None:
@@ -88,4 +100,4 @@ def with_constant_weights(mod, entry: str, arrays: list):
 
 
 __all__ = ["activation_dtype", "bind_weights", "fuses_epilogues", "integer_module", "preparation", "requantize_mode",
-           "with_constant_weights"]
+           "wants_channels_last", "with_constant_weights"]

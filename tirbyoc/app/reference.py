@@ -9,9 +9,11 @@ operators, the ONNX semantics); on x86 CPUs without VNNI, ONNX Runtime's fused u
 kernels can saturate 16-bit intermediate sums and leave the ONNX semantics by several
 quantization steps, which this second output shows.
 
-Agreement: a QDQ model's output is a multiple of its last quantization step; tirbyoc agrees
-when it differs from ONNX Runtime by at most one step. A float output agrees within
-`FLOAT_RTOL` of its scale.
+Agreement: a QDQ model's output is a multiple of its last quantization step (up to the
+float32 rounding of ``(q - z) * step`` at the output's magnitude); tirbyoc agrees when it is
+at most one step from ONNX Runtime, counted in whole steps (`steps_apart`), so that a report
+never reads "1 step" and "disagrees" at once. A float output agrees within `FLOAT_RTOL` of its
+scale.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class Reference:
     threads: int
 
     def describe(self) -> str:
-        n = round(self.max_abs_err / self.step) if self.step else None
+        n = steps_apart(self.max_abs_err, self.step) if self.step else None
         unit = f" = {n} step{'' if n == 1 else 's'}" if n is not None else ""
         text = (f"onnxruntime {self.latency_ms:.3f} ms ({self.threads} threads); tirbyoc's output "
                 f"{'agrees' if self.agree else 'DISAGREES'} (max abs diff {self.max_abs_err:.3g}{unit})")
@@ -85,6 +87,22 @@ def output_step(path) -> float | None:
     return None
 
 
+def steps_apart(err: float, step: float) -> int:
+    """How many whole quantization steps ``err`` (the largest difference of two dequantized
+    outputs) is: the outputs are multiples of ``step`` up to float32 rounding, so the
+    nearest whole number."""
+    return int(round(err / step))
+
+
+def agrees(mine: np.ndarray, theirs: np.ndarray, step: float | None) -> tuple[bool, float]:
+    """(whether two outputs agree - within one quantization step for a QDQ model's, within
+    `FLOAT_RTOL` of the scale for a float one - and their largest difference)."""
+    err = float(np.abs(np.asarray(mine, np.float64) - np.asarray(theirs, np.float64)).max(initial=0.0))
+    if step:
+        return steps_apart(err, step) <= 1, err
+    return err <= FLOAT_RTOL * max(float(np.abs(theirs).max(initial=0.0)), 1e-30), err
+
+
 def _flat(outputs) -> np.ndarray:
     return np.concatenate([np.asarray(o).ravel() for o in outputs]).astype(np.float64)
 
@@ -116,11 +134,11 @@ def onnxruntime_reference(path, inputs: list[np.ndarray], output: np.ndarray, re
     mine = np.asarray(output, dtype=np.float64).ravel()
     if mine.shape != got.shape:
         raise TirbyocError(f"tirbyoc's output has {mine.size} values, ONNX Runtime's {got.size}")
-    err = float(np.abs(mine - got).max(initial=0.0))
     step = output_step(path)
-    bound = step * (1 + 1e-6) if step else FLOAT_RTOL * max(float(np.abs(got).max(initial=0.0)), 1e-30)
-    return Reference("onnxruntime", best * 1e3, err, err <= bound, step,
+    agree, err = agrees(mine, got, step)
+    return Reference("onnxruntime", best * 1e3, err, agree, step,
                      float(np.abs(mine - spec).max(initial=0.0)), threads)
 
 
-__all__ = ["FLOAT_RTOL", "Reference", "onnxruntime_reference", "ort_session", "output_step"]
+__all__ = ["FLOAT_RTOL", "Reference", "agrees", "onnxruntime_reference", "ort_session", "output_step",
+           "steps_apart"]

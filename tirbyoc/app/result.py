@@ -10,6 +10,7 @@ from tirbyoc.offloading.table import group_repeats, render
 from tirbyoc.relax.bridge import OffloadReport
 from tirbyoc.relax.emulated import EmulatedRuns
 from tirbyoc.relax.fast_math import FastMathReport
+from tirbyoc.relax.layout import LayoutReport
 from tirbyoc.relax.quantized import QuantizedReport
 
 
@@ -32,6 +33,7 @@ class RunResult:
     emulated: EmulatedRuns | None = None  # the offloaded PrimFuncs ran in an emulator
     fast_math: FastMathReport | None = None  # --fast-math: what was approximated, in both builds
     emulates: dict = field(default_factory=dict)  # template -> the instruction it emulates (untimed)
+    layout: LayoutReport | None = None  # the model converted to NHWC once (a channels-last template)
 
     def to_json(self) -> dict:
         r = self.report
@@ -56,6 +58,7 @@ class RunResult:
             "emulated": self.emulated.to_json() if self.emulated is not None else None,
             "fast_math": self.fast_math.to_json() if self.fast_math is not None else None,
             "emulates": self.emulates,
+            "layout": self.layout.to_json() if self.layout is not None else None,
         }
 
     def outcome(self) -> str:
@@ -90,6 +93,8 @@ class RunResult:
                      f"({_bytes(r.packed_bytes_per_run())} of copies less per run)")
         if r.rest is not None and r.rest.left:
             text += f"\nthe rest: {r.rest.summary()}"
+        if self.layout is not None:
+            text += f"\nlayout: {self.layout.describe()}"
         if self.quantized is not None:
             text += f"\nquantized model: {self.quantized.describe()}"
         if self.fast_math is not None:

@@ -28,6 +28,7 @@ from tirbyoc.app.targets import (
     check_target,
     check_templates_on_target,
     complete_target,
+    for_this_cpu,
     model_target,
 )
 from tirbyoc.decl.extern import check_loaded
@@ -41,6 +42,7 @@ from tirbyoc.relax.emulated import EmulatedRuns, emulate_offloaded
 from tirbyoc.relax.fast_math import FastMathReport
 from tirbyoc.relax.prepack import pack_constant_weights
 from tirbyoc.relax.rest import schedule_rest_of
+from tirbyoc.relax.layout import LayoutReport
 from tirbyoc.relax.quantized import QuantizedReport
 from tirbyoc.tuning.apply import tuned_schedules
 
@@ -206,7 +208,7 @@ def templates_and_target(templates, target):
     """The templates (default: `default_templates`) and the completed, checked target
     (default: the first template's) they run on."""
     tmpls = [as_template(t) for t in (list(templates) if templates else default_templates())]
-    tgt = check_target(complete_target(dict(tmpls[0].target) if target is None else target))
+    tgt = check_target(complete_target(for_this_cpu(dict(tmpls[0].target)) if target is None else target))
     check_templates_on_target(tmpls, tgt)
     return tmpls, tgt
 
@@ -266,11 +268,11 @@ def run_model(model: str | None = None, templates: list | None = None, *, target
     seconds = {}
     t0 = time.perf_counter()
     progress.phase(importing(model))
-    quantized, fast = QuantizedReport(), (FastMathReport() if fast_math else None)
+    quantized, fast, layout = QuantizedReport(), (FastMathReport() if fast_math else None), LayoutReport()
     as_given = []
     spec, mod, entry, arrays = legalized_model(model, tmpls, seed, inputs, obj=obj, quantized=quantized,
                                                input_shapes=input_shapes, as_given=as_given,
-                                               constant_weights=True, fast_math=fast)
+                                               constant_weights=True, fast_math=fast, layout=layout)
     seconds["import"] = time.perf_counter() - t0
     ref_out, latency = None, {}
     if all(t.runs_here() for t in tmpls):
@@ -297,7 +299,8 @@ def run_model(model: str | None = None, templates: list | None = None, *, target
                      float("nan") if comparison is None else comparison.abs_err, latency, seconds,
                      "; ".join(missing) or None, done.simulation, comparison, baseline,
                      quantized if quantized.integer or quantized.kept else None, ref, done.emulated, fast,
-                     {t.name: t.emulates for t in tmpls if t.emulates})
+                     {t.name: t.emulates for t in tmpls if t.emulates},
+                     layout=layout if layout.convolutions else None)
 
 
 __all__ = ["BASELINES", "OffloadRun", "Progress", "RunResult", "baseline_module", "check_target", "compare",

@@ -29,6 +29,20 @@ def complete_target(target):
             **{k: v for k, v in target.items() if v not in (None, "")}}
 
 
+def for_this_cpu(target):
+    """A template's own target as a run on this machine builds it: an ``llvm`` target naming a
+    CPU (x86_vnni's ``cascadelake``) becomes this machine's CPU (``znver4``, ...) where that
+    has every instruction-set feature the named one has, so that LLVM tunes both builds - the
+    offload, the rest of the model, TVM's baseline - for the CPU that runs them. A target for
+    another machine (an ``mtriple``), or a CPU this one lacks features of, stays as declared."""
+    if not isinstance(target, dict) or target.get("kind") != "llvm" or target.get("mtriple") or not target.get("mcpu"):
+        return target
+    host = host_target()
+    if not isa_features(make_target(target)) <= isa_features(host):
+        return target
+    return {**target, "mcpu": str(host.attrs["mcpu"])}
+
+
 BASELINES = {
     "default": "TVM's default CPU pipeline (FuseOps/FuseTIR, PrimFuncs left unscheduled, LLVM)",
     "dlight": "TVM's default CPU pipeline with dlight's CPU schedules (GEMV, Reduction)",
@@ -91,4 +105,4 @@ def check_target(target):
 
 
 __all__ = ["BASELINES", "baseline_module", "check_target", "check_templates_on_target",
-           "complete_target"]
+           "complete_target", "for_this_cpu"]

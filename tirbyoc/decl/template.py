@@ -78,6 +78,16 @@ class Template:
         this machine may lack (``x86_vnni_emulated``): that instruction. Its offloads are
         verified as any other's - the values are the instruction's - but its times are not
         the hardware's, so `tirbyoc run` reports none for it.
+    fuses_epilogues : bool
+        Whether the elementwise work after a core (bias, requantization, ReLU, the narrowing
+        cast) runs in the core's register-block write-back (a CPU template: `tirbyoc.rewrite.
+        cpu_epilogue`); the model is then fused (``FuseOps`` / ``FuseTIR``) before offload, as
+        for a template with a ``block_alu``.
+    channels_last : bool
+        Whether the template's convolutions read activations channels-innermost (NHWC): a
+        model is then converted to NHWC once, before legalization
+        (`tirbyoc.relax.layout`), instead of each convolution transposing its input and
+        output on every call.
     """
 
     name: str
@@ -96,6 +106,8 @@ class Template:
     block_dma: BlockDMA | None = None
     block_alu: BlockALU | None = None
     emulates: str = ""
+    fuses_epilogues: bool = False
+    channels_last: bool = False
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name.isidentifier():

@@ -5,11 +5,21 @@ out as TVM's default pipeline leaves it.
 
 * `tirbyoc.rewrite.double_buffer.version_tiles`: two versions of each scratchpad tile the
   rewrite marked for double buffering.
+
+* `tirbyoc.rewrite.cpu_epilogue.fence_products`: the float products of an epilogue fused
+  into a write-back rounded before they are added (no fused multiply-add that TVM's own
+  build of the unfused blocks would not make), in the loop nests that
+
+and, before TVM's lowering, on the scheduled functions:
+
+* `tirbyoc.rewrite.cpu_epilogue.mark_writebacks` marks (the write-backs, by their block
+  annotation, which TVM's lowering drops).
 """
 
 from __future__ import annotations
 
 from tirbyoc._tvm import register_tir_pipeline, tirx
+from tirbyoc.rewrite.cpu_epilogue import fence_products, mark_writebacks
 from tirbyoc.rewrite.double_buffer import version_tiles
 
 PIPELINE = "tirbyoc"
@@ -17,9 +27,17 @@ PIPELINE = "tirbyoc"
 
 def tirbyoc_passes() -> list:
     """The passes run after TVM's default lowering (before its host finalisation)."""
-    return [tirx.transform.prim_func_pass(version_tiles, opt_level=0, name="tirbyoc.VersionTiles")]
+    return [tirx.transform.prim_func_pass(version_tiles, opt_level=0, name="tirbyoc.VersionTiles"),
+            tirx.transform.prim_func_pass(lambda f, _m, _c: fence_products(f), opt_level=0,
+                                          name="tirbyoc.FenceProducts")]
 
 
-register_tir_pipeline(PIPELINE, tirbyoc_passes)
+def tirbyoc_pre_passes() -> list:
+    """The passes run before TVM's default lowering (blocks still there)."""
+    return [tirx.transform.prim_func_pass(lambda f, _m, _c: mark_writebacks(f), opt_level=0,
+                                          name="tirbyoc.MarkWritebacks")]
 
-__all__ = ["PIPELINE", "tirbyoc_passes"]
+
+register_tir_pipeline(PIPELINE, tirbyoc_passes, tirbyoc_pre_passes)
+
+__all__ = ["PIPELINE", "tirbyoc_passes", "tirbyoc_pre_passes"]

@@ -1,11 +1,13 @@
 """tirbyoc's IRModule => IRModule passes, in the order they run in a Relax pipeline::
 
-    [QuantizedToInteger] -> [FastMath] -> Dispatch(rules) -> LegalizeOps -> [FuseOps / FuseTIR]
+    [QuantizedToInteger] -> [FastMath] -> [ChannelsLast] -> Dispatch(rules) -> LegalizeOps -> [FuseOps / FuseTIR]
         -> OffloadTIR(templates) -> PackConstantWeights -> ScheduleRest(target) -> tvm.compile
 
 `QuantizedToInteger` makes a quantized (QDQ) model's float conv/matmul chains integer cores
 (`tirbyoc.relax.quantized`); `FastMath`, opt-in, computes float32 erf, tanh, exp, softmax,
 sigmoid, SiLU and GELU with TVM's vectorizable approximations (`tirbyoc.relax.fast_math`);
+`ChannelsLast` converts the convolutions and everything between them to NHWC once, for a
+template whose cores read channels innermost (`tirbyoc.relax.layout`);
 `Dispatch` rewrites Relax operators into hand-written TIR or
 library calls for the current target (`tirbyoc.relax.dispatch`); `OffloadTIR` offloads the
 PrimFuncs left after legalization to templates (`tirbyoc.relax.bridge`);
@@ -18,10 +20,11 @@ build computes them (`tirbyoc.relax.rest`).
 from tirbyoc.relax.bridge import OffloadReport, OffloadTIR
 from tirbyoc.relax.dispatch import Dispatch, DispatchReport, LibraryKernel, Matched, Rule, TIRKernel
 from tirbyoc.relax.fast_math import FastMath, FastMathReport
+from tirbyoc.relax.layout import ChannelsLast, LayoutReport
 from tirbyoc.relax.prepack import PackConstantWeights, PackedWeights
 from tirbyoc.relax.quantized import QuantizedReport, QuantizedToInteger
 from tirbyoc.relax.rest import RestSchedule, ScheduleRest
 
-__all__ = ["Dispatch", "DispatchReport", "FastMath", "FastMathReport", "LibraryKernel", "Matched", "OffloadReport", "OffloadTIR",
+__all__ = ["ChannelsLast", "Dispatch", "DispatchReport", "FastMath", "FastMathReport", "LayoutReport", "LibraryKernel", "Matched", "OffloadReport", "OffloadTIR",
            "PackConstantWeights", "PackedWeights",
            "QuantizedReport", "QuantizedToInteger", "RestSchedule", "Rule", "ScheduleRest", "TIRKernel"]

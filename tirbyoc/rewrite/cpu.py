@@ -28,6 +28,7 @@ from tirbyoc._tvm import s_tir, tirx
 from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.ir.tir_walk import constant_divisors
 
+WRITEBACK_ATTR = "tirbyoc.writeback"  # marks the register block's write-back (`cpu_epilogue` fuses into it)
 STACK_BYTES = 1024  # TVM allocates constant buffers smaller than this on the stack
 MAX_ACCUMULATORS = 16  # leave registers for the operands (32 zmm on AVX-512)
 
@@ -197,6 +198,7 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
     if not blocked:
         return ("parallel outer tiles" + staged) if parallel is not None else (staged[2:] or None)
     acc = sch.cache_write(block, 0, "global")  # the block's one output
+    sch.annotate(acc, WRITEBACK_ATTR, 1)
     if parallel is not None:
         # unit loops kept: a trace replayed with other sampled factors sees the same loops
         sch.reverse_compute_at(acc, parallel, preserve_unit_loops=True)
@@ -212,4 +214,4 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
             f"parallel outer loops" + staged)
 
 
-__all__ = ["default_schedule", "register_block", "sampled_block", "schedule_copies"]
+__all__ = ["WRITEBACK_ATTR", "default_schedule", "register_block", "sampled_block", "schedule_copies"]

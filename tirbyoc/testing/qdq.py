@@ -261,12 +261,15 @@ def float_bert_base(path, *, seed: int = 0, seq: int = 128, dim: int = 768, head
 
 
 def ort_quantize(float_path, out_path, *, samples: int = 8, seed: int = 0, per_channel: bool = True,
-                 activation: str = "uint8", symmetric_weights: bool = True) -> Path:
-    """``float_path`` quantized by ONNX Runtime's ``quantize_static`` (QDQ format, int8
-    weights - asymmetric, with zero points, when not ``symmetric_weights`` - ``activation``
-    activations), calibrated on ``samples`` seeded inputs in [-1, 1]."""
+                 activation: str = "uint8", symmetric_weights: bool = True, preprocess: bool = True) -> Path:
+    """``float_path`` quantized by ONNX Runtime's recommended flow: ``quant_pre_process``
+    (shape inference and graph optimization; ``preprocess=False`` skips it) then
+    ``quantize_static`` (QDQ format, int8 weights - asymmetric, with zero points, when not
+    ``symmetric_weights`` - ``activation`` activations), calibrated on ``samples`` seeded
+    inputs in [-1, 1]."""
     # deferred: optional dependency (onnxruntime)
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
 
     onnx = _onnx()[0]
     model = onnx.load(str(float_path))
@@ -287,6 +290,10 @@ def ort_quantize(float_path, out_path, *, samples: int = 8, seed: int = 0, per_c
             return next(self.it, None)
 
     act = QuantType.QUInt8 if activation == "uint8" else QuantType.QInt8
+    if preprocess:
+        prepared = Path(out_path).with_name(Path(out_path).stem + "_preprocessed.onnx")
+        quant_pre_process(str(float_path), str(prepared))
+        float_path = prepared
     quantize_static(str(float_path), str(out_path), Reader(), quant_format=QuantFormat.QDQ,
                     per_channel=per_channel, activation_type=act, weight_type=QuantType.QInt8,
                     extra_options={"WeightSymmetric": symmetric_weights})

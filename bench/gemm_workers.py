@@ -1,0 +1,206 @@
+"""The measurements of `bench/gemm.py`, each run in a process of its own (`gemm.spawn`), and
+the report of their results. Imported only inside a worker process or after all of them ran,
+so that TVM's and OpenBLAS's pools are sized by the environment the process started with."""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+import tirbyoc
+from tirbyoc import ExternLibrary
+from tirbyoc._tvm import to_tensor, tvm
+from tirbyoc.ir.domains import random_array
+from tirbyoc.offloading.table import render
+from tirbyoc.offloading.verification import compile_func
+from tirbyoc.relax.prepack import packed_function, packing_function, weight_copies
+from tirbyoc.testing.workloads import conv2d, matmul
+
+HERE = Path(__file__).resolve().parent
+
+
+def vnni_available() -> str | None:
+    vnni = tirbyoc.get_template("x86_vnni")
+    return None if vnni.runs_here() else vnni.unavailable_reason()
+
+
+def time_tvm(executable, args, number: int, repeat: int) -> float:
+    """Median seconds per call (TVM's own timer: warm-up, then `repeat` x `number` calls)."""
+    timer = executable.mod.time_evaluator("main", tvm.cpu(), number=number, repeat=repeat)
+    return statistics.median(timer(*args).results)
+
+
+def time_py(fn, number: int, repeat: int) -> float:
+    fn()
+    runs = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        for _ in range(number):
+            fn()
+        runs.append((time.perf_counter() - t) / number)
+    return statistics.median(runs)
+
+
+def peak(threads: int, seconds: float = 0.25, reps: int = 5, **_) -> dict:
+    """This CPU's VNNI peak at 1 .. ``threads`` threads: 24 independent ``vpdpbusd`` zmm chains
+    per thread, best of ``reps`` repetitions (and every sample)."""
+    lib = ExternLibrary("tirbyoc_vnni_peak", [HERE / "csrc" / "vnni_peak.c"], ["tirbyoc_vnni_peak"])
+    fn = lib.load().tirbyoc_vnni_peak
+    fn.restype, fn.argtypes = ctypes.c_int64, [ctypes.c_int64]
+    fn(100_000)
+    iters = int(seconds * 2.5e9 / 24)
+    best, samples = {}, {}
+    for t in range(1, threads + 1):
+        for _ in range(reps):
+            workers = [threading.Thread(target=fn, args=(iters,)) for _ in range(t)]
+            start = time.perf_counter()
+            for th in workers:
+                th.start()
+            for th in workers:
+                th.join()
+            gops = t * iters * 24 * 64 * 2 / (time.perf_counter() - start) / 1e9
+            samples.setdefault(str(t), []).append(round(gops, 1))
+        best[str(t)] = max(samples[str(t)])
+    return {"best": best, "samples": samples}
+
+
+def fraction_of_peak(gops: float, peak_gops: float, what: str, threads: int) -> float:
+    """``gops`` as a fraction of the peak measured in the run; above 1 the peak was measured
+    while the machine was busy, and the run stops saying so (bench/gemm.py once printed
+    kernels at 1.7x "of peak")."""
+    frac = gops / peak_gops
+    if frac > 1.0:
+        raise SystemExit(f"{what}: {gops:.0f} GOPS is {frac:.2f} of the {threads}-thread VNNI peak measured "
+                         f"({peak_gops:.0f} GOPS): the peak was taken while the machine was busy. "
+                         "Rerun on a quiet machine.")
+    return frac
+
+
+def vnni_cases(quick: bool) -> list:
+    """(name, PrimFunc, MACs, with TVM's default build beside it) for each x86_vnni row."""
+    from gemm import RESNET_CONVS  # deferred: gemm imports this module inside its workers
+
+    size = 512 if quick else 1024
+    cases = [(f"GEMM {size}^3 (B [N,K])", matmul(size, size, size, "uint8", "int8", "int32", trans_b=True),
+              size ** 3, True)]
+    for name, hw, c, oc, kernel, stride in RESNET_CONVS[:2] if quick else RESNET_CONVS:
+        func = conv2d(1, c, hw + kernel - 1, hw + kernel - 1, oc, kernel, kernel, layout="NHWC",
+                      stride=stride, dtype="uint8", wdtype="int8", acc="int32")
+        cases.append((f"conv {name} {hw}x{hw}x{c}->{oc}", func, hw * hw * c * oc * kernel * kernel, False))
+    return cases
+
+
+def vnni(threads: int, case: int, quick: bool = False, **_) -> dict:
+    """One x86_vnni row: the offloaded function with its weight (parameter 1) packed once, as a
+    deployed model runs it, and packed on every call; both outputs must agree."""
+    name, func, macs, baseline = vnni_cases(quick)[case]
+    target = tirbyoc.get_template("x86_vnni").target
+    off = tirbyoc.offload(func, "x86_vnni")
+    row = {"workload": name, "threads": threads, "macs": macs, "offloaded": bool(off.offloaded)}
+    if not off.offloaded:
+        return {**row, "reason": off.blocks[0].reason}
+    rng = np.random.default_rng(0)
+    arrays = [random_array([int(x) for x in b.shape], str(b.dtype), rng) for b in func.params]
+    args = [to_tensor(a) for a in arrays]
+    number = max(1, int(2e8 / macs))
+    per_call = compile_func(off.func, target, "offloaded")
+    row |= {"verified": bool(off.verification),
+            "per_call_gops": 2 * macs / time_tvm(per_call, args, number, 7) / 1e9}
+    copies = weight_copies(off.func, {1})
+    if copies:
+        packer = compile_func(packing_function(off.func, copies[0]), target, "weight packing")
+        packed_w = to_tensor(np.zeros([int(d) for d in copies[0].packed.shape], str(copies[0].packed.dtype)))
+        packer.mod["main"](args[1], packed_w)
+        packed = compile_func(packed_function(off.func, copies), target, "packed")
+        out = to_tensor(np.zeros_like(arrays[2]))
+        packed_args = [args[0], packed_w, out]
+        packed.mod["main"](*packed_args)
+        per_call.mod["main"](*args)
+        row["packed_same_as_per_call"] = bool(np.array_equal(out.numpy(), args[2].numpy()))
+        row["packed_gops"] = 2 * macs / time_tvm(packed, packed_args, number, 7) / 1e9
+    else:
+        row["packed_gops"] = row["per_call_gops"]  # nothing to pack: the weight is read in place
+    if baseline:
+        row["tvm_default_gops"] = 2 * macs / time_tvm(compile_func(func, target, "untouched"), args, 1, 3) / 1e9
+    return row
+
+
+def torch_int_mm(threads: int, quick: bool = False, **_) -> dict:
+    try:
+        import torch
+    except ImportError:
+        return {"gops": None}
+    torch.set_num_threads(threads)
+    n = 512 if quick else 1024
+    a = torch.randint(-128, 127, (n, n), dtype=torch.int8)
+    b = torch.randint(-128, 127, (n, n), dtype=torch.int8)
+    return {"gops": 2 * n ** 3 / time_py(lambda: torch._int_mm(a, b), number=5, repeat=5) / 1e9}
+
+
+def openblas_kernel(pattern: str, symbol: str) -> str | None:
+    """The OpenBLAS build and core kernel of the library matching ``pattern`` (a glob under
+    site-packages), read from the library itself."""
+    site = Path(np.__file__).resolve().parents[1]
+    for path in glob.glob(str(site / pattern)):
+        try:
+            fn = getattr(ctypes.CDLL(path), symbol)
+        except (OSError, AttributeError):
+            continue
+        fn.restype = ctypes.c_char_p
+        return fn().decode()
+    return None
+
+
+def blas(threads: int, n: int, **_) -> dict:
+    func = matmul(n, n, n, trans_b=False)
+    off = tirbyoc.offload(func, "blas")
+    exe = compile_func(off.func, tirbyoc.get_template("blas").target, "offloaded")
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
+    args = [to_tensor(a), to_tensor(b), to_tensor(np.zeros((n, n), np.float32))]
+    sec = time_tvm(exe, args, max(1, int(5e7 / n ** 3)), 7)
+    return {"verified": bool(off.verification), "tirbyoc_gflops": 2 * n ** 3 / sec / 1e9, "tirbyoc_us": sec * 1e6,
+            "tirbyoc_openblas": openblas_kernel("scipy_openblas32/lib/libscipy_openblas*.so", "scipy_openblas_get_config")}
+
+
+def numpy_matmul(threads: int, n: int, **_) -> dict:
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
+    sec = time_py(lambda: a @ b, max(1, int(5e7 / n ** 3)), 7)
+    return {"numpy_gflops": 2 * n ** 3 / sec / 1e9, "numpy_us": sec * 1e6,
+            "numpy_openblas": openblas_kernel("numpy.libs/libscipy_openblas*.so", "scipy_openblas_get_config64_")}
+
+
+WORKERS = {"peak": peak, "vnni": vnni, "torch": torch_int_mm, "blas": blas, "numpy": numpy_matmul}
+
+
+def report(result: dict) -> str:
+    """The tables a person reads: x86_vnni rows against the peak, blas rows against numpy."""
+    lines = []
+    if result["vnni_peak_gops"]:
+        lines.append("VNNI peak (this CPU, best of the samples before and after the kernels): "
+                     + ", ".join(f"{t} thread(s) {g:.0f} GOPS" for t, g in result["vnni_peak_gops"].items()))
+        rows = [(r["workload"], str(r["threads"]), f"{r.get('packed_gops', 0):.0f}", f"{r.get('packed_of_peak', 0):.2f}",
+                 f"{r.get('per_call_gops', 0):.0f}", f"{r.get('per_call_of_peak', 0):.2f}",
+                 f"{r['tvm_default_gops']:.1f}" if "tvm_default_gops" in r else "-",
+                 f"{r['torch_int_mm_gops']:.0f}" if r.get("torch_int_mm_gops") else "-",
+                 "yes" if r.get("verified") and r.get("packed_same_as_per_call", True) else "NO")
+                for r in result["x86_vnni"]]
+        lines += ["", render(["x86_vnni workload", "threads", "GOPS (weight packed once)", "of peak",
+                              "GOPS (packed per call)", "of peak", "TVM default", "torch._int_mm", "verified"], rows), ""]
+    else:
+        lines.append(f"x86_vnni {result['x86_vnni']}")
+    lines.append(render(["blas n", "threads", "GFLOP/s", "numpy GFLOP/s", "ratio", "verified"],
+                        [(b["n"], b["threads"], f"{b['tirbyoc_gflops']:.1f}", f"{b['numpy_gflops']:.1f}",
+                          f"{b['ratio_vs_numpy']:.2f}", "yes" if b["verified"] else "NO") for b in result["blas"]]))
+    tiny = result["blas_tiny_call"]
+    lines.append(f"\nblas 2x2x2 call: {tiny['tirbyoc_us']:.2f} us (numpy matmul {tiny['numpy_us']:.2f} us)")
+    kernels = {b.get("tirbyoc_openblas") for b in result["blas"]} | {b.get("numpy_openblas") for b in result["blas"]}
+    lines.append("OpenBLAS: " + "; ".join(sorted(k for k in kernels if k)))
+    return "\n".join(lines)

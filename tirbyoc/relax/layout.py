@@ -1,0 +1,208 @@
+"""`ChannelsLast`: a model's convolutions and everything between them in NHWC, once.
+
+A template whose cores read activations channels-innermost (x86_vnni: four input channels per
+``vpdpbusd`` lane, sixteen output channels per store) pays, on an NCHW model, a transposing
+copy of every convolution's input and a transposing write-back of its output, on every call.
+Converted once, the whole graph runs NHWC: the only transposes left are where the model's own
+inputs and outputs are NCHW, or before an operator that has no layout rule.
+
+The conversion is TVM's ``ConvertLayout`` (conv2d to NHWC / OHWI; elementwise operators,
+pools and reductions follow) with what it lacks in TVM 0.27 supplied here:
+
+- ``quantize``, ``dequantize`` and ``clip`` have no layout rule (``FRelaxInferLayout``), so
+  each would be wrapped in transposes. Before the conversion they are written as the
+  elementwise operators their legalization computes - ``clip(round(x / s) + z)`` cast, and
+  ``(x - z) * s`` - in the same order and dtypes, so the values are TVM's bit for bit;
+- ``nn.pad`` has none either: ``ConvertLayout`` leaves ``permute_dims(pad(permute_dims(x)))``
+  around it, which is rewritten to one pad of ``x`` in its own layout.
+
+A constant weight's transpose (OIHW -> OHWI) and the constants the elementwise operators take
+are folded once (``FoldConstant``). The report counts the ``permute_dims`` before and after.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import relax
+from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+from tirbyoc._tvm import const_value, tvm
+
+CONV_LAYOUTS = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
+_RANGE = {"uint8": (0, 255), "int8": (-128, 127), "int32": (-2 ** 31, 2 ** 31 - 1), "uint16": (0, 65535),
+          "int16": (-32768, 32767)}
+
+
+@dataclass
+class LayoutReport:
+    """What `channels_last` did: the convolutions converted and the transposes before/after."""
+
+    convolutions: int = 0
+    transposes_before: int = 0
+    transposes_after: int = 0
+    decomposed: int = 0  # quantize / dequantize / clip written as elementwise operators
+
+    def describe(self) -> str:
+        return (f"channels-last: {self.convolutions} convolution(s) NHWC, transposes "
+                f"{self.transposes_before} -> {self.transposes_after}")
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def count_ops(mod, name: str) -> int:
+    """How many calls of the operator ``name`` the module's Relax functions make."""
+    op, found = tvm.ir.Op.get(name), [0]
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and expr.op.same_as(op):
+            found[0] += 1
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return found[0]
+
+
+def _channel_param(param, axis: int, ndim: int, dtype: str):
+    """A constant quantization parameter in ``dtype`` (the exact conversion the legalized
+    arithmetic makes of it), broadcast against an ``ndim``-D tensor: a scalar as it is, a
+    per-channel vector along ``axis``."""
+    value = const_value(param)
+    shape = [1] * ndim
+    if value.size > 1:
+        shape[axis % ndim] = value.size
+    return relax.const(value.astype(dtype).reshape(shape if value.size > 1 else ()), dtype)
+
+
+def _clip_cast(x, dtype: str):
+    lo, hi = _RANGE[dtype]
+    x = relax.op.maximum(relax.op.minimum(x, relax.const(float(hi), "float32")), relax.const(float(lo), "float32"))
+    return relax.op.astype(x, dtype)
+
+
+def _quantize(call):
+    """``relax.quantize`` as its legalization computes it: clip(round(x / s) + z) cast."""
+    x, scale, zp = call.args
+    ndim, axis, dtype = x.ty.ndim, int(call.attrs.axis), str(call.attrs.out_dtype)
+    scaled = relax.op.divide(x, _channel_param(scale, axis, ndim, "float32"))
+    shifted = relax.op.add(relax.op.round(scaled), _channel_param(zp, axis, ndim, "float32"))
+    return _clip_cast(shifted, dtype)
+
+
+def _dequantize(call):
+    """``relax.dequantize`` (to float32) as its legalization computes it: (x - z) * s."""
+    x, scale, zp = call.args
+    ndim, axis = x.ty.ndim, int(call.attrs.axis)
+    wide = "float32" if str(x.ty.dtype).startswith(("float", "bfloat")) else "int32"
+    sub = relax.op.subtract(relax.op.astype(x, wide), _channel_param(zp, axis, ndim, wide))
+    return relax.op.multiply(relax.op.astype(sub, "float32"), _channel_param(scale, axis, ndim, "float32"))
+
+
+def _decomposable(call) -> bool:
+    """Whether a quantize / dequantize call can be written elementwise here: constant
+    parameters, a 4-D tensor, float32 in or out."""
+    if not all(const_value(a) is not None for a in call.args[1:]):
+        return False
+    if call.args[0].ty.ndim != 4:
+        return False
+    if call.op.name == "relax.quantize":
+        return str(call.args[0].ty.dtype) == "float32" and str(call.attrs.out_dtype) in _RANGE
+    return str(call.attrs.out_dtype) == "float32"
+
+
+def decompose_qdq(mod, report: LayoutReport | None = None):
+    """``mod`` with its 4-D quantize, dequantize and clip calls written as elementwise
+    operators that have layout rules (values unchanged, see the module's docstring)."""
+    report = report if report is not None else LayoutReport()
+    x = wildcard()
+    patterns = {
+        "relax.quantize": (is_op("relax.quantize")(x, wildcard(), wildcard()), _quantize),
+        "relax.dequantize": (is_op("relax.dequantize")(x, wildcard(), wildcard()), _dequantize),
+    }
+    out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+    for gv, func in mod.functions.items():
+        if not isinstance(func, relax.Function):
+            continue
+        for pattern, lower in patterns.values():
+            def rewrite(call, _matches, lower=lower):
+                if not _decomposable(call):
+                    return call
+                report.decomposed += 1
+                return lower(call)
+
+            func = rewrite_call(pattern, rewrite, func)
+        func = rewrite_call(is_op("relax.clip")(x, wildcard(), wildcard()), _clip, func)
+        out[gv] = func
+    return out
+
+
+def _clip(call, _matches):
+    """``relax.clip`` as ``maximum(minimum(x, hi), lo)`` (what TVM's clip computes)."""
+    x, lo, hi = call.args
+    dtype = str(x.ty.dtype)
+    return relax.op.maximum(relax.op.minimum(x, relax.const(_prim(hi), dtype)), relax.const(_prim(lo), dtype))
+
+
+def _prim(value):
+    return value.value.value if hasattr(value, "value") and hasattr(value.value, "value") else float(value.value)
+
+
+def _fold_padding_transposes(func):
+    """``permute_dims(pad(permute_dims(x, p)), q)`` with ``q`` undoing ``p``: one pad of ``x``
+    in its own layout (its pad widths permuted)."""
+    x = wildcard()
+    inner = is_op("relax.permute_dims")(x)
+    padded = is_op("relax.nn.pad")(inner)
+    outer = is_op("relax.permute_dims")(padded)
+
+    def rewrite(call, matches):
+        p = [int(a) for a in matches[inner].attrs.axes]
+        q = [int(a) for a in call.attrs.axes]
+        if [p[i] for i in q] != list(range(len(p))):
+            return call
+        pad = matches[padded]
+        widths = [int(w) for w in pad.attrs.pad_width]
+        pairs = [widths[2 * i:2 * i + 2] for i in range(len(p))]
+        mine = [0] * len(widths)
+        for out_axis, in_axis in enumerate(p):  # pad's axis out_axis is x's axis p[out_axis]
+            mine[2 * in_axis:2 * in_axis + 2] = pairs[out_axis]
+        return relax.op.nn.pad(matches[x], mine, str(pad.attrs.pad_mode), float(pad.attrs.pad_value))
+
+    return rewrite_call(outer, rewrite, func)
+
+
+def channels_last(mod, report: LayoutReport | None = None):
+    """``mod`` (a Relax module before legalization) with its 2-D convolutions NHWC / OHWI and
+    the operators between them following (see the module's docstring); returns (module,
+    `LayoutReport`)."""
+    report = report if report is not None else LayoutReport()
+    report.convolutions = count_ops(mod, "relax.nn.conv2d")
+    report.transposes_before = count_ops(mod, "relax.permute_dims")
+    if not report.convolutions:
+        report.transposes_after = report.transposes_before
+        return mod, report
+    mod = decompose_qdq(mod, report)
+    mod = relax.transform.ConvertLayout(CONV_LAYOUTS)(mod)
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            mod[gv] = _fold_padding_transposes(func)
+    mod = relax.transform.FoldConstant()(mod)
+    report.transposes_after = count_ops(mod, "relax.permute_dims")
+    return mod, report
+
+
+def ChannelsLast(report: LayoutReport | None = None):
+    """The pass form of `channels_last`; pass a `LayoutReport` to collect what it did."""
+    report = report if report is not None else LayoutReport()
+
+    @tvm.transform.module_pass(opt_level=0, name="tirbyoc.ChannelsLast")
+    def _pass(mod, _ctx):
+        return channels_last(mod, report)[0]
+
+    _pass.report = report
+    return _pass
+
+
+__all__ = ["CONV_LAYOUTS", "ChannelsLast", "LayoutReport", "channels_last", "count_ops", "decompose_qdq"]
