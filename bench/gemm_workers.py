@@ -70,12 +70,15 @@ def peak(threads: int, seconds: float = 0.25, reps: int = 5, **_) -> dict:
     return {"best": best, "samples": samples}
 
 
+PEAK_NOISE = 0.02  # two timings of the same peak differ by this much on a quiet machine
+
+
 def fraction_of_peak(gops: float, peak_gops: float, what: str, threads: int) -> float:
-    """``gops`` as a fraction of the peak measured in the run; above 1 the peak was measured
-    while the machine was busy, and the run stops saying so (bench/gemm.py once printed
-    kernels at 1.7x "of peak")."""
+    """``gops`` as a fraction of the peak measured in the run; more than `PEAK_NOISE` above 1
+    the peak was measured while the machine was busy, and the run stops saying so
+    (bench/gemm.py once printed kernels at 1.7x "of peak"); a kernel at the peak reads 1.00."""
     frac = gops / peak_gops
-    if frac > 1.0:
+    if frac > 1.0 + PEAK_NOISE:
         raise SystemExit(f"{what}: {gops:.0f} GOPS is {frac:.2f} of the {threads}-thread VNNI peak measured "
                          f"({peak_gops:.0f} GOPS): the peak was taken while the machine was busy. "
                          "Rerun on a quiet machine.")
