@@ -130,8 +130,9 @@ FENCE_KEY = "tirbyoc_fence_products"  # an AttrStmt around a fused write-back's 
 
 def _marked(loop):
     """The parallel loop around a write-back block, under an AttrStmt that `fence_products`
-    reads after TVM's lowering (block annotations do not survive it; an AttrStmt inside the
-    loop nest makes TVM's vectorizer give up on the write-back)."""
+    reads after TVM's lowering (block annotations do not survive it). The mark covers the
+    whole parallel loop: the core there has no float product to fence (an integer core), and
+    the write-back's ``nearbyint`` becomes ``round`` for TVM's vectorizer (`_round`)."""
     if loop.kind != tirx.ForKind.PARALLEL:
         return loop
     found = []
