@@ -105,3 +105,25 @@ def test_a_model_without_convolutions_is_left_as_it_is():
     mod = qdq_module(np.ones(8, "float32"))
     new, report = channels_last(mod)
     assert new is mod and report.convolutions == 0
+
+
+@I.ir_module
+class Stem:
+    @R.function
+    def main(x: R.Tensor((1, 3, 12, 12), "uint8")):
+        with R.dataflow():
+            w = R.const(np.arange(8 * 3 * 3 * 3, dtype="int8").reshape(8, 3, 3, 3) % 7 - 3)
+            y = R.nn.conv2d(x, w, strides=2, out_dtype="int32")
+            R.output(y)
+        return y
+
+
+def test_an_image_s_three_channels_are_padded_to_the_core_s_reduction_tile():
+    """With a reduction tile of 4 (vpdpbusd's bytes per lane) the stem convolution reads 4
+    channels, the fourth a zero one times zero weights: the same output bits."""
+    new, report = channels_last(Stem, channel_multiple=4)
+    assert report.padded_channels == 1 and "1 with input channels padded" in report.describe()
+    assert "pad_width=[0, 0, 0, 0, 0, 0, 0, 1]" in new.script(show_meta=False)
+    x = np.random.default_rng(3).integers(0, 256, (1, 3, 12, 12)).astype("uint8")
+    np.testing.assert_array_equal(run(new, x), run(Stem, x))
+    assert channels_last(Stem, channel_multiple=1)[1].padded_channels == 0

@@ -16,6 +16,7 @@ from tirbyoc.app.preparation import (
     activation_dtype,
     fuses_epilogues,
     integer_module,
+    reduction_tile,
     requantize_mode,
     wants_channels_last,
     with_constant_weights,
@@ -85,7 +86,8 @@ def legalized_model(model: str | None, templates, seed: int, inputs: dict | None
         fast, done = fast_math_of(converted)
         fast_math.add(done)
         loaded, converted = (fast if converted is loaded else fast_math_of(loaded)[0]), fast
-    laid = channels_last(converted, layout)[0] if wants_channels_last(templates) else converted
+    laid = (channels_last(converted, layout, reduction_tile(templates))[0] if wants_channels_last(templates)
+            else converted)
     mod = relax.transform.LegalizeOps()(laid)
     if as_given is not None:
         as_given.append(mod if laid is loaded else relax.transform.LegalizeOps()(loaded))

@@ -6,6 +6,8 @@ epilogue. `run`, `build`, `sweep` and the benchmarks all prepare models through 
 
 from __future__ import annotations
 
+from math import prod
+
 import tvm
 from tvm import relax
 
@@ -38,6 +40,15 @@ def wants_channels_last(templates) -> bool:
     """Whether the first template's convolutions read NHWC activations: the model is then
     converted to NHWC once (`tirbyoc.relax.layout`)."""
     return any(as_template(t).channels_last for t in templates[:1])
+
+
+def reduction_tile(templates) -> int:
+    """The reduction extent of the first template's first core (x86_vnni: 4 bytes per lane):
+    a channels-last model pads a convolution's input channels up to it."""
+    for t in templates[:1]:
+        for g in as_template(t).groups:
+            return prod(a.extent for a in g.compute.axes if a.kind == "R")
+    return 1
 
 
 def preparation(templates) -> tuple:
@@ -99,5 +110,5 @@ def with_constant_weights(mod, entry: str, arrays: list):
     return relax.transform.DeadCodeElimination([entry])(folded), rest  # PrimFuncs folded away
 
 
-__all__ = ["activation_dtype", "bind_weights", "fuses_epilogues", "integer_module", "preparation", "requantize_mode",
-           "wants_channels_last", "with_constant_weights"]
+__all__ = ["activation_dtype", "bind_weights", "fuses_epilogues", "integer_module", "preparation", "reduction_tile",
+           "requantize_mode", "wants_channels_last", "with_constant_weights"]

@@ -18,14 +18,21 @@ pools and reductions follow) with what it lacks in TVM 0.27 supplied here:
 
 A constant weight's transpose (OIHW -> OHWI) and the constants the elementwise operators take
 are folded once (``FoldConstant``). The report counts the ``permute_dims`` before and after.
+
+With ``channel_multiple`` (the reduction tile of the template's core: 4 bytes per ``vpdpbusd``
+lane), a convolution whose input channels are not a multiple of it (an image's 3) gets its
+input padded with zero channels and its constant weight with zero filters: exact (a zero
+weight adds nothing), and the core then reads each pixel's channels in place instead of
+an im2col copy padded along the flattened window.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 from tvm import relax
-from tvm.relax.dpl import is_op, rewrite_call, wildcard
+from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
 from tirbyoc._tvm import const_value, tvm
 
@@ -42,9 +49,11 @@ class LayoutReport:
     transposes_before: int = 0
     transposes_after: int = 0
     decomposed: int = 0  # quantize / dequantize / clip written as elementwise operators
+    padded_channels: int = 0  # convolutions whose input channels were padded to the core's tile
 
     def describe(self) -> str:
-        return (f"channels-last: {self.convolutions} convolution(s) NHWC, transposes "
+        padded = f", {self.padded_channels} with input channels padded" if self.padded_channels else ""
+        return (f"channels-last: {self.convolutions} convolution(s) NHWC{padded}, transposes "
                 f"{self.transposes_before} -> {self.transposes_after}")
 
     def to_json(self) -> dict:
@@ -173,7 +182,28 @@ def _fold_padding_transposes(func):
     return rewrite_call(outer, rewrite, func)
 
 
-def channels_last(mod, report: LayoutReport | None = None):
+def _pad_input_channels(func, multiple: int, report: LayoutReport):
+    """Pad the channels of an NHWC convolution with a constant OHWI weight, one group, up to
+    ``multiple`` (see the module's docstring)."""
+    x, w = wildcard(), is_const()
+
+    def rewrite(call, matches):
+        at, weight = call.attrs, const_value(matches[w])
+        if (str(at.data_layout), str(at.kernel_layout), int(at.groups)) != ("NHWC", "OHWI", 1):
+            return call
+        extra = -weight.shape[3] % multiple
+        if not extra or matches[x].ty.ndim != 4:
+            return call
+        report.padded_channels += 1
+        data = relax.op.nn.pad(matches[x], [0, 0, 0, 0, 0, 0, 0, extra], pad_value=0.0)
+        weight = relax.const(np.pad(weight, [(0, 0), (0, 0), (0, 0), (0, extra)]), str(weight.dtype))
+        return relax.op.nn.conv2d(data, weight, at.strides, at.padding, at.dilation, 1, "NHWC", "OHWI", "NHWC",
+                                  str(at.out_dtype))
+
+    return rewrite_call(is_op("relax.nn.conv2d")(x, w), rewrite, func)
+
+
+def channels_last(mod, report: LayoutReport | None = None, channel_multiple: int = 1):
     """``mod`` (a Relax module before legalization) with its 2-D convolutions NHWC / OHWI and
     the operators between them following (see the module's docstring); returns (module,
     `LayoutReport`)."""
@@ -189,6 +219,11 @@ def channels_last(mod, report: LayoutReport | None = None):
         if isinstance(func, relax.Function):
             mod[gv] = _fold_padding_transposes(func)
     mod = relax.transform.FoldConstant()(mod)
+    if channel_multiple > 1:
+        for gv, func in list(mod.functions.items()):
+            if isinstance(func, relax.Function):
+                mod[gv] = _pad_input_channels(func, channel_multiple, report)
+        mod = relax.transform.FoldConstant()(mod)
     report.transposes_after = count_ops(mod, "relax.permute_dims")
     return mod, report
 
