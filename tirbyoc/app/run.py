@@ -28,8 +28,8 @@ from tirbyoc.app.targets import (
     check_target,
     check_templates_on_target,
     complete_target,
-    for_this_cpu,
     model_target,
+    run_target,
 )
 from tirbyoc.decl.extern import check_loaded
 from tirbyoc.decl.registry import as_template, get_template
@@ -208,7 +208,7 @@ def templates_and_target(templates, target):
     """The templates (default: `default_templates`) and the completed, checked target
     (default: the first template's) they run on."""
     tmpls = [as_template(t) for t in (list(templates) if templates else default_templates())]
-    tgt = check_target(complete_target(for_this_cpu(dict(tmpls[0].target)) if target is None else target))
+    tgt = check_target(run_target(tmpls[0], target))
     check_templates_on_target(tmpls, tgt)
     return tmpls, tgt
 

@@ -27,11 +27,10 @@ from tirbyoc.app.run import (
     build_reference,
     check_target,
     check_templates_on_target,
-    complete_target,
     run_offloaded,
 )
 from tirbyoc.app.legalize import legalized_model
-from tirbyoc.app.targets import for_this_cpu, model_target
+from tirbyoc.app.targets import model_target, run_target
 from tirbyoc.decl.registry import as_template, get_template, template_names
 from tirbyoc.errors import TirbyocError
 from tirbyoc.offloading.table import render
@@ -96,7 +95,7 @@ def sweep(model: str | None, template, grid: dict[str, list], *, target=None, se
         if name not in base.params:
             raise TirbyocError(f"template {base.name!r} has no parameter {name!r}; its parameters "
                                f"are {sorted(k for k in base.params if k != 'name')}")
-    tgt = check_target(complete_target(for_this_cpu(dict(base.target)) if target is None else target))
+    tgt = check_target(run_target(base, target))
     check_templates_on_target([base], tgt)
     todo = grid_points(grid)
     if jobs > 1 and len(todo) > 1:
@@ -127,7 +126,7 @@ def _run_point(model, base, params, target, seed, obj, input_shapes, references:
     point = SweepPoint(params)
     try:
         variant = base.variant(**params)
-        tgt = check_target(complete_target(for_this_cpu(dict(variant.target)) if target is None else target))
+        tgt = check_target(run_target(variant, target))
         # one model for the whole grid: prepared as for the base template (a variant without
         # its ALU runs the same requantized model, its epilogues on the host), unless the
         # variant's cores take other activations

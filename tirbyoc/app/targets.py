@@ -43,6 +43,12 @@ def for_this_cpu(target):
     return {**target, "mcpu": str(host.attrs["mcpu"])}
 
 
+def run_target(template, target=None):
+    """The target a run builds both builds for, completed (`complete_target`): ``target`` as
+    given, else the template's own built for this CPU (`for_this_cpu`)."""
+    return complete_target(for_this_cpu(dict(template.target)) if target is None else target)
+
+
 BASELINES = {
     "default": "TVM's default CPU pipeline (FuseOps/FuseTIR, PrimFuncs left unscheduled, LLVM)",
     "dlight": "TVM's default CPU pipeline with dlight's CPU schedules (GEMV, Reduction)",
@@ -105,4 +111,4 @@ def check_target(target):
 
 
 __all__ = ["BASELINES", "baseline_module", "check_target", "check_templates_on_target",
-           "complete_target", "for_this_cpu"]
+           "complete_target", "for_this_cpu", "run_target"]

@@ -130,10 +130,7 @@ def decompose_qdq(mod, report: LayoutReport | None = None):
         "relax.quantize": (is_op("relax.quantize")(x, wildcard(), wildcard()), _quantize),
         "relax.dequantize": (is_op("relax.dequantize")(x, wildcard(), wildcard()), _dequantize),
     }
-    out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
-    for gv, func in mod.functions.items():
-        if not isinstance(func, relax.Function):
-            continue
+    def decompose(func):
         for pattern, lower in patterns.values():
             def rewrite(call, _matches, lower=lower):
                 if not _decomposable(call):
@@ -142,8 +139,17 @@ def decompose_qdq(mod, report: LayoutReport | None = None):
                 return lower(call)
 
             func = rewrite_call(pattern, rewrite, func)
-        func = rewrite_call(is_op("relax.clip")(x, wildcard(), wildcard()), _clip, func)
-        out[gv] = func
+        return rewrite_call(is_op("relax.clip")(x, wildcard(), wildcard()), _clip, func)
+
+    return _each_function(mod, decompose)
+
+
+def _each_function(mod, rewrite):
+    """``mod`` with ``rewrite`` applied to each of its Relax functions."""
+    out = tvm.IRModule(dict(mod.functions), attrs=mod.attrs)
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            out[gv] = rewrite(func)
     return out
 
 
@@ -155,6 +161,7 @@ def _clip(call, _matches):
 
 
 def _prim(value):
+    """A clip bound's number (a PrimValue of an IntImm or FloatImm)."""
     return value.value.value if hasattr(value, "value") and hasattr(value.value, "value") else float(value.value)
 
 
@@ -215,26 +222,21 @@ def channels_last(mod, report: LayoutReport | None = None, channel_multiple: int
         return mod, report
     mod = decompose_qdq(mod, report)
     mod = relax.transform.ConvertLayout(CONV_LAYOUTS)(mod)
-    for gv, func in list(mod.functions.items()):
-        if isinstance(func, relax.Function):
-            mod[gv] = _fold_padding_transposes(func)
-    mod = relax.transform.FoldConstant()(mod)
+    mod = relax.transform.FoldConstant()(_each_function(mod, _fold_padding_transposes))
     if channel_multiple > 1:
-        for gv, func in list(mod.functions.items()):
-            if isinstance(func, relax.Function):
-                mod[gv] = _pad_input_channels(func, channel_multiple, report)
-        mod = relax.transform.FoldConstant()(mod)
+        padded = _each_function(mod, lambda func: _pad_input_channels(func, channel_multiple, report))
+        mod = relax.transform.FoldConstant()(padded)
     report.transposes_after = count_ops(mod, "relax.permute_dims")
     return mod, report
 
 
-def ChannelsLast(report: LayoutReport | None = None):
+def ChannelsLast(report: LayoutReport | None = None, channel_multiple: int = 1):
     """The pass form of `channels_last`; pass a `LayoutReport` to collect what it did."""
     report = report if report is not None else LayoutReport()
 
     @tvm.transform.module_pass(opt_level=0, name="tirbyoc.ChannelsLast")
     def _pass(mod, _ctx):
-        return channels_last(mod, report)[0]
+        return channels_last(mod, report, channel_multiple)[0]
 
     _pass.report = report
     return _pass
