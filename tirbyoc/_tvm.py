@@ -104,6 +104,16 @@ def vector_bytes(target) -> int:
     return 64 if "avx512f" in features else 32 if "avx" in features else 16
 
 
+def vector_registers(target) -> int:
+    """Vector registers an LLVM CPU ``target``'s code can name: 32 with AVX-512 (zmm0-31, and
+    ymm16-31 through AVX-512 VL) or on AArch64, else 16 (AVX2, SSE)."""
+
+    tgt = make_target(target)
+    if "aarch64" in str(tgt.attrs.get("mtriple", "")) or "aarch64" in str(tgt.attrs.get("mcpu", "")):
+        return 32
+    return 32 if "avx512f" in isa_features(tgt) else 16
+
+
 def host_target() -> "tvm.target.Target":
 
     cpu = str(codegen.llvm_get_system_cpu())

@@ -253,7 +253,7 @@ def build_library(model: str | None, templates=None, *, output, target=None, dat
     output = Path(output)
     if target is not None:
         _check_target(make_target(target))
-    tmpls, tgt = templates_and_target(templates, target)
+    tmpls, tgt = templates_and_target(templates, target, model)
     _check_target(tgt)
     if output.suffix != ".so" and not (is_hexagon(tgt) and output.suffix in HEXAGON_FORMATS):
         raise TirbyocError(f"{output}: the library is a shared object; name it PATH.so"

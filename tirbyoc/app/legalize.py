@@ -50,6 +50,32 @@ def load_model(spec: str | None, templates, obj: str | None = None,
     return spec, build_model(name, activation_dtype(templates), requantize_mode(templates))
 
 
+QUANTIZED_ONNX_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul",
+                                 "ConvInteger", "MatMulInteger", "DynamicQuantizeLinear"})
+
+
+def is_float_model(spec: str | None) -> bool | None:
+    """Whether the model ``spec`` names is known to compute in float only: a built-in without
+    an integer variant of itself (``mlp``, ``resnet18``, not ``resnet18_int8``), or an ONNX
+    file without quantization operators (read without its weights). None where that is not
+    known before importing it (the default model, a ``.py`` file)."""
+    if not spec:
+        return None
+    if spec.startswith("builtin:"):
+        builder = MODELS.get(spec.split(":", 1)[1])
+        return None if builder is None else not getattr(builder, "quantized", False)
+    if spec.endswith(".onnx"):
+        try:
+            import onnx  # deferred: an optional dependency (the reference extra), needed only for .onnx files
+
+            proto = onnx.load(spec, load_external_data=False)
+        except Exception:  # the loader reports a missing package or a bad file with context
+            return None
+        ops = {n.op_type for n in proto.graph.node} | {n.op_type for f in proto.functions for n in f.node}
+        return not ops & QUANTIZED_ONNX_OPS
+    return None
+
+
 def importing(model: str | None) -> str:
     """What the import phase says it does: a calibrated ``_int8`` built-in is quantized first,
     which runs TVM's build of the float model (a minute for BERT-base)."""
@@ -120,4 +146,4 @@ def entry_function(mod) -> str:
     raise TirbyocError(f"the model has Relax functions {sorted(names)}; name the entry forward or main")
 
 
-__all__ = ["entry_function", "importing", "legalized_model", "load_model"]
+__all__ = ["QUANTIZED_ONNX_OPS", "entry_function", "importing", "is_float_model", "legalized_model", "load_model"]

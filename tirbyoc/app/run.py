@@ -18,7 +18,7 @@ from dataclasses import field as dataclass_field
 import numpy as np
 
 from tirbyoc._tvm import is_host_target, relax_vm, tirx, tvm
-from tirbyoc.app.legalize import importing, legalized_model
+from tirbyoc.app.legalize import importing, is_float_model, legalized_model
 from tirbyoc.app.profiling import profile_functions
 from tirbyoc.app.reference import onnxruntime_reference, output_step
 from tirbyoc.app.result import RunResult
@@ -46,7 +46,8 @@ from tirbyoc.relax.layout import LayoutReport
 from tirbyoc.relax.quantized import QuantizedReport
 from tirbyoc.tuning.apply import tuned_schedules
 
-DEFAULT_TEMPLATES = ("x86_vnni", "blas")  # the first that runs here is the default
+INT8_TEMPLATES = ("x86_vnni", "x86_avx512bw", "x86_avx2")  # this CPU's int8 cores, fastest first
+FLOAT_TEMPLATES = ("blas",)
 
 
 class Progress:
@@ -83,12 +84,16 @@ class Progress:
         self.stream.flush()
 
 
-def default_templates() -> list[str]:
-
-    for name in DEFAULT_TEMPLATES:
+def default_templates(model: str | None = None) -> list[str]:
+    """The template a run uses when none is given: for a model known to be float
+    (`is_float_model`), the first of `FLOAT_TEMPLATES` that runs here; otherwise (an int8
+    model, the default model, a model file not yet read) the fastest int8 template this CPU
+    runs (`INT8_TEMPLATES`: VNNI where it exists, else AVX-512 BW, else AVX2), then blas."""
+    order = FLOAT_TEMPLATES if is_float_model(model) else INT8_TEMPLATES + FLOAT_TEMPLATES
+    for name in order:
         if get_template(name).runs_here():
             return [name]
-    raise TirbyocError("none of the default templates (x86_vnni, blas) runs on this machine; "
+    raise TirbyocError(f"none of the default templates ({', '.join(order)}) runs on this machine; "
                        "pass --template")
 
 
@@ -204,10 +209,10 @@ def run_offloaded(mod, tmpls, target, entry, arrays, ref_out, *, repeat: int = 1
                       new_out, emulated)
 
 
-def templates_and_target(templates, target):
-    """The templates (default: `default_templates`) and the completed, checked target
-    (default: the first template's) they run on."""
-    tmpls = [as_template(t) for t in (list(templates) if templates else default_templates())]
+def templates_and_target(templates, target, model: str | None = None):
+    """The templates (default: `default_templates` for ``model``) and the completed, checked
+    target (default: the first template's) they run on."""
+    tmpls = [as_template(t) for t in (list(templates) if templates else default_templates(model))]
     tgt = check_target(run_target(tmpls[0], target))
     check_templates_on_target(tmpls, tgt)
     return tmpls, tgt
@@ -263,7 +268,7 @@ def run_model(model: str | None = None, templates: list | None = None, *, target
     _check_reference(reference, model)
     tuned = tuned_schedules(database) if database is not None else None
     progress = progress or Progress(enabled=False)
-    tmpls, tgt = templates_and_target(templates, target)
+    tmpls, tgt = templates_and_target(templates, target, model)
     names = [t.name for t in tmpls]
     seconds = {}
     t0 = time.perf_counter()

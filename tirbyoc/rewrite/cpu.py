@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from math import prod
 
-from tirbyoc._tvm import s_tir, tirx
+from tirbyoc._tvm import s_tir, tirx, vector_registers
 from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.ir.tir_walk import constant_divisors
 
@@ -44,18 +44,24 @@ def _divisors(n: int | None, limit: int) -> list[int]:
     return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
 
 
-def register_block(m_extent: int | None, n_extent: int | None, tile_bytes: int) -> tuple[int, int]:
-    """(mr, nr): the largest mr * nr output tiles that fit the stack budget and divide the
-    extents; among equals, fewer loads per step (smaller mr + nr), then more rows (a
-    narrower weight panel stays in L1 while the rows are reused)."""
+def register_block(m_extent: int | None, n_extent: int | None, tile_bytes: int,
+                   registers: int = 32) -> tuple[int, int]:
+    """(mr, nr): the ``mr x nr`` output tiles kept in registers across the reduction. Each
+    step loads mr rows of A and nr tiles of B for mr * nr intrinsic calls, so the block with
+    the most calls per load (mr * nr / (mr + nr)) wins; among equals, more accumulators, then
+    more rows (a narrower weight panel stays in L1 while the rows are reused). A block must
+    divide the extents, fit the stack budget, and leave, beside its accumulators, a register
+    for each operand of the shorter side and one for the other: an AVX2 CPU has 16 vector
+    registers, and a 4x4 block of ymm accumulators there spills every step."""
     best = (1, 1)
-    best_key = (1, -2, 1)
+    best_key = (0.5, 1, 1)
     for mr in _divisors(m_extent, MAX_ACCUMULATORS):
         for nr in _divisors(n_extent, MAX_ACCUMULATORS):
             count = mr * nr
-            if count > MAX_ACCUMULATORS or count * tile_bytes >= STACK_BYTES:
+            if (count > MAX_ACCUMULATORS or count * tile_bytes >= STACK_BYTES
+                    or count + min(mr, nr) + 1 > registers):
                 continue
-            key = (count, -(mr + nr), mr)
+            key = (count / (mr + nr), count, mr)
             if key > best_key:
                 best, best_key = (mr, nr), key
     return best
@@ -68,10 +74,10 @@ def _output_tile_bytes(match) -> int:
     return prod(spec.shape) * dtype_bytes(spec.dtype)
 
 
-def _heuristic_block(sch, mloop, nloop, tile_bytes):
+def _heuristic_block(sch, mloop, nloop, tile_bytes, registers=32):
     """`register_block`'s (mr, nr) for the loops' extents."""
     return register_block(loop_extent(sch, mloop) if mloop is not None else None,
-                          loop_extent(sch, nloop) if nloop is not None else None, tile_bytes)
+                          loop_extent(sch, nloop) if nloop is not None else None, tile_bytes, registers)
 
 
 def sampled_block(sch, mloop, nloop, tile_bytes):
@@ -176,7 +182,12 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
     # accumulator cannot start from zero in registers, and TVM will not parallelise it.
     has_init = sch.get(block).init is not None
     blocked = reductions and tile_bytes < STACK_BYTES and has_init
-    mr, nr = (choose or _heuristic_block)(sch, mloop, nloop, tile_bytes) if blocked else (1, 1)
+    if not blocked:
+        mr, nr = 1, 1
+    elif choose is None:
+        mr, nr = _heuristic_block(sch, mloop, nloop, tile_bytes, vector_registers(target))
+    else:
+        mr, nr = choose(sch, mloop, nloop, tile_bytes)
     head = list(loops.outer_spatial[:-1] if mloop is not None else loops.outer_spatial)
     others = [l for l in loops.axis_spatial if l is not nloop]
     inner_block = []

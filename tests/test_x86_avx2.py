@@ -1,0 +1,135 @@
+"""The exact int8 templates for CPUs without VNNI (x86_avx2: vpmaddwd ymm; x86_avx512bw: zmm):
+exact on full-range data, offloaded and verified like x86_vnni, register blocks sized to the
+CPU's registers, and chosen by default where they are the fastest int8 core this CPU runs."""
+
+import numpy as np
+import pytest
+import tvm
+
+import tirbyoc
+from tirbyoc._tvm import vector_registers
+from tirbyoc.app.run import INT8_TEMPLATES, default_templates
+from tirbyoc.offloading.selfcheck import self_check, tensorize_exact
+from tirbyoc.offloading.verification import compile_func
+from tirbyoc.rewrite.cpu import register_block
+from tirbyoc.testing.workloads import conv2d, matmul
+
+AVX2_CODE = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}  # AVX2 only: 16 ymm, no AVX-512
+TEMPLATES = ["x86_avx2", "x86_avx512bw"]
+
+
+def _runnable(name):
+    t = tirbyoc.get_template(name)
+    if not t.runs_here():
+        pytest.skip(f"{name}: {t.unavailable_reason()}")
+    return t
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_self_check(name):
+    t = _runnable(name)
+    for intrin in t.intrinsics():
+        result = self_check(intrin, dict(t.target))
+        assert result.passed, result.detail
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+@pytest.mark.parametrize("a_value, b_value", [(255, -128), (255, 127), (0, -128), (1, -1)])
+def test_dot_product_is_exact_at_the_extremes(name, a_value, b_value):
+    """2 x 255 x -128 overflows int16 (where vpmaddubsw saturates): vpmaddwd on widened
+    operands must give the exact sum."""
+    t = _runnable(name)
+    intrin = t.groups[0].compute
+    lanes, k = intrin.operand("B").shape
+    mod = tvm.compile(tensorize_exact(intrin), target=t.tvm_target())
+    c = tvm.runtime.tensor(np.full(lanes, 7, "int32"))
+    mod["main"](tvm.runtime.tensor(np.full(k, a_value, "uint8")),
+                tvm.runtime.tensor(np.full((lanes, k), b_value, "int8")), c)
+    assert (c.numpy() == 7 + k * a_value * b_value).all()
+
+
+def _run(func, target, arrays):
+    exe = compile_func(func, target, "test")
+    args = [tvm.runtime.tensor(a) for a in arrays]
+    exe.mod["main"](*args)
+    return args[-1].numpy()
+
+
+@pytest.mark.parametrize("workload", ["matmul", "conv"])
+def test_offload_verified_and_exact_on_full_range_data(workload):
+    """Offloaded for AVX2 code (whatever this CPU also has), verified by tirbyoc, and equal
+    to numpy on inputs at the ends of their ranges."""
+    _runnable("x86_avx2")
+    if workload == "matmul":
+        func = matmul(24, 40, 30, "uint8", "int8", "int32", trans_b=True)
+        shapes = [(24, 30), (40, 30)]
+    else:
+        func = conv2d(1, 6, 7, 7, 16, 3, 3, layout="NHWC", dtype="uint8", wdtype="int8", acc="int32")
+        shapes = [tuple(int(x) for x in p.shape) for p in list(func.params)[:2]]
+    off = tirbyoc.offload(func, "x86_avx2", target=AVX2_CODE)
+    assert off.coverage == 1.0 and off.verification.passed and off.verification.max_abs_err == 0
+    rng = np.random.default_rng(3)
+    a = rng.choice(np.array([0, 1, 254, 255], "uint8"), shapes[0])
+    b = rng.choice(np.array([-128, -127, 126, 127], "int8"), shapes[1])
+    out_shape = tuple(int(x) for x in func.params[-1].shape)
+    got = _run(off.func, AVX2_CODE, [a, b, np.zeros(out_shape, "int32")])
+    want = _run(func, AVX2_CODE, [a, b, np.zeros(out_shape, "int32")])
+    assert np.array_equal(got, want)
+
+
+def test_register_budget_follows_the_cpu():
+    assert vector_registers(AVX2_CODE) == 16
+    assert vector_registers({"kind": "llvm", "mcpu": "cascadelake"}) == 32
+    # 8-lane int32 tiles (32 B): a 4x4 block of ymm accumulators spills on 16 registers
+    assert register_block(1024, 128, 32, registers=32) == (4, 4)
+    assert register_block(1024, 128, 32, registers=16) == (4, 2)
+    # 7 rows (ResNet's last stage): 7x2 reuses each load more than 1x16 does
+    assert register_block(7, 64, 32, registers=32) == (7, 2)
+    # x86_vnni's 64 B tiles: the blocks it had before the budget existed
+    assert register_block(56, 4, 64) == (7, 2) and register_block(1024, 64, 64) == (4, 2)
+
+
+def test_offload_schedule_names_the_block_for_avx2_code():
+    _runnable("x86_avx2")
+    off = tirbyoc.offload(matmul(64, 256, 64, "uint8", "int8", "int32", trans_b=True), "x86_avx2",
+                          target=AVX2_CODE, verify=False)
+    steps = [str(s) for s in off.blocks[0].steps]
+    assert any("register-blocked 4x2 accumulator tiles" in s for s in steps), steps
+
+
+def test_default_template_follows_the_model_and_the_cpu():
+    assert default_templates("builtin:resnet18") == ["blas"]
+    best = next(n for n in INT8_TEMPLATES if tirbyoc.get_template(n).runs_here())
+    assert default_templates("builtin:cnn_int8") == [best]
+    assert default_templates() == [best]  # the default model is int8 for an int8 template
+
+
+def test_float_onnx_model_defaults_to_blas(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    path = tmp_path / "relu.onnx"
+    onnx.save(helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])), path)
+    assert default_templates(str(path)) == ["blas"]
+    scale = helper.make_tensor("s", TensorProto.FLOAT, [], [0.1])
+    zero = helper.make_tensor("z", TensorProto.UINT8, [], [0])
+    q = helper.make_graph([helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+                           helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])], "g", [x], [y],
+                          initializer=[scale, zero])
+    onnx.save(helper.make_model(q), path)
+    assert default_templates(str(path)) != ["blas"] or not any(
+        tirbyoc.get_template(n).runs_here() for n in INT8_TEMPLATES)
+
+
+def test_int8_model_runs_verified_on_avx2_code():
+    """The whole int8 path on AVX2 code: channels-last, the stem padded to the reduction tile
+    (2 channels), epilogues fused into the write-back, weights packed once; bit-exact."""
+    from tirbyoc.app.run import run_model
+
+    _runnable("x86_avx2")
+    r = run_model("builtin:cnn_int8", ["x86_avx2"], target=AVX2_CODE, repeat=1)
+    assert r.verified is True and r.max_abs_err == 0 and r.report.coverage == 1.0
+    assert r.layout.convolutions == 3 and r.layout.padded_channels == 1  # the 3-channel stem: 4
+    assert "epilogue on the accumulator tile" in r.table()
