@@ -1,14 +1,17 @@
 """GEMM and convolution throughput of tirbyoc's offloads beside baselines measured in the same
 run, every engine in a process of its own (JSON out).
 
-* x86_vnni (on a CPU with AVX-512 VNNI): u8 x i8 -> i32 GEMM 1024^3 and int8 NHWC
-  convolutions with ResNet-50's layer shapes (batch 1), in GOPS (2 x MAC per second), at 1 and
-  2 threads, as a deployed model runs them - the weight packed once (`tirbyoc.relax.prepack`,
-  what `tirbyoc run` / `build` do with a model's constant weights) - and with the weight
-  packed on every call; each as a fraction of this CPU's VNNI peak (24 independent
-  ``vpdpbusd`` chains in inline assembly, one thread per core) measured before and after the
-  kernels in this run. Beside the GEMM: TVM's default build and ``torch._int_mm`` (when torch
-  is installed).
+* int8 templates (each one this CPU runs: x86_vnni with AVX-512 VNNI, x86_avx512bw with
+  AVX-512 BW, x86_avx2 with AVX2; ``--int8-templates`` picks): u8 x i8 -> i32 GEMM 1024^3 and
+  int8 NHWC convolutions with ResNet-50's layer shapes (batch 1), in GOPS (2 x MAC per
+  second), at 1 and 2 threads, as a deployed model runs them - the weight packed once
+  (`tirbyoc.relax.prepack`, what `tirbyoc run` / `build` do with a model's constant weights) -
+  and with the weight packed on every call; each as a fraction of the peak of the template's
+  own instruction (independent ``vpdpbusd`` chains for x86_vnni, ``vpmaddwd`` + ``vpaddd``
+  chains for the others, in C with intrinsics, one thread per core) measured before and after
+  the kernels in this run. Each template's code is built for its declared CPU (x86_avx2 for
+  Haswell), so an AVX2 row measured on a newer CPU is the code an AVX2 machine runs. Beside
+  the GEMM: TVM's default build and ``torch._int_mm`` (when torch is installed).
 * blas: fp32 GEMM through the blas template beside numpy's matmul (OpenBLAS both), at 1 and 2
   threads, and the per-call overhead on a tiny GEMM. The OpenBLAS kernel each ran is recorded:
   unset ``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE`` in the benchmark's command to let
@@ -68,40 +71,33 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
     ap.add_argument("--out", default=str(HERE / "results" / "gemm.json"))
     ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--int8-templates", help="int8 templates to time (default: every one of x86_vnni, "
+                    "x86_avx512bw, x86_avx2 this CPU runs)")
     for hidden in ("--case", "--n"):
         ap.add_argument(hidden, type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--template", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         from gemm_workers import WORKERS  # deferred: imports TVM, after the pools are sized
 
         threads = int(args.threads)
-        print(json.dumps(WORKERS[args.worker](threads=threads, case=args.case, n=args.n, quick=args.quick)))
+        opts = {"template": args.template} if args.template else {}
+        print(json.dumps(WORKERS[args.worker](threads=threads, case=args.case, n=args.n, quick=args.quick, **opts)))
         return
-    from gemm_workers import fraction_of_peak, report, vnni_available  # deferred: as above
+    from gemm_workers import INT8_PEAKS, fraction_of_peak, int8_templates, report  # deferred: as above
 
     threads = [int(t) for t in args.threads.split(",")]
     sizes = (64, 256, 512) if args.quick else (64, 256, 512, 1024)
-    vnni_rows, peak, why_not = [], None, vnni_available()
-    if why_not is None:
-        progress("VNNI peak microbenchmark")
-        peaks = [spawn("peak", max(threads))]
-        cases = len(RESNET_CONVS[:2] if args.quick else RESNET_CONVS) + 1
-        for t in threads:
-            for case in range(cases):
-                row = spawn("vnni", t, args.quick, case=case)
-                progress(f"x86_vnni {row['workload']}, {t} thread(s): {row.get('packed_gops', 0):.0f} GOPS")
-                vnni_rows.append(row)
-            vnni_rows[-cases]["torch_int_mm_gops"] = spawn("torch", t, args.quick)["gops"]
-        peaks.append(spawn("peak", max(threads)))
-        peak = {t: max(p["best"].get(str(t), 0.0) for p in peaks) for t in threads}
-        samples = {t: [s for p in peaks for s in p["samples"].get(str(t), [])] for t in threads}
-        for r in vnni_rows:
-            for key in ("packed", "per_call"):
-                if f"{key}_gops" in r:
-                    r[f"{key}_of_peak"] = fraction_of_peak(r[f"{key}_gops"], peak[r["threads"]],
-                                                           r["workload"], r["threads"])
-    else:
-        progress(f"x86_vnni skipped: {why_not}")
+    runs, skipped = int8_templates()
+    if args.int8_templates:
+        wanted = args.int8_templates.split(",")
+        runs = [t for t in runs if t in wanted]
+        skipped = {t: why for t, why in skipped.items() if t in wanted}
+    int8 = {}
+    for template in runs:
+        int8[template] = _int8_rows(template, threads, args.quick)
+    for template, why in skipped.items():
+        progress(f"{template} skipped: {why}")
     blas = []
     for t in threads:
         for n in sizes:
@@ -110,14 +106,39 @@ def main() -> None:
             blas.append({"n": n, "threads": t, **ours, **theirs, "ratio_vs_numpy": ours["tirbyoc_gflops"] / theirs["numpy_gflops"]})
     tiny = {**spawn("blas", 1, n=2), **spawn("numpy", 1, n=2)}
     result = {"machine": platform.processor() or platform.machine(), "cpu": _cpu(), "threads": threads,
-              "vnni_peak_gops": peak and {str(t): g for t, g in peak.items()},
-              "vnni_peak_samples": peak and {str(t): s for t, s in samples.items()},
-              "x86_vnni": vnni_rows if why_not is None else f"skipped: {why_not}",
+              "int8": int8, "int8_skipped": skipped,
               "blas": blas, "blas_tiny_call": tiny, "quick": args.quick}
     print(report(result))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
+
+
+def _int8_rows(template: str, threads: list[int], quick: bool) -> dict:
+    """``template``'s GEMM and convolution rows at each thread count, each a fraction of its
+    instruction's peak measured before and after them (the best sample of the two runs)."""
+    from gemm_workers import INT8_PEAKS, fraction_of_peak
+
+    progress(f"{template}: peak microbenchmark ({INT8_PEAKS[template][2]})")
+    peaks = [spawn("peak", max(threads), template=template)]
+    cases = len(RESNET_CONVS[:2] if quick else RESNET_CONVS) + 1
+    rows = []
+    for t in threads:
+        for case in range(cases):
+            row = spawn("int8", t, quick, case=case, template=template)
+            progress(f"{template} {row['workload']}, {t} thread(s): {row.get('packed_gops', 0):.0f} GOPS")
+            rows.append(row)
+        rows[-cases]["torch_int_mm_gops"] = spawn("torch", t, quick)["gops"]
+    peaks.append(spawn("peak", max(threads), template=template))
+    peak = {t: max(p["best"].get(str(t), 0.0) for p in peaks) for t in threads}
+    samples = {t: [s for p in peaks for s in p["samples"].get(str(t), [])] for t in threads}
+    for r in rows:
+        for key in ("packed", "per_call"):
+            if f"{key}_gops" in r:
+                r[f"{key}_of_peak"] = fraction_of_peak(r[f"{key}_gops"], peak[r["threads"]],
+                                                       f"{template} {r['workload']}", r["threads"])
+    return {"peak": INT8_PEAKS[template][2], "peak_gops": {str(t): g for t, g in peak.items()},
+            "peak_samples": {str(t): s for t, s in samples.items()}, "rows": rows}
 
 
 def _cpu() -> str:

@@ -25,9 +25,35 @@ from tirbyoc.testing.workloads import conv2d, matmul
 HERE = Path(__file__).resolve().parent
 
 
-def vnni_available() -> str | None:
-    vnni = tirbyoc.get_template("x86_vnni")
-    return None if vnni.runs_here() else vnni.unavailable_reason()
+# The int8 templates this benchmark times, best first, each beside the peak of its own
+# instruction: (C source in csrc/, symbol, what it times). A symbol returns the MACs it did.
+INT8_PEAKS = {
+    "x86_vnni": ("vnni_peak.c", "tirbyoc_vnni_peak", "24 independent vpdpbusd zmm"),
+    "x86_avx512bw": ("pmaddwd_peak.c", "tirbyoc_pmaddwd_zmm_peak", "14 independent vpmaddwd + vpaddd zmm"),
+    "x86_avx2": ("pmaddwd_peak.c", "tirbyoc_pmaddwd_ymm_peak", "7 independent vpmaddwd + vpaddd ymm"),
+}
+
+
+def int8_templates() -> tuple[list[str], dict[str, str]]:
+    """(the int8 templates of `INT8_PEAKS` this CPU runs, why each other one does not)."""
+    runs, why_not = [], {}
+    for name in INT8_PEAKS:
+        tmpl = tirbyoc.get_template(name)
+        if tmpl.runs_here():
+            runs.append(name)
+        else:
+            why_not[name] = tmpl.unavailable_reason()
+    return runs, why_not
+
+
+def int8_target(name: str):
+    """The target ``name`` is timed for: its own declared CPU (x86_vnni cascadelake,
+    x86_avx512bw skylake-avx512, x86_avx2 haswell), so that each row runs that template's
+    instructions only - built for this CPU, LLVM would turn x86_avx2's vpmaddwd + vpaddd into
+    AVX-512 VNNI's vpdpwssd where this CPU has it."""
+    from tirbyoc.app.targets import complete_target
+
+    return complete_target(dict(tirbyoc.get_template(name).target))
 
 
 def time_tvm(executable, args, number: int, repeat: int) -> float:
@@ -47,14 +73,18 @@ def time_py(fn, number: int, repeat: int) -> float:
     return statistics.median(runs)
 
 
-def peak(threads: int, seconds: float = 0.25, reps: int = 5, **_) -> dict:
-    """This CPU's VNNI peak at 1 .. ``threads`` threads: 24 independent ``vpdpbusd`` zmm chains
-    per thread, best of ``reps`` repetitions (and every sample)."""
-    lib = ExternLibrary("tirbyoc_vnni_peak", [HERE / "csrc" / "vnni_peak.c"], ["tirbyoc_vnni_peak"])
-    fn = lib.load().tirbyoc_vnni_peak
+def peak(threads: int, template: str = "x86_vnni", seconds: float = 0.25, reps: int = 5, **_) -> dict:
+    """The peak of ``template``'s instruction on this CPU at 1 .. ``threads`` threads
+    (`INT8_PEAKS`: independent chains in inline assembly, one thread per core), best of
+    ``reps`` repetitions (and every sample)."""
+    source, symbol, _ = INT8_PEAKS[template]
+    lib = ExternLibrary(f"tirbyoc_{source[:-2]}", [HERE / "csrc" / source], [symbol])
+    fn = getattr(lib.load(), symbol)
     fn.restype, fn.argtypes = ctypes.c_int64, [ctypes.c_int64]
+    start = time.perf_counter()
     fn(100_000)
-    iters = int(seconds * 2.5e9 / 24)
+    iters = int(seconds / (time.perf_counter() - start) * 100_000)
+    macs = fn(iters)
     best, samples = {}, {}
     for t in range(1, threads + 1):
         for _ in range(reps):
@@ -64,7 +94,7 @@ def peak(threads: int, seconds: float = 0.25, reps: int = 5, **_) -> dict:
                 th.start()
             for th in workers:
                 th.join()
-            gops = t * iters * 24 * 64 * 2 / (time.perf_counter() - start) / 1e9
+            gops = t * macs * 2 / (time.perf_counter() - start) / 1e9
             samples.setdefault(str(t), []).append(round(gops, 1))
         best[str(t)] = max(samples[str(t)])
     return {"best": best, "samples": samples}
@@ -79,14 +109,14 @@ def fraction_of_peak(gops: float, peak_gops: float, what: str, threads: int) -> 
     (bench/gemm.py once printed kernels at 1.7x "of peak"); a kernel at the peak reads 1.00."""
     frac = gops / peak_gops
     if frac > 1.0 + PEAK_NOISE:
-        raise SystemExit(f"{what}: {gops:.0f} GOPS is {frac:.2f} of the {threads}-thread VNNI peak measured "
+        raise SystemExit(f"{what}: {gops:.0f} GOPS is {frac:.2f} of the {threads}-thread peak measured "
                          f"({peak_gops:.0f} GOPS): the peak was taken while the machine was busy. "
                          "Rerun on a quiet machine.")
     return frac
 
 
-def vnni_cases(quick: bool) -> list:
-    """(name, PrimFunc, MACs, with TVM's default build beside it) for each x86_vnni row."""
+def int8_cases(quick: bool) -> list:
+    """(name, PrimFunc, MACs, with TVM's default build beside it) for each int8 row."""
     from gemm import RESNET_CONVS  # deferred: gemm imports this module inside its workers
 
     size = 512 if quick else 1024
@@ -99,13 +129,14 @@ def vnni_cases(quick: bool) -> list:
     return cases
 
 
-def vnni(threads: int, case: int, quick: bool = False, **_) -> dict:
-    """One x86_vnni row: the offloaded function with its weight (parameter 1) packed once, as a
-    deployed model runs it, and packed on every call; both outputs must agree."""
-    name, func, macs, baseline = vnni_cases(quick)[case]
-    target = tirbyoc.get_template("x86_vnni").target
-    off = tirbyoc.offload(func, "x86_vnni")
-    row = {"workload": name, "threads": threads, "macs": macs, "offloaded": bool(off.offloaded)}
+def int8(threads: int, case: int, template: str = "x86_vnni", quick: bool = False, **_) -> dict:
+    """One row of an int8 template: the offloaded function with its weight (parameter 1) packed
+    once, as a deployed model runs it, and packed on every call; both outputs must agree."""
+    name, func, macs, baseline = int8_cases(quick)[case]
+    target = int8_target(template)
+    off = tirbyoc.offload(func, template, target=target)
+    row = {"workload": name, "template": template, "target": target, "threads": threads, "macs": macs,
+           "offloaded": bool(off.offloaded)}
     if not off.offloaded:
         return {**row, "reason": off.blocks[0].reason}
     rng = np.random.default_rng(0)
@@ -180,25 +211,25 @@ def numpy_matmul(threads: int, n: int, **_) -> dict:
             "numpy_openblas": openblas_kernel("numpy.libs/libscipy_openblas*.so", "scipy_openblas_get_config64_")}
 
 
-WORKERS = {"peak": peak, "vnni": vnni, "torch": torch_int_mm, "blas": blas, "numpy": numpy_matmul}
+WORKERS = {"peak": peak, "int8": int8, "torch": torch_int_mm, "blas": blas, "numpy": numpy_matmul}
 
 
 def report(result: dict) -> str:
-    """The tables a person reads: x86_vnni rows against the peak, blas rows against numpy."""
+    """The tables a person reads: each int8 template's rows against its peak, blas rows against numpy."""
     lines = []
-    if result["vnni_peak_gops"]:
-        lines.append("VNNI peak (this CPU, best of the samples before and after the kernels): "
-                     + ", ".join(f"{t} thread(s) {g:.0f} GOPS" for t, g in result["vnni_peak_gops"].items()))
+    for template, part in result["int8"].items():
+        lines.append(f"{template} peak ({part['peak']}, best of the samples before and after the kernels): "
+                     + ", ".join(f"{t} thread(s) {g:.0f} GOPS" for t, g in part["peak_gops"].items()))
         rows = [(r["workload"], str(r["threads"]), f"{r.get('packed_gops', 0):.0f}", f"{r.get('packed_of_peak', 0):.2f}",
                  f"{r.get('per_call_gops', 0):.0f}", f"{r.get('per_call_of_peak', 0):.2f}",
                  f"{r['tvm_default_gops']:.1f}" if "tvm_default_gops" in r else "-",
                  f"{r['torch_int_mm_gops']:.0f}" if r.get("torch_int_mm_gops") else "-",
                  "yes" if r.get("verified") and r.get("packed_same_as_per_call", True) else "NO")
-                for r in result["x86_vnni"]]
-        lines += ["", render(["x86_vnni workload", "threads", "GOPS (weight packed once)", "of peak",
+                for r in part["rows"]]
+        lines += ["", render([f"{template} workload", "threads", "GOPS (weight packed once)", "of peak",
                               "GOPS (packed per call)", "of peak", "TVM default", "torch._int_mm", "verified"], rows), ""]
-    else:
-        lines.append(f"x86_vnni {result['x86_vnni']}")
+    for template, why in result["int8_skipped"].items():
+        lines.append(f"{template} skipped: {why}")
     lines.append(render(["blas n", "threads", "GFLOP/s", "numpy GFLOP/s", "ratio", "verified"],
                         [(b["n"], b["threads"], f"{b['tirbyoc_gflops']:.1f}", f"{b['numpy_gflops']:.1f}",
                           f"{b['ratio_vs_numpy']:.2f}", "yes" if b["verified"] else "NO") for b in result["blas"]]))
