@@ -5,8 +5,9 @@ Models (float ONNX files with random He-initialised weights, made by `tirbyoc.te
 ResNet-18, ResNet-50 and MobileNetV2 at 224x224 and a BERT-base encoder (12 layers, seq 128);
 ``--int8`` also their QDQ versions from ONNX Runtime's recommended flow (``quant_pre_process``,
 then ``quantize_static``), ``--precisions int8`` those alone. Each precision goes to the template
-that computes it here: fp32 to blas, int8 to x86_vnni (only on a CPU with AVX-512 VNNI: the
-row says why not otherwise). Weights are constants, as deployed (`tirbyoc run` does the same).
+that computes it here: fp32 to blas, int8 to the fastest int8 template this CPU runs (x86_vnni
+with AVX-512 VNNI, else x86_avx512bw, else x86_avx2: `tirbyoc.app.run.INT8_TEMPLATES`, the
+choice `tirbyoc run` makes; ``--int8-template`` forces one, e.g. x86_avx2 on a VNNI machine). Weights are constants, as deployed (`tirbyoc run` does the same).
 
 Each engine runs in its own process, its thread pool sized before it starts (TVM_NUM_THREADS,
 ONNX Runtime's intra-op threads, its spinning off): timed in one process, whichever pool spun
@@ -19,7 +20,8 @@ first thread count (each built and timed alone, times its call sites), and the m
 against ONNX Runtime a plot of it.
 
     python bench/models.py [--models resnet18,resnet50,mobilenet_v2,bert_base] [--threads 1,2]
-                           [--int8 | --precisions fp32,int8] [--rounds 5] [--fast-math]
+                           [--int8 | --precisions fp32,int8] [--int8-template NAME]
+                           [--rounds 5] [--fast-math]
                            [--out bench/results/models.json]
 """
 
@@ -38,7 +40,20 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BUILDERS = {"resnet18": "float_resnet18", "resnet50": "float_resnet50", "mobilenet_v2": "float_mobilenet_v2",
             "bert_base": "float_bert_base"}
-TEMPLATES = {"fp32": "blas", "int8": "x86_vnni"}
+FLOAT_TEMPLATE = "blas"
+
+
+def template_for(precision: str, forced: str | None = None) -> str:
+    """The template a precision runs on here: blas for fp32; for int8 ``forced`` or the
+    fastest int8 template this CPU runs (the first of `INT8_TEMPLATES` that runs here)."""
+    if precision != "int8":
+        return FLOAT_TEMPLATE
+    if forced:
+        return forced
+    import tirbyoc  # deferred: imports TVM, after the thread count is set
+    from tirbyoc.app.run import INT8_TEMPLATES
+
+    return next((t for t in INT8_TEMPLATES if tirbyoc.get_template(t).runs_here()), INT8_TEMPLATES[0])
 
 
 def model_file(name: str, precision: str, folder: Path) -> Path:
@@ -148,7 +163,7 @@ def worker(args) -> None:
     if args.group == "onnxruntime":
         timers, outs, facts = ort_engine(path, inputs, args.threads, args.repeat)
     else:
-        timers, outs, facts, arrays = tvm_engines(path, TEMPLATES[args.precision], args.group, args.repeat,
+        timers, outs, facts, arrays = tvm_engines(path, template_for(args.precision, args.int8_template), args.group, args.repeat,
                                                   args.fast_math)
         np.savez(inputs, *arrays)
     samples = {k: [] for k in timers}
@@ -172,6 +187,7 @@ def _spawn(args, threads: str, model: str, precision: str, group: str, outputs: 
            "--precision", precision, "--group", group, "--rounds", "0" if profile else str(args.rounds),
            "--repeat", str(args.repeat), "--cache", args.cache, "--outputs", outputs]
     cmd += ["--fast-math"] if args.fast_math else []
+    cmd += ["--int8-template", args.int8_template] if args.int8_template else []
     proc = subprocess.run(cmd + (["--profile"] if profile else []), env=env, stdout=subprocess.PIPE, text=True)
     if proc.returncode:
         raise SystemExit(f"{model} {precision} {group} on {threads} thread(s) failed (exit {proc.returncode})")
@@ -186,7 +202,7 @@ def measure(args, threads: str, name: str, precision: str) -> dict:
     from tirbyoc.app.reference import agrees, output_step, steps_apart
     from tirbyoc.app.run import compare
 
-    template = TEMPLATES[precision]
+    template = template_for(precision, args.int8_template)
     row = {"model": name, "precision": precision, "template": template, "threads": int(threads)}
     if not tirbyoc.get_template(template).runs_here():
         return {**row, "not_run": tirbyoc.get_template(template).unavailable_reason()}
@@ -277,7 +293,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="resnet18,resnet50,bert_base")
     parser.add_argument("--threads", default="1,2")
-    parser.add_argument("--int8", action="store_true", help="also the QDQ models (x86_vnni: needs AVX-512 VNNI)")
+    parser.add_argument("--int8", action="store_true", help="also the QDQ models")
+    parser.add_argument("--int8-template", help="the int8 template timed (default: the fastest this CPU runs)")
     parser.add_argument("--precisions", help="the precisions measured, comma-separated (default fp32; "
                                              "--int8: fp32,int8)")
     parser.add_argument("--rounds", type=int, default=5)
