@@ -8,7 +8,7 @@ import tvm_ffi
 from tvm import relax
 
 from tirbyoc._tvm import make_target, relax_vm, tirx
-from tirbyoc.relax.bridge import OFFLOADED_ATTR, offload_module
+from tirbyoc.relax.bridge import OFFLOADED_ATTR, fuse, offload_module
 from tirbyoc.relax.rest import RestSchedule, ScheduleRest, schedule_rest_of
 from tirbyoc.rewrite.rest import SCHEDULED_ATTR, schedule_rest
 
@@ -159,3 +159,39 @@ def test_a_whole_library_matmul_shares_its_work_on_any_split(shape_a, shape_b, o
     vm = relax_vm(tvm.compile(offloaded, target=TARGET), tvm.cpu())
     got = vm["main"](tvm.runtime.tensor(xa), tvm.runtime.tensor(xb)).numpy()
     np.testing.assert_allclose(got, xa @ xb, rtol=1e-5, atol=1e-4)
+
+
+def test_the_loops_an_offloaded_function_left_serial_run_in_parallel_vectors():
+    """An int8 matmul whose accumulator has two readers: the chain after the core cannot go
+    into its write-back, so the offloaded function keeps serial elementwise loops; the pass
+    gives those (and only those) parallel rows and vectors, and every value stays the same."""
+    from vnni import NAME
+
+    import tirbyoc
+    from tirbyoc.offloading.lowering import PIPELINE
+
+    target = make_target(dict(tirbyoc.get_template(NAME).target))
+
+    rng = np.random.default_rng(6)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((128, 32), "uint8"))
+    op = relax.op
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            acc = bb.emit(op.matmul(x, relax.const(rng.integers(-128, 128, (32, 48)).astype("int8")), out_dtype="int32"))
+            real = op.astype(acc, "float32")
+            out = bb.emit_output(op.add(op.multiply(real, relax.const(0.01, "float32")), op.sqrt(op.abs(real))))
+        bb.emit_func_output(out)
+    mod = fuse(relax.transform.LegalizeOps()(bb.get()))  # the core and its epilogue: one function
+    offloaded, report = offload_module(mod, [NAME])
+    assert report.coverage == 1.0
+    new, rest = schedule_rest_of(offloaded, target)
+    assert len(rest.offloaded) == 1 and "offloaded function" in rest.summary()
+    (name,) = rest.offloaded
+    assert OFFLOADED_ATTR in new[name].attrs and any(n.parallel for n in rest.offloaded[name])
+    xs = rng.integers(0, 256, (128, 32)).astype("uint8")
+    vm_new = relax_vm(tvm.compile(new, target=target, tir_pipeline=PIPELINE), tvm.cpu())
+    vm_old = relax_vm(tvm.compile(offloaded, target=target, tir_pipeline=PIPELINE), tvm.cpu())
+    a = vm_new["main"](tvm.runtime.tensor(xs)).numpy()
+    b = vm_old["main"](tvm.runtime.tensor(xs)).numpy()
+    assert np.array_equal(a, b)

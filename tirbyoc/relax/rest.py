@@ -7,9 +7,14 @@ wrote it, serial and scalar. This pass runs TVM's own fusion first (``FoldConsta
 `tirbyoc.relax.bridge.fuse`: what ``tvm.compile``'s CPU pipeline would run next;
 offloaded functions are opaque, so nothing is fused into them), then schedules each function
 that is neither offloaded nor scheduled already with `tirbyoc.rewrite.rest.schedule_rest`:
-the model computes the same values, bit for bit, on every core. Where it goes::
+the model computes the same values, bit for bit, on every core. In an offloaded function it
+schedules only the loop nests the rewrite left serial (an epilogue its core's write-back could
+not take: a residual read twice, say). Where it goes::
 
     LegalizeOps -> OffloadTIR -> PackConstantWeights -> ScheduleRest -> tvm.compile
+
+A weight the schedule copies into another layout (a depthwise convolution's, channel-last) is
+packed here, once, as `PackConstantWeights` packs an offloaded function's.
 
 Only for a target this machine runs (an LLVM target for its CPU); any other target's module
 comes back as it came.
@@ -21,8 +26,9 @@ from dataclasses import dataclass, field
 
 from tvm import relax
 
-from tirbyoc._tvm import is_host_target, make_target, tirx, tvm, vector_bytes
+from tirbyoc._tvm import is_host_target, make_target, tirx, tvm, vector_bytes, vector_registers
 from tirbyoc.relax.bridge import OFFLOADED_ATTR, fuse
+from tirbyoc.relax.prepack import PackedWeights, pack_constant_weights
 from tirbyoc.rewrite.rest import SCHEDULED_ATTR, schedule_rest
 
 
@@ -34,6 +40,8 @@ class RestSchedule:
     left: int = 0  # PrimFuncs no template took, after fusion
     functions: dict = field(default_factory=dict)  # name -> tuple of NestSchedule
     vector_bytes: int = 0
+    packed: PackedWeights = field(default_factory=PackedWeights)  # weight copies run at compile time
+    offloaded: dict = field(default_factory=dict)  # offloaded function -> the nests its rewrite left serial
 
     @property
     def parallel(self) -> int:
@@ -43,15 +51,25 @@ class RestSchedule:
     def vectorized(self) -> int:
         return sum(1 for nests in self.functions.values() if any(n.lanes for n in nests))
 
+    @property
+    def channel_reductions(self) -> int:
+        return sum(1 for nests in self.functions.values() if any(n.note for n in nests))
+
     def summary(self) -> str:
+        channel = (f", {self.channel_reductions} channel-wise reduction(s) (depthwise, pooling) in channel "
+                   f"vectors with their epilogues" if self.channel_reductions else "")
+        offloaded = (f"; in {len(self.offloaded)} offloaded function(s) the elementwise loops their cores' "
+                     "write-back did not take" if self.offloaded else "")
         return (f"{self.left} function(s) no template took, fused as TVM fuses them: {self.parallel} "
-                f"with parallel loops, {self.vectorized} with {self.vector_bytes * 8}-bit vectors "
-                "(the same values as TVM's build, bit for bit)")
+                f"with parallel loops, {self.vectorized} with {self.vector_bytes * 8}-bit vectors{channel}"
+                f"{offloaded} (the same values as TVM's build, bit for bit)")
 
     def to_json(self) -> dict:
         return {"left": self.left, "parallel": self.parallel, "vectorized": self.vectorized,
-                "vector_bits": self.vector_bytes * 8,
-                "functions": {name: [{"block": n.block, "parallel": n.parallel, "lanes": n.lanes}
+                "channel_reductions": self.channel_reductions, "vector_bits": self.vector_bytes * 8,
+                "packed_weights": self.packed.tensors, "offloaded_functions": len(self.offloaded),
+                "functions": {name: [{"block": n.block, "parallel": n.parallel, "lanes": n.lanes,
+                                      **({"schedule": n.note} if n.note else {})}
                                      for n in nests] for name, nests in self.functions.items()}}
 
 
@@ -71,13 +89,22 @@ def schedule_rest_of(mod, target) -> tuple[object, RestSchedule | None]:
     report = RestSchedule(vector_bytes=vector_bytes(tgt))
     for gv, func in list(mod.functions.items()):
         attrs = func.attrs or {}
-        if not isinstance(func, tirx.PrimFunc) or OFFLOADED_ATTR in attrs or SCHEDULED_ATTR in attrs:
+        if not isinstance(func, tirx.PrimFunc) or SCHEDULED_ATTR in attrs:
+            continue
+        if OFFLOADED_ATTR in attrs:  # its cores are scheduled; what they left serial is not
+            new, nests = schedule_rest(func, report.vector_bytes, channel_reductions=False)
+            if nests:
+                mod[gv] = new.with_attr(SCHEDULED_ATTR, True)
+                report.offloaded[gv.name_hint] = nests
             continue
         report.left += 1
-        new, nests = schedule_rest(func, report.vector_bytes)
+        new, nests = schedule_rest(func, report.vector_bytes, vector_registers(tgt))
         if nests:
             mod[gv] = new.with_attr(SCHEDULED_ATTR, True)
             report.functions[gv.name_hint] = nests
+    repacked = {name for name, nests in report.functions.items() if any(n.packed for n in nests)}
+    if repacked:  # a depthwise weight laid out channel-last: once, where it is a constant
+        mod, report.packed = pack_constant_weights(mod, functions=repacked, target=tgt)
     return mod, report
 
 

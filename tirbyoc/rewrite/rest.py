@@ -16,6 +16,10 @@ bit for bit:
   a fused loop would index every lane through divisions: gathers);
 * a nest of fewer than `MIN_PARALLEL` iterations is not worth waking the thread pool for.
 
+A channel-wise reduction (a depthwise convolution, an NHWC pooling window: each output channel
+reduces its own window) gets `tirbyoc.rewrite.channel_reduction`'s schedule instead: vectors
+across channels, register blocks of output columns, its epilogue fused into the write-back.
+
 Reductions stay serial inside each row: splitting or vectorizing them reassociates float sums
 (what dlight's reduction rules and ``rfactor`` do), which moves the last bits of a float
 model and can move a quantized model's rounding ties. Each step is one of TVM's schedule
@@ -30,6 +34,7 @@ from math import prod
 from tirbyoc._tvm import s_tir, tirx, tvm_ffi
 from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.ir.tir_walk import perfect_nest
+from tirbyoc.rewrite.channel_reduction import schedule_channel_reduction
 from tirbyoc.rewrite.cpu import loop_extent
 
 SCHEDULED_ATTR = "tirbyoc.rest"  # set on a function this schedule changed: what it did
@@ -39,12 +44,14 @@ ROWS = 64  # parallel iterations enough to share a nest evenly among the cores
 
 @dataclass(frozen=True)
 class NestSchedule:
-    """What one loop nest got: its block, the fused parallel extent (0: none) and the
-    vector lanes (0: none)."""
+    """What one loop nest got: its block, the fused parallel extent (0: none), the vector
+    lanes (0: none) and, for a channel-wise reduction, what its schedule did."""
 
     block: str
     parallel: int
     lanes: int
+    note: str = ""
+    packed: tuple = ()  # weights (parameter names) given a layout-changing copy
 
 
 def _uses(expr, loop_var) -> bool:
@@ -118,17 +125,36 @@ def _rows(sch, prefix) -> list:
     return prefix
 
 
-def schedule_rest(func, vector_bytes: int):
+def schedule_rest(func, vector_bytes: int, registers: int = 32, channel_reductions: bool = True):
     """(``func`` with each top-level loop nest scheduled as the module docstring says, with
-    vectors of ``vector_bytes``; the nests scheduled). A function that is not schedulable
-    TIR, or whose loops were scheduled already, comes back unchanged with no nests."""
+    vectors of ``vector_bytes`` and ``registers`` vector registers; the nests scheduled).
+    ``channel_reductions=False``: the elementwise and row nests only (what an offloaded
+    function left serial: an epilogue its core's write-back could not take). A function that
+    is not schedulable TIR, or whose loops were scheduled already, comes back unchanged with
+    no nests."""
     try:
         sch = s_tir.Schedule(func)
         blocks = sch.get_child_blocks(sch.get_sblock("root"))
     except Exception:  # noqa: BLE001 - not schedulable TIR (no root block): TVM's lowering as is
         return func, ()
     done = []
-    for block in blocks:
+    for name in [str(sch.get(b).name_hint) for b in blocks] if channel_reductions else []:
+        # first: a copy feeding one is inlined before it is scheduled
+        current = {str(sch.get(b).name_hint): b for b in sch.get_child_blocks(sch.get_sblock("root"))}
+        if name not in current:  # inlined into one scheduled before it
+            continue
+        block, trial = current[name], sch.copy()
+        try:
+            reduction = schedule_channel_reduction(trial, block, vector_bytes, registers)
+        except s_tir.ScheduleError:  # a primitive refused: the block is scheduled as any other
+            continue
+        if reduction is not None:
+            sch = trial
+            done.append(NestSchedule(reduction.block, reduction.parallel, reduction.lanes, reduction.note(),
+                                     reduction.packed))
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        if str(sch.get(block).name_hint) in {n.block for n in done}:
+            continue
         try:
             nest = _schedule_nest(sch, block, vector_bytes)
         except s_tir.ScheduleError:  # a primitive refused: the nest keeps the steps before it

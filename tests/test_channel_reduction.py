@@ -1,0 +1,137 @@
+"""Channel-wise reductions (depthwise convolutions, NHWC pooling) in channel vectors, with
+register blocks of output columns, the weight copied channel-last (once, at compile time, for
+a constant) and an integer accumulator's epilogue fused: the same values as TVM's build."""
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax
+
+from tirbyoc._tvm import make_target, relax_vm, tirx
+from tirbyoc.offloading.lowering import PIPELINE
+from tirbyoc.relax.bridge import fuse
+from tirbyoc.relax.rest import schedule_rest_of
+from tirbyoc.rewrite.cpu import WRITEBACK_ATTR
+from tirbyoc.rewrite.rest import schedule_rest
+
+TARGET = make_target({"kind": "llvm"})
+AVX2, AVX512 = 32, 64  # bytes per vector
+
+
+def fused_module(build, inputs):
+    """``build(*vars)`` on inputs of (shape, dtype), legalized and fused as a model is."""
+    bb = relax.BlockBuilder()
+    xs = [relax.Var(f"x{i}", relax.TensorType(shape, dtype)) for i, (shape, dtype) in enumerate(inputs)]
+    with bb.function("main", xs):
+        with bb.dataflow():
+            out = bb.emit_output(build(*xs))
+        bb.emit_func_output(out)
+    return fuse(relax.transform.LegalizeOps()(bb.get()))
+
+
+def prim_func(mod):
+    funcs = [f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]
+    assert len(funcs) == 1, [str(g) for g in mod.functions]
+    return funcs[0]
+
+
+def depthwise(x, w, channels, *, out_dtype="int32"):
+    return relax.op.nn.conv2d(x, w, padding=(1, 1), groups=channels, data_layout="NHWC",
+                              kernel_layout="OHWI", out_dtype=out_dtype)
+
+
+def requantized(acc, scale=0.0123):
+    y = relax.op.round(relax.op.multiply(relax.op.astype(acc, "float32"), relax.const(scale, "float32")))
+    return relax.op.astype(relax.op.clip(relax.op.add(y, relax.const(3.0, "float32")), 0, 255), "uint8")
+
+
+def run(func, arrays):
+    exe = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=TARGET,
+                      tir_pipeline=PIPELINE)
+    out = tvm.runtime.empty([int(d) for d in func.params[-1].shape], str(func.params[-1].dtype))
+    exe(*[tvm.runtime.tensor(a) for a in arrays], out)
+    return out.numpy()
+
+
+def int8_data(shape_x, shape_w, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, shape_x).astype("uint8"), rng.integers(-128, 128, shape_w).astype("int8")]
+
+
+def loop_kinds(func):
+    found = []
+    tvm_ffi.structural_walk(func, (tirx.For, found.append), order="pre")
+    return {(int(l.kind), int(l.extent)) for l in found}
+
+
+PARALLEL, VECTORIZED = 1, 2
+
+
+def test_an_int8_depthwise_conv_runs_in_channel_vectors_with_its_requantization_fused():
+    x, w = ((1, 14, 14, 64), "uint8"), ((64, 3, 3, 1), "int8")
+    func = prim_func(fused_module(lambda a, b: requantized(depthwise(a, b, 64)), [x, w]))
+    new, nests = schedule_rest(func, AVX512)
+    assert [n.block for n in nests] == ["group_conv2d_nhwc", "pad_temp"]  # a real pad: a block of its own
+    nest = nests[0]
+    assert (nest.lanes, nest.packed) == (16, (str(func.params[1].name),))
+    assert "7x16 accumulator blocks" in nest.note and "epilogue fused into the write-back" in nest.note
+    assert (VECTORIZED, 16) in loop_kinds(new) and any(k == PARALLEL for k, _ in loop_kinds(new))
+    data = int8_data(x[0], w[0])
+    assert np.array_equal(run(new, data), run(func, data))
+
+
+def test_the_register_block_fits_an_avx2_cpus_registers_and_extremes_stay_exact():
+    x, w = ((1, 12, 12, 32), "uint8"), ((32, 3, 3, 1), "int8")
+    func = prim_func(fused_module(lambda a, b: requantized(depthwise(a, b, 32), 0.0003), [x, w]))
+    new, nests = schedule_rest(func, AVX2, registers=16)
+    assert nests[0].lanes == 8 and "4x8 accumulator blocks" in nests[0].note, nests
+    extremes = [np.full(x[0], 255, "uint8"), np.full(w[0], -128, "int8")]
+    for data in (extremes, int8_data(x[0], w[0], seed=1)):
+        assert np.array_equal(run(new, data), run(func, data))
+
+
+def test_a_float_depthwise_conv_keeps_every_bit_and_its_products_unfenced():
+    x, w = ((1, 10, 10, 48), "float32"), ((48, 3, 3, 1), "float32")
+    func = prim_func(fused_module(lambda a, b: relax.op.nn.relu(depthwise(a, b, 48, out_dtype="float32")), [x, w]))
+    new, nests = schedule_rest(func, AVX512)
+    channel = [n for n in nests if n.note]
+    assert len(channel) == 1 and "epilogue" not in channel[0].note  # float: the chain is scheduled on its own
+    assert WRITEBACK_ATTR not in str(new)
+    rng = np.random.default_rng(2)
+    data = [rng.standard_normal(x[0]).astype("float32"), rng.standard_normal(w[0]).astype("float32")]
+    assert np.array_equal(run(new, data), run(func, data))
+
+
+def test_an_nhwc_max_pool_is_a_channel_reduction_and_its_pad_stays_a_block():
+    x = ((1, 15, 15, 32), "float32")
+    func = prim_func(fused_module(lambda a: relax.op.nn.max_pool2d(a, (3, 3), (2, 2), (1, 1), layout="NHWC"), [x]))
+    new, nests = schedule_rest(func, AVX512)
+    pooled = [n for n in nests if n.note]
+    assert len(pooled) == 1 and pooled[0].lanes == 16 and pooled[0].packed == ()
+    data = [np.random.default_rng(3).standard_normal(x[0]).astype("float32")]
+    assert np.array_equal(run(new, data), run(func, data))
+
+
+def test_an_nchw_depthwise_conv_is_not_a_channel_reduction():
+    x, w = ((1, 32, 10, 10), "float32"), ((32, 1, 3, 3), "float32")
+    func = prim_func(fused_module(lambda a, b: relax.op.nn.conv2d(a, b, padding=(1, 1), groups=32), [x, w]))
+    _, nests = schedule_rest(func, AVX512)
+    assert nests and not any(n.note for n in nests)  # the channel is not the output's last index
+
+
+def test_a_constant_depthwise_weight_is_laid_out_channel_last_once_at_compile_time():
+    shape_x = (1, 14, 14, 32)
+    weight = np.random.default_rng(4).integers(-128, 128, (32, 3, 3, 1)).astype("int8")
+    mod = fused_module(lambda a: requantized(depthwise(a, relax.const(weight), 32)), [(shape_x, "uint8")])
+    new, report = schedule_rest_of(mod, TARGET)
+    assert report.channel_reductions == 1 and report.packed.tensors == 1
+    assert "channel-wise reduction" in report.summary() and report.to_json()["packed_weights"] == 1
+    (name,) = report.packed.functions
+    assert tuple(int(d) for d in new[name].params[1].shape) == (3, 3, 1, 32)  # the packed weight
+    x = np.random.default_rng(5).integers(0, 256, shape_x).astype("uint8")
+
+    def out(m):
+        vm = relax_vm(tvm.compile(m, target=TARGET, tir_pipeline=PIPELINE), tvm.cpu())
+        return vm["main"](tvm.runtime.tensor(x)).numpy()
+
+    assert np.array_equal(out(new), out(mod))
