@@ -91,3 +91,14 @@ def test_a_chain_stops_at_a_reduction_and_says_so():
     (left,) = [s for s in core.steps if s.kind is StepKind.EPILOGUE_LEFT]
     assert "O reduces" in left
     assert out.verification.passed
+
+
+def test_an_output_padded_to_the_cores_lanes_has_its_epilogue_fused_on_the_valid_lanes():
+    """24 output channels: the core computes a tile of 32 and a crop keeps 24. The crop is
+    inlined into the write-back (its padded lanes guarded by a predicate) and the chain after
+    it follows: nothing is left to TVM, and the values are TVM's bit for bit."""
+    out = tirbyoc.offload(requantized_matmul(m=40, k=64, n=24), NAME)
+    (core,) = out.offloaded
+    assert any(s.kind is StepKind.EPILOGUE for s in core.steps), core.steps
+    assert not any(s.kind is StepKind.EPILOGUE_LEFT for s in core.steps), core.steps
+    assert out.verification.passed and out.verification.max_abs_err == 0

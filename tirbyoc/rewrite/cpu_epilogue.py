@@ -70,9 +70,30 @@ def _elementwise_in(stmt, buffer) -> str | None:
     return None
 
 
+def _crop_of(stmt, buffer) -> bool:
+    """Whether ``stmt`` copies the leading part of ``buffer`` unchanged: the valid channels of
+    an output the core computed padded to its tile (24 of 32). Each of its indices into
+    ``buffer`` is one of its iterators, and each index it writes an iterator or 0 (a unit
+    dimension); TVM's ``reverse_compute_inline`` then checks the rest and guards the padded
+    lanes with a predicate."""
+    if stmt.init is not None or any(int(iv.iter_type) != SPATIAL for iv in stmt.iter_vars):
+        return False
+    value = getattr(stmt.body, "value", None)
+    if len(stmt.reads) != 1 or not stmt.reads[0].source.same_as(buffer) or len(stmt.writes) != 1 \
+            or getattr(value, "source", None) is None or not value.source.same_as(buffer):
+        return False
+    ivars = [iv.var for iv in stmt.iter_vars]
+    read, written = _point_indices(stmt.reads[0]), _point_indices(stmt.writes[0])
+    if read is None or written is None:
+        return False
+    return (all(any(i.same_as(v) for v in ivars) for i in read)
+            and all(any(i.same_as(v) for v in ivars) or getattr(i, "value", None) == 0 for i in written))
+
+
 def elementwise_chain(sch, writeback) -> tuple[list, str | None]:
     """The blocks after ``writeback`` that are each the only reader of the previous one's
-    output and elementwise in it, in order, and why the chain stops (None: nothing follows)."""
+    output and elementwise in it (the first may be a crop of it, `_crop_of`), in order, and
+    why the chain stops (None: nothing follows)."""
     chain, current = [], writeback
     while True:
         consumers = sch.get_consumers(current)
@@ -82,7 +103,7 @@ def elementwise_chain(sch, writeback) -> tuple[list, str | None]:
         if len(consumers) > 1:
             return chain, f"{buffer.name} has {len(consumers)} readers"
         why = _elementwise_in(sch.get(consumers[0]), buffer)
-        if why is not None:
+        if why is not None and not (current is writeback and _crop_of(sch.get(consumers[0]), buffer)):
             return chain, why
         chain.append(consumers[0])
         current = consumers[0]
