@@ -35,6 +35,7 @@ from tirbyoc.ir.tir_walk import (
     always_true,
     iter_exprs,
     perfect_nest,
+    uses_var,
     with_loop_body,
     with_root_body,
 )
@@ -62,7 +63,7 @@ def bijective_binding(loops, realize) -> bool:
     domain at that constant, and the other bindings are a bijection (`is_bijection`)."""
 
     values = list(realize.iter_values)
-    used = [lp for lp in loops if any(_uses(v, lp.loop_var) for v in values)]
+    used = [lp for lp in loops if any(uses_var(v, lp.loop_var) for v in values)]
     if any(int(getattr(lp.extent, "value", 0)) != 1 for lp in loops if lp not in used):
         return False  # a loop the block does not depend on would repeat its instances
     varying = []
@@ -75,10 +76,6 @@ def bijective_binding(loops, realize) -> bool:
     if not varying:
         return True
     return is_bijection(varying, {lp.loop_var: tvm.ir.Range.from_min_extent(lp.min, lp.extent) for lp in used})
-
-
-def _uses(expr, var) -> bool:
-    return any(isinstance(n, tirx.Var) and n.same_as(var) for n in iter_exprs(expr))
 
 
 def _rebuilt(loops, realize):

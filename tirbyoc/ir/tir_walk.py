@@ -76,6 +76,11 @@ def iter_exprs(node) -> Iterator:
         stack.extend(reversed(children))
 
 
+def uses_var(expr, var) -> bool:
+    """Whether ``var`` (a Var) occurs in ``expr``."""
+    return any(isinstance(n, tirx.Var) and n.same_as(var) for n in iter_exprs(expr))
+
+
 def constant_divisors(node, variables) -> dict:
     """For each of ``variables`` (Vars) that ``node`` divides or takes modulo by constants
     (``v // 9``, ``v % 9 // 3``: an im2col copy's index arithmetic), the set of those

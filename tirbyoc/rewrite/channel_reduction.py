@@ -33,9 +33,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tirbyoc._tvm import expr_dtype, sym, tirx, tvm_ffi
+from tirbyoc._tvm import expr_dtype, sym, tirx
 from tirbyoc.dtypes import dtype_bytes
-from tirbyoc.ir.tir_walk import perfect_nest
+from tirbyoc.ir.tir_walk import perfect_nest, uses_var
 from tirbyoc.rewrite.cpu import WRITEBACK_ATTR, loop_extent
 from tirbyoc.rewrite.cpu_epilogue import fuse_into_writeback
 
@@ -66,16 +66,10 @@ class ChannelReduction:
         return "; ".join(parts)
 
 
-def _uses(expr, var) -> bool:
-    found = []
-    tvm_ffi.structural_walk(expr, (tirx.Var, lambda v: found.append(v.same_as(var))), order="pre")
-    return any(found)
-
-
 def _unit_stride(index, var) -> bool:
     """``index`` is ``var`` plus something that does not use it."""
     linear = sym.detect_linear_equation(index, [var])
-    return len(linear) == 2 and getattr(linear[0], "value", None) == 1 and not _uses(linear[1], var)
+    return len(linear) == 2 and getattr(linear[0], "value", None) == 1 and not uses_var(linear[1], var)
 
 
 def _point(region) -> list | None:
@@ -95,7 +89,7 @@ def _channel_reads(stmt, channel, params) -> list | None:
         indices = _point(read)
         if indices is None:
             return None
-        using = [p for p, index in enumerate(indices) if _uses(index, channel)]
+        using = [p for p, index in enumerate(indices) if uses_var(index, channel)]
         if not using:
             continue
         if using == [len(indices) - 1] and _unit_stride(indices[-1], channel):

@@ -31,9 +31,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-from tirbyoc._tvm import s_tir, tirx, tvm_ffi
+from tirbyoc._tvm import s_tir
 from tirbyoc.dtypes import dtype_bytes
-from tirbyoc.ir.tir_walk import perfect_nest
+from tirbyoc.ir.tir_walk import perfect_nest, uses_var
 from tirbyoc.rewrite.channel_reduction import schedule_channel_reduction
 from tirbyoc.rewrite.cpu import loop_extent
 
@@ -54,19 +54,13 @@ class NestSchedule:
     packed: tuple = ()  # weights (parameter names) given a layout-changing copy
 
 
-def _uses(expr, loop_var) -> bool:
-    found = []
-    tvm_ffi.structural_walk(expr, (tirx.Var, lambda v: found.append(v.same_as(loop_var))), order="pre")
-    return any(found)
-
-
 def _spatial_prefix(sch, loops, realize) -> list:
     """The leading ``loops`` that only the spatial iterators' bindings in ``realize`` use."""
     binds = list(zip(realize.block.iter_vars, realize.iter_values))
     prefix = []
     for loop in loops:
         var = sch.get(loop).loop_var
-        kinds = {int(iv.iter_type) for iv, value in binds if _uses(value, var)}
+        kinds = {int(iv.iter_type) for iv, value in binds if uses_var(value, var)}
         if not kinds <= {0}:  # 0: IterVar.DataPar
             break
         prefix.append(loop)
