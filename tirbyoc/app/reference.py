@@ -42,7 +42,8 @@ class Reference:
     def describe(self) -> str:
         n = steps_apart(self.max_abs_err, self.step) if self.step else None
         unit = f" = {n} step{'' if n == 1 else 's'}" if n is not None else ""
-        text = (f"onnxruntime {self.latency_ms:.3f} ms ({self.threads} threads); tirbyoc's output "
+        text = (f"onnxruntime {self.latency_ms:.3f} ms ({self.threads} threads, timed in this process beside "
+                f"TVM, its spinning off; bench/models.py times each engine alone); tirbyoc's output "
                 f"{'agrees' if self.agree else 'DISAGREES'} (max abs diff {self.max_abs_err:.3g}{unit})")
         if self.step and self.spec_max_abs_err < self.max_abs_err:
             text += (f"; against the graph as written (ONNX semantics) the diff is "

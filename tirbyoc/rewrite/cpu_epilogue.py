@@ -121,12 +121,36 @@ def fuse_into_writeback(sch, writeback) -> tuple[list, str | None]:
         why = _inline_side_inputs(sch, blk, writeback)
         if why is not None:
             return fused, why
+        out = _output(sch.get(blk))
+        crop = not fused and _crop_of(sch.get(blk), _output(sch.get(writeback)))
         try:
             sch.reverse_compute_inline(blk)
         except s_tir.schedule.ScheduleError as err:
             return fused, f"{name}: TVM refused to inline it ({type(err).__name__})"
         fused.append(name)
+        if crop:
+            _vectors_within(sch, writeback, _static(out.shape[-1]))
     return fused, stop
+
+
+def _static(extent) -> int:
+    return int(getattr(extent, "value", 0))
+
+
+def _vectors_within(sch, writeback, valid: int) -> None:
+    """Re-split the write-back's vector loop after a crop was inlined into it: its predicate
+    (``channel < valid``) varies across a vector of the whole tile, and TVM's vectorizer
+    scalarizes such a loop (MobileNetV2's 24-channel projections ran 4x slower). In vectors
+    of lanes that divide ``valid`` the predicate is the same for every lane, and TVM keeps
+    the vectors."""
+    loops = sch.get_loops(writeback)
+    extent = _static(sch.get(loops[-1]).extent)
+    lanes = next((n for n in (16, 8, 4, 2) if valid % n == 0 and extent % n == 0), 1)
+    if valid <= 0 or lanes >= extent or lanes == 1:
+        return
+    outer, inner = sch.split(loops[-1], [None, lanes])
+    sch.vectorize(inner)
+    sch.unroll(outer)
 
 
 def _inline_side_inputs(sch, blk, writeback) -> str | None:
