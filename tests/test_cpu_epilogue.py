@@ -108,3 +108,14 @@ def test_an_output_padded_to_the_cores_lanes_has_its_epilogue_fused_on_the_valid
     tvm_ffi.structural_walk(out.func.body, (tirx.For, loops.append), order="pre")
     vectors = {int(l.extent) for l in loops if l.kind == tirx.ForKind.VECTORIZED}
     assert 8 in vectors and 32 not in vectors, vectors
+
+
+def test_the_write_back_runs_in_vectors_of_one_register():
+    """A register block 3 tiles wide (48 output channels): its write-back in 16-lane vectors
+    (one zmm of 32-bit values), not one 48-lane vector that LLVM assembles element by element."""
+    out = tirbyoc.offload(requantized_matmul(m=32, k=64, n=48), NAME)
+    assert out.verification.passed and out.verification.max_abs_err == 0
+    loops = []
+    tvm_ffi.structural_walk(out.func.body, (tirx.For, loops.append), order="pre")
+    vectors = {int(l.extent) for l in loops if l.kind == tirx.ForKind.VECTORIZED}
+    assert vectors and max(vectors) <= 16, vectors

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from math import prod
 
-from tirbyoc._tvm import s_tir, tirx, vector_registers
+from tirbyoc._tvm import s_tir, tirx, vector_bytes, vector_registers
 from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.ir.tir_walk import constant_divisors
 
@@ -166,19 +166,24 @@ def schedule_copies(sch, block) -> int:
     return done
 
 
-def _writeback(sch, block, parallel) -> None:
+def _writeback(sch, block, parallel, lanes: int) -> None:
     """The register block's write-back (`WRITEBACK_ATTR`), inside ``parallel``: its last loop
-    in vectors and its rows unrolled, so that LLVM interleaves their epilogues once
-    `cpu_epilogue` fuses them (10% on ResNet-50's 1x1 expansions, whose requantize, add and
-    requantize cost as much as their K = 64 core)."""
+    in vectors of at most ``lanes`` (one register of 32-bit values: LLVM turned BERT's
+    48-lane epilogue, 3 registers wide, into element inserts and ran it 5x slower) and its
+    rows and vectors unrolled, so that LLVM interleaves their epilogues once `cpu_epilogue`
+    fuses them (10% on ResNet-50's 1x1 expansions, whose requantize, add and requantize
+    cost as much as their K = 64 core)."""
     acc = sch.cache_write(block, 0, "global")  # the block's one output
     sch.annotate(acc, WRITEBACK_ATTR, 1)
     if parallel is not None:
         # unit loops kept: a trace replayed with other sampled factors sees the same loops
         sch.reverse_compute_at(acc, parallel, preserve_unit_loops=True)
     acc_loops = sch.get_loops(acc)
-    if (loop_extent(sch, acc_loops[-1]) or 0) * 4 > 256:
+    extent = loop_extent(sch, acc_loops[-1]) or 0
+    if extent * 4 > 256:
         return
+    if extent > lanes and extent % lanes == 0:
+        acc_loops = [*acc_loops[:-1], *sch.split(acc_loops[-1], [None, lanes])]
     sch.vectorize(acc_loops[-1])
     rows = [l for l in acc_loops[:-1] if sch.get(l).kind == tirx.ForKind.SERIAL and (loop_extent(sch, l) or 0) > 1]
     if prod(loop_extent(sch, l) for l in rows) <= MAX_ACCUMULATORS:
@@ -230,7 +235,7 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
         return ("parallel outer tiles" + staged) if parallel is not None else (staged[2:] or None)
     for loop in inner_block:
         sch.unroll(loop)
-    _writeback(sch, block, parallel)
+    _writeback(sch, block, parallel, max(4, vector_bytes(target) // 4))
     if choose is not None and choose is not _heuristic_block:
         return "register-blocked accumulator tiles (sampled), parallel outer loops" + staged
     return (f"register-blocked {mr}x{nr} accumulator tiles ({mr * nr * tile_bytes} B), "
