@@ -135,3 +135,13 @@ def test_a_constant_depthwise_weight_is_laid_out_channel_last_once_at_compile_ti
         return vm["main"](tvm.runtime.tensor(x)).numpy()
 
     assert np.array_equal(out(new), out(mod))
+
+
+def test_a_layer_norm_is_a_row_reduction_not_a_channel_wise_one():
+    """Its variance reads the row's mean at the row index (contiguous across rows) and the
+    input across the row: no channel-wise reduction, and no copy of the input per call."""
+    x = ((1, 16, 64), "float32")
+    func = prim_func(fused_module(lambda a: relax.op.nn.layer_norm(
+        a, relax.const(np.ones(64, "float32")), relax.const(np.zeros(64, "float32")), axes=[-1]), [x]))
+    _, nests = schedule_rest(func, AVX512)
+    assert nests and not any(n.note or n.packed for n in nests), nests

@@ -78,12 +78,14 @@ def _point(region) -> list | None:
     return [r.min for r in region.region]
 
 
-def _channel_reads(stmt, channel, params) -> list | None:
+def _channel_reads(stmt, channel, params, reductions) -> list | None:
     """For each read of ``stmt`` that uses ``channel`` anywhere but at its last index with a
     unit stride: (its buffer, the index position that holds the channel), when the read is a
     function parameter indexed there by exactly ``channel`` (a weight a copy can lay out
     channel-last). None when some read can be neither vectorized nor copied, or when no read
-    has the channel last (a row reduction, a GEMM: not channel-wise)."""
+    that the reduction walks (through one of ``reductions``) has the channel last: a row
+    reduction (a layer norm's variance reads its mean per row, its input across the row), a
+    GEMM, is not channel-wise."""
     copies, contiguous = [], False
     for read in stmt.reads:
         indices = _point(read)
@@ -93,7 +95,8 @@ def _channel_reads(stmt, channel, params) -> list | None:
         if not using:
             continue
         if using == [len(indices) - 1] and _unit_stride(indices[-1], channel):
-            contiguous = True
+            # the reduced operand (a window of the input), not a per-row statistic
+            contiguous = contiguous or any(uses_var(i, r) for i in indices for r in reductions)
             continue
         if len(using) != 1 or not indices[using[0]].same_as(channel) or \
                 not any(read.source.same_as(p) for p in params):
@@ -184,8 +187,9 @@ def schedule_channel_reduction(sch, block, vector_bytes: int, registers: int = 3
     loops, order, channel, column = shape
     stmt = sch.get(block)
     func = sch.mod["main"]
-    copies = _channel_reads(stmt, channel.var, list(func.params))
-    if copies is None or not any(int(iv.iter_type) == REDUCE for iv in order):
+    reduce_vars = [iv.var for iv in order if int(iv.iter_type) == REDUCE]
+    copies = _channel_reads(stmt, channel.var, list(func.params), reduce_vars)
+    if copies is None:
         return None
     acc_dtype = str(stmt.writes[0].source.dtype)
     position = {iv.var: i for i, iv in enumerate(order)}
