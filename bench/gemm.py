@@ -8,7 +8,7 @@ run, every engine in a process of its own (JSON out).
   (`tirbyoc.relax.prepack`, what `tirbyoc run` / `build` do with a model's constant weights) -
   and with the weight packed on every call; each as a fraction of the peak of the template's
   own instruction (independent ``vpdpbusd`` chains for x86_vnni, ``vpmaddwd`` + ``vpaddd``
-  chains for the others, in C with intrinsics, one thread per core) measured before and after
+  chains for the others, in inline assembly, one thread per core) measured before and after
   the kernels in this run. Each template's code is built for its declared CPU (x86_avx2 for
   Haswell), so an AVX2 row measured on a newer CPU is the code an AVX2 machine runs. Beside
   the GEMM: TVM's default build and ``torch._int_mm`` (when torch is installed).
@@ -84,7 +84,7 @@ def main() -> None:
         opts = {"template": args.template} if args.template else {}
         print(json.dumps(WORKERS[args.worker](threads=threads, case=args.case, n=args.n, quick=args.quick, **opts)))
         return
-    from gemm_workers import INT8_PEAKS, fraction_of_peak, int8_templates, report  # deferred: as above
+    from gemm_workers import int8_templates, report  # deferred: as above
 
     threads = [int(t) for t in args.threads.split(",")]
     sizes = (64, 256, 512) if args.quick else (64, 256, 512, 1024)

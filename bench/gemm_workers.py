@@ -82,9 +82,9 @@ def peak(threads: int, template: str = "x86_vnni", seconds: float = 0.25, reps: 
     fn = getattr(lib.load(), symbol)
     fn.restype, fn.argtypes = ctypes.c_int64, [ctypes.c_int64]
     start = time.perf_counter()
-    fn(100_000)
+    per_iter = fn(100_000) / 100_000  # also the warm-up
     iters = int(seconds / (time.perf_counter() - start) * 100_000)
-    macs = fn(iters)
+    macs = iters * per_iter
     best, samples = {}, {}
     for t in range(1, threads + 1):
         for _ in range(reps):

@@ -7,7 +7,8 @@ ResNet-18, ResNet-50 and MobileNetV2 at 224x224 and a BERT-base encoder (12 laye
 then ``quantize_static``), ``--precisions int8`` those alone. Each precision goes to the template
 that computes it here: fp32 to blas, int8 to the fastest int8 template this CPU runs (x86_vnni
 with AVX-512 VNNI, else x86_avx512bw, else x86_avx2: `tirbyoc.app.run.INT8_TEMPLATES`, the
-choice `tirbyoc run` makes; ``--int8-template`` forces one, e.g. x86_avx2 on a VNNI machine). Weights are constants, as deployed (`tirbyoc run` does the same).
+choice `tirbyoc run` makes; ``--int8-template`` forces one, e.g. x86_avx2 on a VNNI machine).
+Weights are constants, as deployed (`tirbyoc run` does the same).
 
 Each engine runs in its own process, its thread pool sized before it starts (TVM_NUM_THREADS,
 ONNX Runtime's intra-op threads, its spinning off): timed in one process, whichever pool spun
@@ -163,8 +164,8 @@ def worker(args) -> None:
     if args.group == "onnxruntime":
         timers, outs, facts = ort_engine(path, inputs, args.threads, args.repeat)
     else:
-        timers, outs, facts, arrays = tvm_engines(path, template_for(args.precision, args.int8_template), args.group, args.repeat,
-                                                  args.fast_math)
+        template = template_for(args.precision, args.int8_template)
+        timers, outs, facts, arrays = tvm_engines(path, template, args.group, args.repeat, args.fast_math)
         np.savez(inputs, *arrays)
     samples = {k: [] for k in timers}
     for _ in range(args.rounds):

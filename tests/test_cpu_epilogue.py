@@ -93,6 +93,12 @@ def test_a_chain_stops_at_a_reduction_and_says_so():
     assert out.verification.passed
 
 
+def vector_extents(func) -> set:
+    loops = []
+    tvm_ffi.structural_walk(func.body, (tirx.For, loops.append), order="pre")
+    return {int(l.extent) for l in loops if l.kind == tirx.ForKind.VECTORIZED}
+
+
 def test_an_output_padded_to_the_cores_lanes_has_its_epilogue_fused_on_the_valid_lanes():
     """24 output channels: the core computes a tile of 32 and a crop keeps 24. The crop is
     inlined into the write-back (its padded lanes guarded by a predicate) and the chain after
@@ -104,9 +110,7 @@ def test_an_output_padded_to_the_cores_lanes_has_its_epilogue_fused_on_the_valid
     assert out.verification.passed and out.verification.max_abs_err == 0
     # in vectors of 8, which divide 24: a predicate that varies across one vector's lanes
     # would make TVM's vectorizer fall back to scalars
-    loops = []
-    tvm_ffi.structural_walk(out.func.body, (tirx.For, loops.append), order="pre")
-    vectors = {int(l.extent) for l in loops if l.kind == tirx.ForKind.VECTORIZED}
+    vectors = vector_extents(out.func)
     assert 8 in vectors and 32 not in vectors, vectors
 
 
@@ -115,7 +119,5 @@ def test_the_write_back_runs_in_vectors_of_one_register():
     (one zmm of 32-bit values), not one 48-lane vector that LLVM assembles element by element."""
     out = tirbyoc.offload(requantized_matmul(m=32, k=64, n=48), NAME)
     assert out.verification.passed and out.verification.max_abs_err == 0
-    loops = []
-    tvm_ffi.structural_walk(out.func.body, (tirx.For, loops.append), order="pre")
-    vectors = {int(l.extent) for l in loops if l.kind == tirx.ForKind.VECTORIZED}
+    vectors = vector_extents(out.func)
     assert vectors and max(vectors) <= 16, vectors

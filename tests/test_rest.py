@@ -6,8 +6,11 @@ import pytest
 import tvm
 import tvm_ffi
 from tvm import relax
+from vnni import NAME
 
+import tirbyoc
 from tirbyoc._tvm import make_target, relax_vm, tirx
+from tirbyoc.offloading.lowering import PIPELINE
 from tirbyoc.relax.bridge import OFFLOADED_ATTR, fuse, offload_module
 from tirbyoc.relax.rest import RestSchedule, ScheduleRest, schedule_rest_of
 from tirbyoc.rewrite.rest import SCHEDULED_ATTR, schedule_rest
@@ -165,13 +168,7 @@ def test_the_loops_an_offloaded_function_left_serial_run_in_parallel_vectors():
     """An int8 matmul whose accumulator has two readers: the chain after the core cannot go
     into its write-back, so the offloaded function keeps serial elementwise loops; the pass
     gives those (and only those) parallel rows and vectors, and every value stays the same."""
-    from vnni import NAME
-
-    import tirbyoc
-    from tirbyoc.offloading.lowering import PIPELINE
-
     target = make_target(dict(tirbyoc.get_template(NAME).target))
-
     rng = np.random.default_rng(6)
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((128, 32), "uint8"))

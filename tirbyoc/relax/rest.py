@@ -91,17 +91,12 @@ def schedule_rest_of(mod, target) -> tuple[object, RestSchedule | None]:
         attrs = func.attrs or {}
         if not isinstance(func, tirx.PrimFunc) or SCHEDULED_ATTR in attrs:
             continue
-        if OFFLOADED_ATTR in attrs:  # its cores are scheduled; what they left serial is not
-            new, nests = schedule_rest(func, report.vector_bytes, channel_reductions=False)
-            if nests:
-                mod[gv] = new.with_attr(SCHEDULED_ATTR, True)
-                report.offloaded[gv.name_hint] = nests
-            continue
-        report.left += 1
-        new, nests = schedule_rest(func, report.vector_bytes, vector_registers(tgt))
+        offloaded = OFFLOADED_ATTR in attrs  # its cores are scheduled; what they left serial is not
+        report.left += 0 if offloaded else 1
+        new, nests = schedule_rest(func, report.vector_bytes, vector_registers(tgt), channel_reductions=not offloaded)
         if nests:
             mod[gv] = new.with_attr(SCHEDULED_ATTR, True)
-            report.functions[gv.name_hint] = nests
+            (report.offloaded if offloaded else report.functions)[gv.name_hint] = nests
     repacked = {name for name, nests in report.functions.items() if any(n.packed for n in nests)}
     if repacked:  # a depthwise weight laid out channel-last: once, where it is a constant
         mod, report.packed = pack_constant_weights(mod, functions=repacked, target=tgt)

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from tirbyoc._tvm import expr_dtype, sym, tirx
 from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.ir.tir_walk import perfect_nest, uses_var
-from tirbyoc.rewrite.cpu import WRITEBACK_ATTR, loop_extent
-from tirbyoc.rewrite.cpu_epilogue import fuse_into_writeback
+from tirbyoc.rewrite.cpu import WRITEBACK_ATTR, lanes_dividing, loop_extent
+from tirbyoc.rewrite.cpu_epilogue import fuse_into_writeback, point_indices
 
 SPATIAL, REDUCE = 0, 2  # tirx.IterVar.DataPar, tirx.IterVar.CommReduce
 MIN_LANES = 4  # a channel count no vector of at least this many lanes divides stays as it was
@@ -72,12 +72,6 @@ def _unit_stride(index, var) -> bool:
     return len(linear) == 2 and getattr(linear[0], "value", None) == 1 and not uses_var(linear[1], var)
 
 
-def _point(region) -> list | None:
-    if not all(getattr(r.extent, "value", None) == 1 for r in region.region):
-        return None
-    return [r.min for r in region.region]
-
-
 def _channel_reads(stmt, channel, params, reductions) -> list | None:
     """For each read of ``stmt`` that uses ``channel`` anywhere but at its last index with a
     unit stride: (its buffer, the index position that holds the channel), when the read is a
@@ -88,7 +82,7 @@ def _channel_reads(stmt, channel, params, reductions) -> list | None:
     GEMM, is not channel-wise."""
     copies, contiguous = [], False
     for read in stmt.reads:
-        indices = _point(read)
+        indices = point_indices(read)
         if indices is None:
             return None
         using = [p for p, index in enumerate(indices) if uses_var(index, channel)]
@@ -132,7 +126,7 @@ def _shape(sch, block):
         if len(bound) != 1 or loop_extent(sch, loop) is None:
             return None
         order.append(bound[0])
-    out = _point(stmt.writes[0])
+    out = point_indices(stmt.writes[0])
     by_var = [(iv.var, iv) for iv in stmt.iter_vars]
 
     def iterator(index):
@@ -166,15 +160,6 @@ def _copy_channel_last(sch, block, copies) -> list[str]:
     return packed
 
 
-def _lanes(extent: int, vector_lanes: int) -> int:
-    """The most lanes, at most one vector's, that divide the channel count (0: fewer than
-    `MIN_LANES`)."""
-    lanes = vector_lanes
-    while lanes >= MIN_LANES and extent % lanes:
-        lanes //= 2
-    return lanes if lanes >= MIN_LANES else 0
-
-
 def schedule_channel_reduction(sch, block, vector_bytes: int, registers: int = 32) -> ChannelReduction | None:
     """Schedule ``block`` as the module's docstring says, or return None (``sch`` untouched)
     when it is not a channel-wise reduction: no init, loops not one per iterator, an output
@@ -194,7 +179,7 @@ def schedule_channel_reduction(sch, block, vector_bytes: int, registers: int = 3
     acc_dtype = str(stmt.writes[0].source.dtype)
     position = {iv.var: i for i, iv in enumerate(order)}
     cloop, wloop = loops[position[channel.var]], loops[position[column.var]] if column is not None else None
-    lanes = _lanes(loop_extent(sch, cloop), vector_bytes // max(1, dtype_bytes(acc_dtype)))
+    lanes = lanes_dividing(loop_extent(sch, cloop), vector_bytes // max(1, dtype_bytes(acc_dtype)), MIN_LANES)
     if not lanes:
         return None
     name = str(stmt.name_hint)

@@ -38,6 +38,15 @@ def loop_extent(sch, loop) -> int | None:
     return int(ext.value) if hasattr(ext, "value") else None
 
 
+def lanes_dividing(count: int, most: int, least: int = 2) -> int:
+    """The most vector lanes, a power of two from ``most`` down to ``least``, that divide
+    ``count`` (0: none does)."""
+    lanes = most
+    while lanes >= least and count % lanes:
+        lanes //= 2
+    return lanes if lanes >= least else 0
+
+
 def _divisors(n: int | None, limit: int) -> list[int]:
     if not n:
         return [1]
@@ -242,4 +251,4 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
             f"parallel outer loops" + staged)
 
 
-__all__ = ["WRITEBACK_ATTR", "default_schedule", "register_block", "sampled_block", "schedule_copies"]
+__all__ = ["WRITEBACK_ATTR", "default_schedule", "lanes_dividing", "register_block", "sampled_block", "schedule_copies"]

@@ -27,9 +27,11 @@ is left to TVM as it was.
 
 from __future__ import annotations
 
+from math import gcd
+
 from tirbyoc._tvm import PrimCall, call_name, expr_dtype, s_tir, structural_equal, tirx, tvm, tvm_ffi
 from tirbyoc.rewrite import stages  # noqa: F401 - registers "schedule", which this stage follows
-from tirbyoc.rewrite.cpu import WRITEBACK_ATTR
+from tirbyoc.rewrite.cpu import WRITEBACK_ATTR, lanes_dividing, loop_extent
 from tirbyoc.rewrite.pipeline import stage
 from tirbyoc.rewrite.state import RewriteState
 from tirbyoc.rewrite.steps import StepKind
@@ -41,7 +43,7 @@ def _output(stmt):
     return stmt.writes[0].source if len(stmt.writes) == 1 else None
 
 
-def _point_indices(region) -> list | None:
+def point_indices(region) -> list | None:
     """The indices of a one-element region, else None."""
     if not all(getattr(r.extent, "value", None) == 1 for r in region.region):
         return None
@@ -60,9 +62,9 @@ def _elementwise_in(stmt, buffer) -> str | None:
     if len(out.shape) != len(buffer.shape) or not all(structural_equal(a, b) for a, b in zip(out.shape, buffer.shape)):
         return f"{stmt.name_hint} changes the shape ({buffer.name} -> {out.name})"
     ivars = [iv.var for iv in stmt.iter_vars]
-    written = _point_indices(stmt.writes[0])
+    written = point_indices(stmt.writes[0])
     reads = [r for r in stmt.reads if r.source.same_as(buffer)]
-    read = _point_indices(reads[0]) if len(reads) == 1 else None
+    read = point_indices(reads[0]) if len(reads) == 1 else None
     if written is None or len(written) != len(ivars) or not all(i.same_as(v) for i, v in zip(written, ivars)):
         return f"{stmt.name_hint} does not write its iterators' element"
     if read is None or len(read) != len(ivars) or not all(i.same_as(v) for i, v in zip(read, ivars)):
@@ -83,7 +85,7 @@ def _crop_of(stmt, buffer) -> bool:
             or getattr(value, "source", None) is None or not value.source.same_as(buffer):
         return False
     ivars = [iv.var for iv in stmt.iter_vars]
-    read, written = _point_indices(stmt.reads[0]), _point_indices(stmt.writes[0])
+    read, written = point_indices(stmt.reads[0]), point_indices(stmt.writes[0])
     if read is None or written is None:
         return False
     return (all(any(i.same_as(v) for v in ivars) for i in read)
@@ -121,20 +123,16 @@ def fuse_into_writeback(sch, writeback) -> tuple[list, str | None]:
         why = _inline_side_inputs(sch, blk, writeback)
         if why is not None:
             return fused, why
-        out = _output(sch.get(blk))
         crop = not fused and _crop_of(sch.get(blk), _output(sch.get(writeback)))
+        valid = int(getattr(_output(sch.get(blk)).shape[-1], "value", 0)) if crop else 0
         try:
             sch.reverse_compute_inline(blk)
         except s_tir.schedule.ScheduleError as err:
             return fused, f"{name}: TVM refused to inline it ({type(err).__name__})"
         fused.append(name)
-        if crop:
-            _vectors_within(sch, writeback, _static(out.shape[-1]))
+        if valid:
+            _vectors_within(sch, writeback, valid)
     return fused, stop
-
-
-def _static(extent) -> int:
-    return int(getattr(extent, "value", 0))
 
 
 def _vectors_within(sch, writeback, valid: int) -> None:
@@ -144,9 +142,9 @@ def _vectors_within(sch, writeback, valid: int) -> None:
     of lanes that divide ``valid`` the predicate is the same for every lane, and TVM keeps
     the vectors."""
     loops = sch.get_loops(writeback)
-    extent = _static(sch.get(loops[-1]).extent)
-    lanes = next((n for n in (16, 8, 4, 2) if valid % n == 0 and extent % n == 0), 1)
-    if valid <= 0 or lanes >= extent or lanes == 1:
+    extent = loop_extent(sch, loops[-1]) or 0
+    lanes = lanes_dividing(gcd(valid, extent), 16, 2)
+    if not lanes or lanes >= extent:
         return
     outer, inner = sch.split(loops[-1], [None, lanes])
     sch.vectorize(inner)
@@ -262,4 +260,4 @@ def fuse_cpu_epilogue(state: RewriteState) -> RewriteState | None:
 
 
 __all__ = ["FENCE_KEY", "elementwise_chain", "fence_products", "fuse_cpu_epilogue", "fuse_into_writeback",
-           "mark_writebacks"]
+           "mark_writebacks", "point_indices"]

@@ -137,7 +137,10 @@ def schedule_rest(func, vector_bytes: int, registers: int = 32, channel_reductio
         current = {str(sch.get(b).name_hint): b for b in sch.get_child_blocks(sch.get_sblock("root"))}
         if name not in current:  # inlined into one scheduled before it
             continue
-        block, trial = current[name], sch.copy()
+        block = current[name]
+        if sch.get(block).init is None:  # not a reduction: nothing to try, no copy to make
+            continue
+        trial = sch.copy()
         try:
             reduction = schedule_channel_reduction(trial, block, vector_bytes, registers)
         except s_tir.ScheduleError:  # a primitive refused: the block is scheduled as any other
@@ -146,8 +149,9 @@ def schedule_rest(func, vector_bytes: int, registers: int = 32, channel_reductio
             sch = trial
             done.append(NestSchedule(reduction.block, reduction.parallel, reduction.lanes, reduction.note(),
                                      reduction.packed))
+    taken = {n.block for n in done}
     for block in sch.get_child_blocks(sch.get_sblock("root")):
-        if str(sch.get(block).name_hint) in {n.block for n in done}:
+        if str(sch.get(block).name_hint) in taken:
             continue
         try:
             nest = _schedule_nest(sch, block, vector_bytes)
