@@ -38,6 +38,7 @@ from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
 from tirbyoc._tvm import const_value, tvm
+from tirbyoc.relax.quantized_pool import integer_max_pools
 from tirbyoc.relax.quantized_report import QuantizedReport
 from tirbyoc.relax.requantize import ACT_RANGE, REQUANTIZE, float_requantize, shift_requantize
 
@@ -325,6 +326,7 @@ def quantized_to_integer(mod, act_dtype: str = "uint8", requantize: str = "float
             func = rewrite_call(p.root, lambda call, m: _rewrite(call, m, p, act_dtype, report, requantize), func)
             func = rewrite_call(p.float_root, lambda call, m: _rewrite(call, m, p, act_dtype, report, requantize), func)
             func = rewrite_call(q.root, lambda call, m: _rewrite_integer(call, m, q, act_dtype, report), func)
+            func = integer_max_pools(func, report.pools)
         out[gv] = func
     return tvm.IRModule(out, attrs=mod.attrs), report
 
@@ -369,7 +371,7 @@ def QuantizedToInteger(act_dtype: str = "uint8", report: QuantizedReport | None 
     @tvm.transform.module_pass(opt_level=0, name="tirbyoc.QuantizedToInteger")
     def _pass(mod, _ctx):
         new, rep = quantized_to_integer(mod, act_dtype, requantize)
-        for name in ("integer", "kept", "shifted", "unshifted"):
+        for name in ("integer", "kept", "shifted", "unshifted", "pools"):
             getattr(sink, name).extend(getattr(rep, name))
         return new
 

@@ -14,6 +14,7 @@ class QuantizedReport:
     kept: list[tuple[str, str]] = field(default_factory=list)  # (chain, why it stayed float)
     shifted: list[str] = field(default_factory=list)  # chains requantized by a shift (requantize="shift")
     unshifted: list[tuple[str, str]] = field(default_factory=list)  # (chain, why it is requantized in float)
+    pools: list[str] = field(default_factory=list)  # max pools run on the quantized values
     seen: list = field(default_factory=list, repr=False)  # the calls kept float, reported once
     done: list = field(default_factory=list, repr=False)  # the cores made integer, reported once
     # set by a run: the integer model's output against the float QDQ graph's, and the
@@ -29,6 +30,8 @@ class QuantizedReport:
             why = sorted({w for _, w in self.unshifted})
             text += (f"; {len(self.shifted)} requantized by a shift" +
                      (f", {len(self.unshifted)} in float ({'; '.join(why)})" if why else ""))
+        if self.pools:
+            text += f"; {len(self.pools)} max pool{'' if len(self.pools) == 1 else 's'} on the quantized values"
         if self.float_max_abs_diff is not None:
             n = round(self.float_max_abs_diff / self.step) if self.step else None
             steps = f" = {n} output step{'' if n == 1 else 's'}" if n is not None else ""
@@ -39,6 +42,7 @@ class QuantizedReport:
     def to_json(self) -> dict:
         return {"integer": list(self.integer), "kept": [{"chain": c, "reason": r} for c, r in self.kept],
                 "shifted": list(self.shifted), "requantized_in_float": [{"chain": c, "reason": r} for c, r in self.unshifted],
+                "max_pools": list(self.pools),
                 "float_max_abs_diff": self.float_max_abs_diff, "step": self.step}
 
 
