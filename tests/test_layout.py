@@ -49,6 +49,39 @@ def test_quantize_dequantize_and_clip_become_elementwise_operators_with_the_same
     np.testing.assert_array_equal(run(new, x), run(mod, x))
 
 
+def round_trip_module(shared: bool):
+    """x quantized to uint8 (zero point 131) and dequantized at once, the 8-bit value also the
+    output where ``shared``."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([1, 4, 5, 5], "float32"))
+    op = relax.op
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            s, z = relax.const(0.07, "float32"), relax.const(131, "uint8")
+            q = bb.emit(op.quantize(x, s, z, axis=1, out_dtype="uint8"))
+            d = bb.emit(op.dequantize(q, relax.const(0.02, "float32"), relax.const(128, "uint8"), axis=1))
+            out = bb.emit_output(relax.Tuple([d, q]) if shared else d)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_value_quantized_then_dequantized_skips_the_8_bit_round_trip_bit_for_bit():
+    """The dequantize is computed from the clipped float (no cast to uint8, int32 and back)
+    when it is the 8-bit value's only user; saturated values and ties give TVM's bits."""
+    from tirbyoc.relax.layout import LayoutReport
+
+    rng = np.random.default_rng(2)
+    x = rng.uniform(-15, 15, (1, 4, 5, 5)).astype("float32")
+    x.flat[:3] = [0.035, 0.105, -0.175]  # ties at the 0.07 step
+    report = LayoutReport()
+    new = decompose_qdq(round_trip_module(False), report)
+    assert report.round_trips == 1 and count_ops(new, "relax.astype") == 0
+    np.testing.assert_array_equal(run(new, x), run(round_trip_module(False), x))
+    shared = LayoutReport()
+    kept = decompose_qdq(round_trip_module(True), shared)
+    assert shared.round_trips == 0 and count_ops(kept, "relax.astype") > 0  # the uint8 value is needed
+
+
 def _quantized_cnn(tmp_path):
     pytest.importorskip("onnxruntime")
     from tirbyoc.app.loaders import import_onnx

@@ -12,7 +12,12 @@ pools and reductions follow) with what it lacks in TVM 0.27 supplied here:
 - ``quantize``, ``dequantize`` and ``clip`` have no layout rule (``FRelaxInferLayout``), so
   each would be wrapped in transposes. Before the conversion they are written as the
   elementwise operators their legalization computes - ``clip(round(x / s) + z)`` cast, and
-  ``(x - z) * s`` - in the same order and dtypes, so the values are TVM's bit for bit;
+  ``(x - z) * s`` - in the same order and dtypes, so the values are TVM's bit for bit. A
+  dequantize of a value just quantized (a residual's input, a pool's) is computed from the
+  clipped float, ``(clip(round(x / s) + z) - z') * s'``, without the round trip through the
+  8-bit dtype: the clipped value is an integer within the dtype's range, so the casts to it,
+  to int32 and back to float32 change nothing, and the subtraction of the integer ``z'`` is
+  as exact in float32 as in int32 (values below 2^24);
 - ``nn.pad`` has none either: ``ConvertLayout`` leaves ``permute_dims(pad(permute_dims(x)))``
   around it, which is rewritten to one pad of ``x`` in its own layout.
 
@@ -49,6 +54,7 @@ class LayoutReport:
     transposes_before: int = 0
     transposes_after: int = 0
     decomposed: int = 0  # quantize / dequantize / clip written as elementwise operators
+    round_trips: int = 0  # dequantizes of a value just quantized, computed from the float
     padded_channels: int = 0  # convolutions whose input channels were padded to the core's tile
 
     def describe(self) -> str:
@@ -109,6 +115,52 @@ def _dequantize(call):
     return relax.op.multiply(relax.op.astype(sub, "float32"), _channel_param(scale, axis, ndim, "float32"))
 
 
+class _RoundTrip:
+    """``dequantize(astype(maximum(minimum(round(v) + z, hi), lo), dtype), s', z')``: a value
+    quantized (as `_quantize` writes it) and dequantized at once, where the dequantize is the
+    8-bit value's only user. (A value that a convolution also reads stays 8-bit: computed
+    from the float, the dequantize would make the producer write float32 for it as well.)"""
+
+    def __init__(self):
+        self.single_use: set = set()  # handles of the astype calls whose value one user reads
+        self.z, self.hi, self.lo = is_const(), is_const(), is_const()
+        shifted = is_op("relax.add")(is_op("relax.round")(wildcard()), self.z)
+        self.clipped = is_op("relax.maximum")(is_op("relax.minimum")(shifted, self.hi), self.lo)
+        self.cast = is_op("relax.astype")(self.clipped)
+        self.root = is_op("relax.dequantize")(self.cast, wildcard(), wildcard())
+
+    def prepare(self, func):
+        """Note which values of ``func`` have one user."""
+        uses, bound = {}, {}
+
+        def visit(expr):  # each use of a variable (not where it is bound)
+            if isinstance(expr, relax.Var):
+                uses[expr.__hash__()] = uses.get(expr.__hash__(), 0) + 1
+
+        relax.analysis.post_order_visit(func, visit)
+        for block in getattr(func.body, "blocks", []):
+            for b in block.bindings:
+                bound[b.var.__hash__()] = b.value
+        self.single_use = {bound[v].__hash__() for v, n in uses.items() if v in bound and n == 1}
+
+    def rewrite(self, call, m: dict):
+        """The dequantize from the clipped float, where the facts the module's docstring
+        relies on hold; else ``call``."""
+        dtype = str(m[self.cast].attrs.dtype)
+        if m[self.cast].__hash__() not in self.single_use:
+            return call
+        bounds = [const_value(m[k]) for k in (self.z, self.lo, self.hi)]
+        if dtype not in ("uint8", "int8") or not _decomposable(call) or any(b.size != 1 for b in bounds[1:]):
+            return call
+        z, lo, hi = bounds
+        if not (np.all(z == np.round(z)) and _RANGE[dtype][0] <= float(lo) <= float(hi) <= _RANGE[dtype][1]):
+            return call
+        _, scale, zp = call.args
+        ndim, axis = m[self.cast].ty.ndim, int(call.attrs.axis)
+        sub = relax.op.subtract(m[self.clipped], _channel_param(zp, axis, ndim, "float32"))
+        return relax.op.multiply(sub, _channel_param(scale, axis, ndim, "float32"))
+
+
 def _decomposable(call) -> bool:
     """Whether a quantize / dequantize call can be written elementwise here: constant
     parameters, a 4-D tensor, float32 in or out."""
@@ -125,20 +177,26 @@ def decompose_qdq(mod, report: LayoutReport | None = None):
     """``mod`` with its 4-D quantize, dequantize and clip calls written as elementwise
     operators that have layout rules (values unchanged, see the module's docstring)."""
     report = report if report is not None else LayoutReport()
-    x = wildcard()
-    patterns = {
-        "relax.quantize": (is_op("relax.quantize")(x, wildcard(), wildcard()), _quantize),
-        "relax.dequantize": (is_op("relax.dequantize")(x, wildcard(), wildcard()), _dequantize),
-    }
-    def decompose(func):
-        for pattern, lower in patterns.values():
-            def rewrite(call, _matches, lower=lower):
-                if not _decomposable(call):
-                    return call
-                report.decomposed += 1
-                return lower(call)
+    x, trip = wildcard(), _RoundTrip()
 
-            func = rewrite_call(pattern, rewrite, func)
+    def lowered(lower):
+        def rewrite(call, _matches):
+            if not _decomposable(call):
+                return call
+            report.decomposed += 1
+            return lower(call)
+        return rewrite
+
+    def round_trip(call, matches):
+        new = trip.rewrite(call, matches)
+        report.round_trips += new is not call
+        return new
+
+    def decompose(func):
+        func = rewrite_call(is_op("relax.quantize")(x, wildcard(), wildcard()), lowered(_quantize), func)
+        trip.prepare(func)
+        func = rewrite_call(trip.root, round_trip, func)  # before the dequantizes it would see
+        func = rewrite_call(is_op("relax.dequantize")(x, wildcard(), wildcard()), lowered(_dequantize), func)
         return rewrite_call(is_op("relax.clip")(x, wildcard(), wildcard()), _clip, func)
 
     return _each_function(mod, decompose)
