@@ -13,7 +13,9 @@ out as TVM's default pipeline leaves it.
 and, before TVM's lowering, on the scheduled functions:
 
 * `tirbyoc.rewrite.cpu_epilogue.mark_writebacks` marks (the write-backs, by their block
-  annotation, which TVM's lowering drops).
+  annotation, which TVM's lowering drops);
+* `tirbyoc.rewrite.prefetch.insert_weight_prefetches`: the prefetches of the next weight
+  tiles that the CPU schedule asked for (a loop annotation) added to the tensorized blocks.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 from tirbyoc._tvm import register_tir_pipeline, tirx
 from tirbyoc.rewrite.cpu_epilogue import fence_products, mark_writebacks
 from tirbyoc.rewrite.double_buffer import version_tiles
+from tirbyoc.rewrite.prefetch import insert_weight_prefetches
 
 PIPELINE = "tirbyoc"
 
@@ -35,7 +38,9 @@ def tirbyoc_passes() -> list:
 def tirbyoc_pre_passes() -> list:
     """The passes run before TVM's default lowering (blocks still there)."""
     return [tirx.transform.prim_func_pass(lambda f, _m, _c: mark_writebacks(f), opt_level=0,
-                                          name="tirbyoc.MarkWritebacks")]
+                                          name="tirbyoc.MarkWritebacks"),
+            tirx.transform.prim_func_pass(lambda f, _m, _c: insert_weight_prefetches(f), opt_level=0,
+                                          name="tirbyoc.PrefetchWeights")]
 
 
 register_tir_pipeline(PIPELINE, tirbyoc_passes, tirbyoc_pre_passes)

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 from math import prod
 
-from tirbyoc._tvm import s_tir, tirx, vector_bytes, vector_registers
+from tirbyoc._tvm import child_stmts, s_tir, tirx, vector_bytes, vector_registers
 from tirbyoc.dtypes import dtype_bytes
-from tirbyoc.ir.tir_walk import constant_divisors
+from tirbyoc.ir.tir_walk import constant_divisors, uses_var
+from tirbyoc.rewrite.prefetch import mark_weight_prefetch
 
 WRITEBACK_ATTR = "tirbyoc.writeback"  # marks the register block's write-back (`cpu_epilogue` fuses into it)
 STACK_BYTES = 1024  # TVM allocates constant buffers smaller than this on the stack
@@ -200,6 +201,45 @@ def _writeback(sch, block, parallel, lanes: int) -> None:
             sch.unroll(loop)
 
 
+def _realize(sch, block):
+    """The SBlockRealize of ``block`` (its bindings to the loop variables)."""
+    name = sch.get(block).name_hint
+    stack = [sch.get(sch.get_loops(block)[0])]
+    while stack:
+        cur = stack.pop()
+        if isinstance(cur, s_tir.SBlockRealize) and cur.block.name_hint == name:
+            return cur
+        stack.extend(child_stmts(cur))
+    raise LookupError(f"no realize of block {name} under its loops")
+
+
+def weights_first(sch, block, mloop) -> str | None:
+    """The weight buffer's name when the output-channel tiles should be the outermost loop:
+    when the operands the rows do not index (the weights) hold more bytes than those they do
+    (the input); else None. Rows outermost stream every weight once per row block, from L3 or
+    memory once the weights outgrow L2 (ResNet-50's last 3x3 layers: 2.3 MB of weights,
+    seven rows: 7 x 2.3 MB per call); channel tiles outermost stream them once and re-read
+    the smaller input instead."""
+    if mloop is None:
+        return None
+    realize, var = _realize(sch, block), sch.get(mloop).loop_var
+    rows = [iv.var for iv, value in zip(realize.block.iter_vars, realize.iter_values) if uses_var(value, var)]
+    out = {r.source.name for r in realize.block.writes}
+    by_rows, weights = 0, {}
+    for region in realize.block.reads:
+        buf = region.source
+        if buf.name in out or any(not isinstance(d, tirx.IntImm) for d in buf.shape):
+            continue
+        size = prod(int(d) for d in buf.shape) * dtype_bytes(str(buf.dtype))
+        if any(uses_var(r.min, v) for r in region.region for v in rows):
+            by_rows += size
+        else:
+            weights[buf.name] = size
+    if not weights or sum(weights.values()) <= by_rows:
+        return None
+    return max(weights, key=weights.get)
+
+
 def default_schedule(sch, block, loops, match, target, choose=None) -> str | None:
     """Arrange the loops around the intrinsic for ``target`` (CPU targets only; others are
     left as tiled). ``choose(sch, mloop, nloop, tile_bytes) -> (mr, nr)`` picks the
@@ -224,13 +264,15 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
         mr, nr = choose(sch, mloop, nloop, tile_bytes)
     head = list(loops.outer_spatial[:-1] if mloop is not None else loops.outer_spatial)
     others = [l for l in loops.axis_spatial if l is not nloop]
-    inner_block = []
+    inner_block, first = [], False
     if blocked:
+        first = weights_first(sch, block, mloop) if others or nloop is not None else None
         if mloop is not None:
             mo, mi = sch.split(mloop, [None, mr])
         if nloop is not None:
             no, ni = sch.split(nloop, [None, nr])
-        outer = head + others + ([no] if nloop is not None else []) + ([mo] if mloop is not None else [])
+        tiles = others + ([no] if nloop is not None else [])
+        outer = (tiles + head if first else head + tiles) + ([mo] if mloop is not None else [])
         inner_block = ([mi] if mloop is not None else []) + ([ni] if nloop is not None else [])
         sch.reorder(*outer, *reductions, *inner_block, *loops.inner)
     else:
@@ -239,6 +281,8 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
     if outer and has_init:
         parallel = sch.fuse(*outer) if len(outer) > 1 else outer[0]
         sch.parallel(parallel)
+        if first and nloop is not None:
+            mark_weight_prefetch(sch, parallel, first, nr, mr)
     staged = f", {copies} staging cop{'y' if copies == 1 else 'ies'} in parallel" if copies else ""
     if not blocked:
         return ("parallel outer tiles" + staged) if parallel is not None else (staged[2:] or None)
@@ -247,8 +291,10 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
     _writeback(sch, block, parallel, max(4, vector_bytes(target) // 4))
     if choose is not None and choose is not _heuristic_block:
         return "register-blocked accumulator tiles (sampled), parallel outer loops" + staged
+    order = (", output-channel tiles outermost (weights larger than the input), the next tiles' weights "
+             "prefetched" if first else "")
     return (f"register-blocked {mr}x{nr} accumulator tiles ({mr * nr * tile_bytes} B), "
-            f"parallel outer loops" + staged)
+            f"parallel outer loops{order}" + staged)
 
 
 __all__ = ["WRITEBACK_ATTR", "default_schedule", "lanes_dividing", "register_block", "sampled_block", "schedule_copies"]

@@ -1,0 +1,41 @@
+"""CPU cores whose weights outweigh their input: output-channel tiles outermost, the next
+tiles' weights prefetched (`tirbyoc.rewrite.prefetch`)."""
+
+import tirbyoc
+from vnni import NAME
+from workloads import conv2d, matmul
+
+from tirbyoc._tvm import tvm
+from tirbyoc.offloading.lowering import PIPELINE
+from tirbyoc.rewrite.steps import StepKind
+
+
+def _offloaded(func):
+    out = tirbyoc.offload(func, NAME)
+    assert out.verification.passed and out.verification.max_abs_err == 0
+    (core,) = out.offloaded
+    (note,) = [s for s in core.steps if s.kind is StepKind.SCHEDULE]
+    return out, note
+
+
+def _llvm_ir(func) -> str:
+    target = tvm.target.Target(dict(tirbyoc.get_template(NAME).target))
+    return tvm.compile(func, target=target, tir_pipeline=PIPELINE).mod.inspect_source("ll")
+
+
+def test_a_layer_with_more_weight_than_input_streams_each_weight_once_and_prefetches_the_next():
+    """ResNet's last layers in small: 7x7 output rows, 3x3 x 64 -> 128 weights (72 KB) against
+    a 2.5 KB input. The prefetch is one cache line per tile and step, issued by the first row
+    of each register block only."""
+    func = conv2d(1, 64, 9, 9, 128, 3, 3, layout="NHWC", dtype="uint8", wdtype="int8", acc="int32")
+    out, note = _offloaded(func)
+    assert "output-channel tiles outermost" in note and "prefetched" in note
+    ir = _llvm_ir(out.func)
+    assert "call void @llvm.prefetch" in ir
+
+
+def test_a_layer_with_more_input_than_weight_keeps_rows_outermost_without_prefetches():
+    """A 64x64 matmul of 256 rows: the rows are the large operand, as before."""
+    out, note = _offloaded(matmul(256, 64, 64, "uint8", "int8", "int32"))
+    assert "outermost" not in note
+    assert "llvm.prefetch" not in _llvm_ir(out.func)
