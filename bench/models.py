@@ -111,6 +111,8 @@ def tvm_engines(path: Path, template: str, group: str, repeat: int, fast_math: b
         vm = relax_vm(tvm.compile(m, target=tgt, tir_pipeline=PIPELINE), dev)
         outs[name] = model_output(vm[entry](*args))
         timers[name] = _timer(vm, entry, args, dev, n)
+        if name == "tirbyoc":
+            facts["_vm"] = (vm, entry, args)
     return timers, outs, facts, arrays
 
 
@@ -136,20 +138,50 @@ def ort_engine(path: Path, inputs: Path, threads: int, repeat: int):
     return {"onnxruntime": ms}, {"onnxruntime": out}, {}
 
 
-def profile(packed, tgt, repeat: int) -> list[dict]:
+def in_model(vm, entry: str, args, rounds: int = 7) -> tuple[float, dict]:
+    """(model ms, PrimFunc name -> ms per run inside the model): each call timed where the
+    model makes it (the VM's instrument hook, before and after every call), so its inputs and
+    weights are as warm or cold as a run leaves them; medians over ``rounds`` runs. A call's
+    time includes about a microsecond of the hook itself."""
+    import tvm  # deferred: after the thread count is set
+
+    timer = _timer(vm, entry, args, tvm.cpu(), 3)
+    model = statistics.median(timer() for _ in range(rounds))  # before the hook slows calls down
+    runs, started = [], []
+
+    def instrument(func, symbol, before, _ret, *_args):
+        now = time.perf_counter_ns()
+        if before:
+            started.append(now)
+        else:
+            runs[-1][symbol] = runs[-1].get(symbol, 0) + now - started.pop()
+        return 0
+
+    vm.set_instrument(instrument)
+    for _ in range(rounds):
+        runs.append({})
+        vm[entry](*args)
+    names = set().union(*runs)
+    return model, {k: statistics.median(r.get(k, 0) for r in runs) / 1e6 for k in names}
+
+
+def profile(packed, tgt, repeat: int, model=None) -> list[dict]:
     """Per PrimFunc of the offloaded model: ms per call built and timed alone, times its call
-    sites; most time first."""
+    sites (``ms``), and, given ``model`` (vm, entry, args), its ms inside a run of the model
+    (``in_model_ms``, the row's ``model_ms`` beside it); most time first."""
     from tirbyoc._tvm import tirx  # deferred: after the thread count is set
     from tirbyoc.app.profiling import time_function
     from tirbyoc.relax.bridge import OFFLOADED_ATTR, call_counts
 
     calls = call_counts(packed)  # from the module: fusion renames what the report named
+    model_ms, inside = in_model(*model) if model is not None else (None, {})
     rows = []
     for gv, func in packed.functions.items():
         if isinstance(func, tirx.PrimFunc):
             ms = time_function(func.with_attr("global_symbol", gv.name_hint), tgt, repeat)
             n = calls.get(gv.name_hint, 1)
             rows.append({"function": gv.name_hint, "calls": n, "ms_per_call": ms, "ms": ms * n,
+                         "in_model_ms": inside.get(gv.name_hint), "model_ms": model_ms,
                          "offloaded": OFFLOADED_ATTR in (func.attrs or {})})
     return sorted(rows, key=lambda r: -r["ms"])
 
@@ -173,9 +205,9 @@ def worker(args) -> None:
             samples[k].append(timer())
     for k, out in outs.items():
         np.save(Path(args.outputs) / f"{k}.npy", out)
-    prof = facts.pop("_profile", None)
+    prof, model = facts.pop("_profile", None), facts.pop("_vm", None)
     if args.profile and prof is not None:
-        facts["profile"] = profile(*prof, args.repeat)
+        facts["profile"] = profile(*prof, args.repeat, model)
     print(json.dumps({"samples_ms": samples, **facts}, default=str))
 
 
@@ -257,13 +289,22 @@ def table(rows) -> str:
 
 
 def profile_summary(row) -> dict:
-    """Where a profiled row's time goes, in ms: its offloaded PrimFuncs, the PrimFuncs left to
-    TVM, and the rest of the model's time (between the functions: the VM, allocation, whole
-    library calls), each PrimFunc built and timed alone."""
-    off = sum(p["ms"] for p in row["profile"] if p["offloaded"])
-    left = sum(p["ms"] for p in row["profile"] if not p["offloaded"])
-    return {"model_ms": row["latency_ms"]["tirbyoc"], "offloaded_ms": off, "left_to_tvm_ms": left,
-            "between_functions_ms": row["latency_ms"]["tirbyoc"] - off - left}
+    """Where a profiled row's time goes, in ms: its offloaded PrimFuncs and those left to TVM,
+    each built and timed alone (warm caches); the same inside a run of the model (the
+    profile's own process); what the model's caches add to them (weights and inputs as a run
+    leaves them, against warm); and what is between the functions (the VM, allocation,
+    whole library calls: the model's time less its PrimFuncs' time inside it)."""
+    prof = row["profile"]
+    off = sum(p["ms"] for p in prof if p["offloaded"])
+    left = sum(p["ms"] for p in prof if not p["offloaded"])
+    out = {"model_ms": row["latency_ms"]["tirbyoc"], "offloaded_ms": off, "left_to_tvm_ms": left}
+    if prof and prof[0].get("model_ms") is not None:
+        inside = sum(p["in_model_ms"] or 0 for p in prof)
+        out |= {"profiled_model_ms": prof[0]["model_ms"], "in_model_ms": inside,
+                "caches_ms": inside - off - left, "between_functions_ms": prof[0]["model_ms"] - inside}
+    else:
+        out["between_functions_ms"] = row["latency_ms"]["tirbyoc"] - off - left
+    return out
 
 
 def plot(row, path: Path) -> None:
@@ -272,20 +313,23 @@ def plot(row, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    top = row["profile"][:20]
-    bars = [(p["function"], p["ms"], "tab:blue" if p["offloaded"] else "tab:gray") for p in top]
+    inside = row["profile"] and row["profile"][0].get("model_ms") is not None
+    key = "in_model_ms" if inside else "ms"
+    top = sorted(row["profile"], key=lambda p: -(p[key] or 0))[:20]
+    bars = [(p["function"], p[key] or 0, "tab:blue" if p["offloaded"] else "tab:gray") for p in top]
     # whole library calls (call_dps_packed) are not PrimFuncs: what the profile does not cover
-    rest = row["latency_ms"]["tirbyoc"] - sum(p["ms"] for p in row["profile"])
+    model = row["profile"][0]["model_ms"] if inside else row["latency_ms"]["tirbyoc"]
+    rest = model - sum(p[key] or 0 for p in row["profile"])
     if rest > 0:
-        bars.append(("not in PrimFuncs: whole library calls, the VM\n(model time - all PrimFuncs' time)", rest,
-                     "tab:orange"))
+        bars.append(("between the functions: the VM, allocation,\nwhole library calls", rest, "tab:orange"))
     bars.sort(key=lambda b: b[1])
     fig, ax = plt.subplots(figsize=(10, 0.3 * len(bars) + 1.6))
     ax.barh([b[0] for b in bars], [b[1] for b in bars], color=[b[2] for b in bars])
-    ax.set_xlabel("ms per run (each PrimFunc built and timed alone, times its call sites)")
+    ax.set_xlabel("ms per run (each PrimFunc's calls timed inside the model)" if inside else
+                  "ms per run (each PrimFunc built and timed alone, times its call sites)")
     fast = " fast-math" if row.get("fast_math") else ""
     ax.set_title(f"{row['model']} {row['precision']}{fast} on {row['template']}, {row['threads']} thread(s), "
-                 f"{row['latency_ms']['tirbyoc']:.1f} ms in all\nblue offloaded PrimFuncs, grey left to TVM")
+                 f"{model:.1f} ms in all\nblue offloaded PrimFuncs, grey left to TVM")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
