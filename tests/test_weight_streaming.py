@@ -1,10 +1,11 @@
 """CPU cores whose weights outweigh their input: output-channel tiles outermost, the next
 tiles' weights prefetched (`tirbyoc.rewrite.prefetch`)."""
 
-import tirbyoc
+import pytest
 from vnni import NAME
 from workloads import conv2d, matmul
 
+import tirbyoc
 from tirbyoc._tvm import tvm
 from tirbyoc.offloading.lowering import PIPELINE
 from tirbyoc.rewrite.steps import StepKind
@@ -39,3 +40,18 @@ def test_a_layer_with_more_input_than_weight_keeps_rows_outermost_without_prefet
     out, note = _offloaded(matmul(256, 64, 64, "uint8", "int8", "int32"))
     assert "outermost" not in note
     assert "llvm.prefetch" not in _llvm_ir(out.func)
+
+
+def test_a_core_whose_weight_tile_is_smaller_than_a_line_keeps_the_order_without_prefetches():
+    """x86_avx2's tile is 16 bytes: a prefetch per step would fetch each line four times."""
+    avx2 = tirbyoc.get_template("x86_avx2")
+    if not avx2.runs_here():
+        pytest.skip(avx2.unavailable_reason())
+    func = conv2d(1, 64, 9, 9, 128, 3, 3, layout="NHWC", dtype="uint8", wdtype="int8", acc="int32")
+    out = tirbyoc.offload(func, "x86_avx2")
+    assert out.verification.passed and out.verification.max_abs_err == 0
+    (core,) = out.offloaded
+    (note,) = [s for s in core.steps if s.kind is StepKind.SCHEDULE]
+    assert "output-channel tiles outermost" in note and "prefetched" not in note
+    target = tvm.target.Target(dict(avx2.target))
+    assert "llvm.prefetch" not in tvm.compile(out.func, target=target, tir_pipeline=PIPELINE).mod.inspect_source("ll")

@@ -27,7 +27,7 @@ from math import prod
 from tirbyoc._tvm import child_stmts, s_tir, tirx, vector_bytes, vector_registers
 from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.ir.tir_walk import constant_divisors, uses_var
-from tirbyoc.rewrite.prefetch import mark_weight_prefetch
+from tirbyoc.rewrite.prefetch import mark_weight_prefetch, prefetches
 
 WRITEBACK_ATTR = "tirbyoc.writeback"  # marks the register block's write-back (`cpu_epilogue` fuses into it)
 STACK_BYTES = 1024  # TVM allocates constant buffers smaller than this on the stack
@@ -82,6 +82,16 @@ def _output_tile_bytes(match) -> int:
     out = next(o.operand for o in match.operands if o.is_output)
     spec = next(op for op in match.intrinsic.operands if op.name == out)
     return prod(spec.shape) * dtype_bytes(spec.dtype)
+
+
+def _weight_tile_bytes(match) -> int:
+    """Bytes of one intrinsic call's weight tile: the input operand that shares an axis with
+    the output (B[lanes, k] beside A[k] for C[lanes])."""
+    out = next(o for o in match.operands if o.is_output)
+    for o in match.operands:
+        if not o.is_output and set(o.view_axes) & set(out.view_axes):
+            return prod(o.tile) * dtype_bytes(match.intrinsic.operand(o.operand).dtype)
+    return 0
 
 
 def _heuristic_block(sch, mloop, nloop, tile_bytes, registers=32):
@@ -277,11 +287,12 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
         sch.reorder(*outer, *reductions, *inner_block, *loops.inner)
     else:
         outer = head + ([mloop] if mloop is not None else []) + others + ([nloop] if nloop is not None else [])
-    parallel = None
+    parallel, prefetched = None, False
     if outer and has_init:
         parallel = sch.fuse(*outer) if len(outer) > 1 else outer[0]
         sch.parallel(parallel)
-        if first and nloop is not None:
+        prefetched = first and nloop is not None and prefetches(_weight_tile_bytes(match))
+        if prefetched:
             mark_weight_prefetch(sch, parallel, first, nr, mr)
     staged = f", {copies} staging cop{'y' if copies == 1 else 'ies'} in parallel" if copies else ""
     if not blocked:
@@ -291,8 +302,8 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
     _writeback(sch, block, parallel, max(4, vector_bytes(target) // 4))
     if choose is not None and choose is not _heuristic_block:
         return "register-blocked accumulator tiles (sampled), parallel outer loops" + staged
-    order = (", output-channel tiles outermost (weights larger than the input), the next tiles' weights "
-             "prefetched" if first else "")
+    order = ", output-channel tiles outermost (weights larger than the input)" if first else ""
+    order += ", the next tiles' weights prefetched" if prefetched else ""
     return (f"register-blocked {mr}x{nr} accumulator tiles ({mr * nr * tile_bytes} B), "
             f"parallel outer loops{order}" + staged)
 

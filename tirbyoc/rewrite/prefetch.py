@@ -10,7 +10,11 @@ The core therefore prefetches, at each reduction step of the first row of its re
 block, the same step's weights of the tiles it computes next (``tiles`` ahead along the
 output-channel axis): one cache line per tile per step, issued while the current tiles
 compute. Measured on that layer (Zen 5, one thread, caches flushed but the input's): 0.30 ->
-0.24 ms; with warm caches it costs the prefetch instructions (0.21 -> 0.23 ms).
+0.24 ms; with warm caches it costs the prefetch instructions (0.21 -> 0.23 ms). Only a core
+whose weight tile is one whole cache line per step (x86_vnni's 16 x 4 bytes) prefetches: a
+smaller tile (x86_avx2's 16 bytes) would prefetch each line four times, or branch at every
+step to prefetch it once, and either cost AVX2's core a fifth of its speed with warm caches;
+such cores keep the loop order alone.
 
 `mark_weight_prefetch` annotates the schedule's outermost loop; `insert_weight_prefetches`
 (a pass run before TVM's lowering, blocks still there: `tirbyoc.offloading.lowering`) adds
@@ -38,6 +42,12 @@ def mark_weight_prefetch(sch, loop, weight: str, tiles: int, rows: int) -> None:
     sch.annotate(loop, ROWS_KEY, rows)
 
 
+def prefetches(tile_bytes: int) -> bool:
+    """Whether a core whose weight tile has ``tile_bytes`` prefetches (see the module's
+    docstring: one whole cache line per step)."""
+    return tile_bytes == CACHE_LINE
+
+
 def _prefetch_call(buffer, indices):
     address = tirx.call_intrin("handle", "tirx.address_of", tirx.BufferLoad(buffer, indices))
     # llvm.prefetch(address, read, locality 3 (keep in all levels), data cache)
@@ -62,15 +72,15 @@ def _with_prefetch(realize, weight: str, tiles: int, rows: int):
     channel = [i for i, r in enumerate(region) if any(uses_var(r.min, v) for v in spatial)]
     mins = [r.min for r in region]
     others = [v for v in spatial if not any(uses_var(m, v) for m in mins)]
-    if size > CACHE_LINE or len(channel) != 1 or not others:
+    if not prefetches(size) or len(channel) != 1 or not others:
         return realize
     axis = channel[0]
     step = int(extents[axis].value)
     ahead = mins[axis] + tirx.const(tiles * step, expr_dtype(mins[axis]))
     fetch = _prefetch_call(match.source.source, [ahead if i == axis else m for i, m in enumerate(mins)])
     row = others[-1]  # the register block's row iterator: the last spatial one the weight ignores
-    first_row = tirx.EQ(tirx.FloorMod(row, tirx.const(rows, expr_dtype(row))), tirx.const(0, expr_dtype(row)))
-    body = tirx.SeqStmt([block.body, tirx.IfThenElse(first_row, fetch, None)])
+    cond = tirx.EQ(tirx.FloorMod(row, tirx.const(rows, expr_dtype(row))), tirx.const(0, expr_dtype(row)))
+    body = tirx.SeqStmt([block.body, tirx.IfThenElse(cond, fetch, None)])
     new = s_tir.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, body, block.init,
                        block.alloc_buffers, block.match_buffers, block.annotations)
     return s_tir.SBlockRealize(realize.iter_values, realize.predicate, new)
@@ -93,4 +103,4 @@ def insert_weight_prefetches(func):
     return func if body.same_as(func.body) else func.with_body(body)
 
 
-__all__ = ["PREFETCH_KEY", "insert_weight_prefetches", "mark_weight_prefetch"]
+__all__ = ["PREFETCH_KEY", "insert_weight_prefetches", "mark_weight_prefetch", "prefetches"]
