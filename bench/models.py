@@ -315,8 +315,17 @@ def plot(row, path: Path) -> None:
 
     inside = row["profile"] and row["profile"][0].get("model_ms") is not None
     key = "in_model_ms" if inside else "ms"
-    top = sorted(row["profile"], key=lambda p: -(p[key] or 0))[:20]
-    bars = [(p["function"], p[key] or 0, "tab:blue" if p["offloaded"] else "tab:gray") for p in top]
+
+    def label(name):  # fusion names run to 150 characters; their first operators say what it is
+        return name if len(name) <= 44 else name[:42] + "..."
+
+    groups = {}  # functions with one label (twelve layers' FFN1 matmuls) as one bar
+    for p in row["profile"]:
+        total, n, offloaded = groups.get(label(p["function"]), (0.0, 0, p["offloaded"]))
+        groups[label(p["function"])] = (total + (p[key] or 0), n + 1, offloaded)
+    top = sorted(groups.items(), key=lambda g: -g[1][0])[:20]
+    bars = [(name + (f" ({n} functions)" if n > 1 else ""), total, "tab:blue" if offloaded else "tab:gray")
+            for name, (total, n, offloaded) in top]
     # whole library calls (call_dps_packed) are not PrimFuncs: what the profile does not cover
     model = row["profile"][0]["model_ms"] if inside else row["latency_ms"]["tirbyoc"]
     rest = model - sum(p[key] or 0 for p in row["profile"])
