@@ -4,10 +4,11 @@ weights copied on every call (no compile-time packing), TVM's default build, and
 Models (float ONNX files with random He-initialised weights, made by `tirbyoc.testing.qdq`):
 ResNet-18, ResNet-50 and MobileNetV2 at 224x224 and a BERT-base encoder (12 layers, seq 128);
 ``--int8`` also their QDQ versions from ONNX Runtime's recommended flow (``quant_pre_process``,
-then ``quantize_static``), ``--precisions int8`` those alone. Each precision goes to the template
-that computes it here: fp32 to blas, int8 to the fastest int8 template this CPU runs (x86_vnni
-with AVX-512 VNNI, else x86_avx512bw, else x86_avx2: `tirbyoc.app.run.INT8_TEMPLATES`, the
-choice `tirbyoc run` makes; ``--int8-template`` forces one, e.g. x86_avx2 on a VNNI machine).
+then ``quantize_static``), ``--precisions int8`` those alone. Each precision goes to the fastest
+template of that precision this CPU runs, the choice `tirbyoc run` makes: fp32 to
+x86_fp32_avx512 with AVX-512, else x86_fp32_avx2, else blas (`tirbyoc.app.run.FLOAT_TEMPLATES`);
+int8 to x86_vnni with AVX-512 VNNI, else x86_avx512bw, else x86_avx2 (`INT8_TEMPLATES`).
+``--fp32-template blas`` / ``--int8-template x86_avx2`` force one.
 Weights are constants, as deployed (`tirbyoc run` does the same).
 
 Each engine runs in its own process, its thread pool sized before it starts (TVM_NUM_THREADS,
@@ -21,7 +22,7 @@ first thread count (each built and timed alone, times its call sites), and the m
 against ONNX Runtime a plot of it.
 
     python bench/models.py [--models resnet18,resnet50,mobilenet_v2,bert_base] [--threads 1,2]
-                           [--int8 | --precisions fp32,int8] [--int8-template NAME]
+                           [--int8 | --precisions fp32,int8] [--int8-template NAME] [--fp32-template NAME]
                            [--rounds 5] [--fast-math]
                            [--out bench/results/models.json]
 """
@@ -41,20 +42,19 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BUILDERS = {"resnet18": "float_resnet18", "resnet50": "float_resnet50", "mobilenet_v2": "float_mobilenet_v2",
             "bert_base": "float_bert_base"}
-FLOAT_TEMPLATE = "blas"
 
 
 def template_for(precision: str, forced: str | None = None) -> str:
-    """The template a precision runs on here: blas for fp32; for int8 ``forced`` or the
-    fastest int8 template this CPU runs (the first of `INT8_TEMPLATES` that runs here)."""
-    if precision != "int8":
-        return FLOAT_TEMPLATE
+    """The template a precision runs on here: ``forced``, or the fastest template of that
+    precision this CPU runs (the first of `INT8_TEMPLATES` / `FLOAT_TEMPLATES` that runs here:
+    the choice `tirbyoc run` makes)."""
     if forced:
         return forced
     import tirbyoc  # deferred: imports TVM, after the thread count is set
-    from tirbyoc.app.run import INT8_TEMPLATES
+    from tirbyoc.app.run import FLOAT_TEMPLATES, INT8_TEMPLATES
 
-    return next((t for t in INT8_TEMPLATES if tirbyoc.get_template(t).runs_here()), INT8_TEMPLATES[0])
+    order = INT8_TEMPLATES if precision == "int8" else FLOAT_TEMPLATES
+    return next((t for t in order if tirbyoc.get_template(t).runs_here()), order[-1])
 
 
 def model_file(name: str, precision: str, folder: Path) -> Path:
@@ -196,7 +196,8 @@ def worker(args) -> None:
     if args.group == "onnxruntime":
         timers, outs, facts = ort_engine(path, inputs, args.threads, args.repeat)
     else:
-        template = template_for(args.precision, args.int8_template)
+        forced = args.int8_template if args.precision == "int8" else args.fp32_template
+        template = template_for(args.precision, forced)
         timers, outs, facts, arrays = tvm_engines(path, template, args.group, args.repeat, args.fast_math)
         np.savez(inputs, *arrays)
     samples = {k: [] for k in timers}
@@ -221,6 +222,7 @@ def _spawn(args, threads: str, model: str, precision: str, group: str, outputs: 
            "--repeat", str(args.repeat), "--cache", args.cache, "--outputs", outputs]
     cmd += ["--fast-math"] if args.fast_math else []
     cmd += ["--int8-template", args.int8_template] if args.int8_template else []
+    cmd += ["--fp32-template", args.fp32_template] if args.fp32_template else []
     proc = subprocess.run(cmd + (["--profile"] if profile else []), env=env, stdout=subprocess.PIPE, text=True)
     if proc.returncode:
         raise SystemExit(f"{model} {precision} {group} on {threads} thread(s) failed (exit {proc.returncode})")
@@ -235,7 +237,7 @@ def measure(args, threads: str, name: str, precision: str) -> dict:
     from tirbyoc.app.reference import agrees, output_step, steps_apart
     from tirbyoc.app.run import compare
 
-    template = template_for(precision, args.int8_template)
+    template = template_for(precision, args.int8_template if precision == "int8" else args.fp32_template)
     row = {"model": name, "precision": precision, "template": template, "threads": int(threads)}
     if not tirbyoc.get_template(template).runs_here():
         return {**row, "not_run": tirbyoc.get_template(template).unavailable_reason()}
@@ -349,6 +351,8 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--int8", action="store_true", help="also the QDQ models")
     parser.add_argument("--int8-template", help="the int8 template timed (default: the fastest this CPU runs)")
+    parser.add_argument("--fp32-template", help="the fp32 template timed (default: the fastest this CPU runs; "
+                                                "blas for the library GEMM)")
     parser.add_argument("--precisions", help="the precisions measured, comma-separated (default fp32; "
                                              "--int8: fp32,int8)")
     parser.add_argument("--rounds", type=int, default=5)

@@ -47,7 +47,7 @@ from tirbyoc.relax.quantized import QuantizedReport
 from tirbyoc.tuning.apply import tuned_schedules
 
 INT8_TEMPLATES = ("x86_vnni", "x86_avx512bw", "x86_avx2")  # this CPU's int8 cores, fastest first
-FLOAT_TEMPLATES = ("blas",)
+FLOAT_TEMPLATES = ("x86_fp32_avx512", "x86_fp32_avx2", "blas")  # fp32 cores, fastest first
 
 
 class Progress:
@@ -86,9 +86,10 @@ class Progress:
 
 def default_templates(model: str | None = None) -> list[str]:
     """The template a run uses when none is given: for a model known to be float
-    (`is_float_model`), the first of `FLOAT_TEMPLATES` that runs here; otherwise (an int8
-    model, the default model, a model file not yet read) the fastest int8 template this CPU
-    runs (`INT8_TEMPLATES`: VNNI where it exists, else AVX-512 BW, else AVX2), then blas."""
+    (`is_float_model`), the fastest fp32 template this CPU runs (`FLOAT_TEMPLATES`: the
+    AVX-512 fused multiply-add core, else the AVX2 one, else blas); otherwise (an int8 model,
+    the default model, a model file not yet read) the fastest int8 template this CPU runs
+    (`INT8_TEMPLATES`: VNNI where it exists, else AVX-512 BW, else AVX2), then those."""
     order = FLOAT_TEMPLATES if is_float_model(model) else INT8_TEMPLATES + FLOAT_TEMPLATES
     for name in order:
         if get_template(name).runs_here():

@@ -1,0 +1,117 @@
+"""x86 fp32: C[lanes] += A[0] * B[lanes] with one fused multiply-add, register-blocked.
+
+The float core every fast CPU convolution library is built on (MLAS's, oneDNN's, BLIS's
+micro-kernels): a row's activation broadcast to every lane, multiplied by ``lanes`` output
+channels' weights and added to their accumulators in one ``vfmadd231ps``. Declared as a tensor
+intrinsic, it goes through the machinery the int8 templates use - matching (convolutions read
+in place, NHWC, no im2col copy), weights packed once at compile time as
+``[N/lanes, K, lanes]`` (the reduction is a loop around the intrinsic, one step a call:
+TVM's tensorize matches no unit-extent description loop), register blocks of accumulators, the elementwise chain after the
+core (bias, ReLU, a residual add) fused into the block's write-back - where the ``blas``
+template calls a library GEMM on an im2col copy and writes back per call.
+
+* ``x86_fp32_avx2``: ``vfmadd231ps ymm``, 8 lanes (AVX2 + FMA3: every x86-64 CPU since
+  2013-2015).
+* ``x86_fp32_avx512``: ``vfmadd231ps zmm``, 16 lanes (AVX-512F).
+
+The core's fused multiply-add rounds once per step, as TVM's own build does where LLVM
+contracts its multiply and add; the sums run in the same order per output, so outputs agree
+with TVM's build to float32 rounding (each offload is checked at a float tolerance).
+"""
+
+from functools import cache
+from typing import Optional
+
+from tirbyoc import Cost, Intrinsic, IntrinsicGroup, Operand, Role, Runtime, Template
+
+from .x86_vnni import zero_fill
+
+VARIANTS = {
+    # name: (lanes, target, CPU features the host needs, instruction)
+    "x86_fp32_avx2": (8, {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}, ("avx2", "fma"),
+                      "vfmadd231ps ymm"),
+    "x86_fp32_avx512": (16, {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}, ("avx512f",),
+                        "vfmadd231ps zmm"),
+}
+
+
+@cache
+def fma(name: str = "x86_fp32_avx512") -> Intrinsic:
+    """C[lanes] += A[0] * B[lanes]: one broadcast and one fused multiply-add."""
+    lanes, _, _, instruction = VARIANTS[name]
+    vec = f"float32x{lanes}"
+
+    def build():
+        from tvm.script import tirx as T
+
+        @T.prim_func(s_tir=True)
+        def desc(
+            A: T.Buffer((1,), "float32", offset_factor=1),
+            B: T.Buffer((lanes,), "float32", offset_factor=1),
+            C: T.Buffer((lanes,), "float32", offset_factor=1),
+        ) -> None:
+            with T.sblock("root"):
+                T.reads(C[0:lanes], A[0:1], B[0:lanes])
+                T.writes(C[0:lanes])
+                for i in T.serial(lanes):
+                    with T.sblock("update"):
+                        vi = T.axis.remap("S", [i])
+                        C[vi] = C[vi] + A[0] * B[vi]
+
+        @T.prim_func(s_tir=True)
+        def impl(
+            A: T.Buffer((1,), "float32", offset_factor=1),
+            B: T.Buffer((lanes,), "float32", offset_factor=1),
+            C: T.Buffer((lanes,), "float32", offset_factor=1),
+        ) -> None:
+            with T.sblock("root"):
+                T.reads(C[0:lanes], A[0:1], B[0:lanes])
+                T.writes(C[0:lanes])
+                # an explicit fma (not a multiply and an add): the fences a fused write-back puts
+                # on float products (`tirbyoc.rewrite.cpu_epilogue`) leave the core alone
+                C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
+                    T.llvm_lookup_intrinsic_id(f"llvm.fma.v{lanes}f32"),
+                    T.broadcast(A[0], lanes), B.vload([0], vec), C.vload([0], vec), dtype=vec)
+
+        return desc, impl
+
+    return Intrinsic(
+        f"{name}.fma_{lanes}_f32",
+        Role.COMPUTE,
+        [Operand("A", (1,), "float32"), Operand("B", (lanes,), "float32"), Operand("C", (lanes,), "float32")],
+        [("i", lanes, "S")],
+        build,
+        cost=Cost(cycles=1),
+        doc=f"{instruction}: C[{lanes}] += A[0] * B[{lanes}] (B packed [N/{lanes}, K, {lanes}])",
+    )
+
+
+def _requires(name: str):
+    features, instruction = VARIANTS[name][2], VARIANTS[name][3]
+
+    def check() -> Optional[str]:
+        from tirbyoc.decl.host import host_cpu_features
+
+        missing = [f for f in features if f not in host_cpu_features()]
+        return f"this CPU lacks {', '.join(missing)} ({instruction})" if missing else None
+
+    return check
+
+
+def make_template(name: str = "x86_fp32_avx512") -> Template:
+    """The fp32 fused multiply-add template: ``x86_fp32_avx2`` (ymm) or ``x86_fp32_avx512`` (zmm)."""
+    lanes, target, _, instruction = VARIANTS[name]
+    return Template(
+        name=name,
+        target=target,
+        runtime=Runtime.LLVM,
+        groups=(IntrinsicGroup("fma_f32", compute=fma(name), init=zero_fill(lanes, "float32", name=name)),),
+        requires=_requires(name),
+        doc=f"fp32 convolutions and matmuls as register-blocked {instruction} micro-kernels",
+        channels_last=True,  # one input channel per step, `lanes` output channels per store
+        fuses_epilogues=True,  # bias, ReLU, a residual add in the register block's write-back
+    )
+
+
+TEMPLATE = make_template("x86_fp32_avx512")
+AVX2 = make_template("x86_fp32_avx2")
