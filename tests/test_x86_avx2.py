@@ -5,11 +5,12 @@ CPU's registers, and chosen by default where they are the fastest int8 core this
 import numpy as np
 import pytest
 import tvm
+from cpu_templates import assert_intrinsics_check, runnable
 
 import tirbyoc
 from tirbyoc._tvm import vector_registers
 from tirbyoc.app.run import FLOAT_TEMPLATES, INT8_TEMPLATES, default_templates
-from tirbyoc.offloading.selfcheck import self_check, tensorize_exact
+from tirbyoc.offloading.selfcheck import tensorize_exact
 from tirbyoc.offloading.verification import compile_func
 from tirbyoc.rewrite.cpu import register_block
 from tirbyoc.testing.workloads import conv2d, matmul
@@ -18,19 +19,9 @@ AVX2_CODE = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}  # AVX2 only: 16
 TEMPLATES = ["x86_avx2", "x86_avx512bw"]
 
 
-def _runnable(name):
-    t = tirbyoc.get_template(name)
-    if not t.runs_here():
-        pytest.skip(f"{name}: {t.unavailable_reason()}")
-    return t
-
-
 @pytest.mark.parametrize("name", TEMPLATES)
 def test_self_check(name):
-    t = _runnable(name)
-    for intrin in t.intrinsics():
-        result = self_check(intrin, dict(t.target))
-        assert result.passed, result.detail
+    assert_intrinsics_check(name)
 
 
 @pytest.mark.parametrize("name", TEMPLATES)
@@ -38,7 +29,7 @@ def test_self_check(name):
 def test_dot_product_is_exact_at_the_extremes(name, a_value, b_value):
     """2 x 255 x -128 overflows int16 (where vpmaddubsw saturates): vpmaddwd on widened
     operands must give the exact sum."""
-    t = _runnable(name)
+    t = runnable(name)
     intrin = t.groups[0].compute
     lanes, k = intrin.operand("B").shape
     mod = tvm.compile(tensorize_exact(intrin), target=t.tvm_target())
@@ -59,7 +50,7 @@ def _run(func, target, arrays):
 def test_offload_verified_and_exact_on_full_range_data(workload):
     """Offloaded for AVX2 code (whatever this CPU also has), verified by tirbyoc, and equal
     to numpy on inputs at the ends of their ranges."""
-    _runnable("x86_avx2")
+    runnable("x86_avx2")
     if workload == "matmul":
         func = matmul(24, 40, 30, "uint8", "int8", "int32", trans_b=True)
         shapes = [(24, 30), (40, 30)]
@@ -90,7 +81,7 @@ def test_register_budget_follows_the_cpu():
 
 
 def test_offload_schedule_names_the_block_for_avx2_code():
-    _runnable("x86_avx2")
+    runnable("x86_avx2")
     off = tirbyoc.offload(matmul(64, 256, 64, "uint8", "int8", "int32", trans_b=True), "x86_avx2",
                           target=AVX2_CODE, verify=False)
     steps = [str(s) for s in off.blocks[0].steps]
@@ -132,7 +123,7 @@ def test_int8_model_runs_verified_on_avx2_code():
     (2 channels), epilogues fused into the write-back, weights packed once; bit-exact."""
     from tirbyoc.app.run import run_model
 
-    _runnable("x86_avx2")
+    runnable("x86_avx2")
     r = run_model("builtin:cnn_int8", ["x86_avx2"], target=AVX2_CODE, repeat=1)
     assert r.verified is True and r.max_abs_err == 0 and r.report.coverage == 1.0
     assert r.layout.convolutions == 3 and r.layout.padded_channels == 1  # the 3-channel stem: 4

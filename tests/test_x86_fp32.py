@@ -5,9 +5,9 @@ against TVM's build, their bias and activation fused into the write-back."""
 import numpy as np
 import pytest
 from tvm import relax
+from cpu_templates import assert_intrinsics_check, runnable
 
 import tirbyoc
-from tirbyoc.offloading.selfcheck import self_check
 from tirbyoc.relax.bridge import fuse
 from tirbyoc.rewrite.steps import StepKind
 from tirbyoc.testing.workloads import conv2d, matmul
@@ -15,26 +15,16 @@ from tirbyoc.testing.workloads import conv2d, matmul
 TEMPLATES = ["x86_fp32_avx512", "x86_fp32_avx2"]
 
 
-def _runnable(name):
-    t = tirbyoc.get_template(name)
-    if not t.runs_here():
-        pytest.skip(f"{name}: {t.unavailable_reason()}")
-    return t
-
-
 @pytest.mark.parametrize("name", TEMPLATES)
 def test_self_check(name):
-    t = _runnable(name)
-    for intrin in t.intrinsics():
-        result = self_check(intrin, dict(t.target))
-        assert result.passed, result.detail
+    assert_intrinsics_check(name)
 
 
 @pytest.mark.parametrize("name", TEMPLATES)
 @pytest.mark.parametrize("workload", ["matmul", "conv_nhwc", "conv_nchw_strided"])
 def test_offloaded_whole_and_verified(name, workload):
     """Every MAC on the core, register-blocked, and the result TVM's within float32 rounding."""
-    _runnable(name)
+    runnable(name)
     func = {"matmul": lambda: matmul(48, 40, 36),
             "conv_nhwc": lambda: conv2d(1, 8, 9, 9, 32, 3, 3, layout="NHWC"),
             "conv_nchw_strided": lambda: conv2d(1, 8, 9, 9, 16, 3, 3, stride=2)}[workload]()
@@ -64,7 +54,7 @@ def biased_relu_conv():
 
 @pytest.mark.parametrize("name", TEMPLATES)
 def test_bias_and_relu_run_in_the_write_back(name):
-    _runnable(name)
+    runnable(name)
     out = tirbyoc.offload(biased_relu_conv(), name)
     (core,) = out.offloaded
     assert [s for s in core.steps if s.kind is StepKind.EPILOGUE], core.steps

@@ -1,0 +1,23 @@
+"""Helpers the CPU templates' tests share: skip where a template cannot run, self-check its
+intrinsics."""
+
+import pytest
+
+import tirbyoc
+from tirbyoc.offloading.selfcheck import self_check
+
+
+def runnable(name):
+    """The template ``name``, or a skip saying why this CPU cannot run it."""
+    t = tirbyoc.get_template(name)
+    if not t.runs_here():
+        pytest.skip(f"{name}: {t.unavailable_reason()}")
+    return t
+
+
+def assert_intrinsics_check(name):
+    """Every intrinsic of ``name`` tensorizes its own description and computes it."""
+    t = runnable(name)
+    for intrin in t.intrinsics():
+        result = self_check(intrin, dict(t.target))
+        assert result.passed, result.detail
