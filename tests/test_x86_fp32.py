@@ -59,3 +59,17 @@ def test_bias_and_relu_run_in_the_write_back(name):
     (core,) = out.offloaded
     assert [s for s in core.steps if s.kind is StepKind.EPILOGUE], core.steps
     assert out.verification.passed
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_a_staged_weight_is_laid_out_tile_by_tile(name):
+    """A [N, K] weight is staged for the core (N innermost, as an OHWI convolution weight is);
+    with more weight than input, the staged copy runs tile by tile, [N/lanes, K, lanes], so
+    that a tile's reduction steps are one contiguous run (256 fp32 channels put 1 KB between
+    them, and cache sets conflict)."""
+    runnable(name)
+    out = tirbyoc.offload(matmul(16, 256, 128, trans_b=True), name)
+    assert out.coverage == 1.0 and out.verification.passed
+    (core,) = out.offloaded
+    (note,) = [s for s in core.steps if s.kind is StepKind.SCHEDULE]
+    assert "output-channel tiles outermost" in note and "laid out tile by tile" in note
