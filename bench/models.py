@@ -44,10 +44,12 @@ BUILDERS = {"resnet18": "float_resnet18", "resnet50": "float_resnet50", "mobilen
             "bert_base": "float_bert_base"}
 
 
-def template_for(precision: str, forced: str | None = None) -> str:
-    """The template a precision runs on here: ``forced``, or the fastest template of that
-    precision this CPU runs (the first of `INT8_TEMPLATES` / `FLOAT_TEMPLATES` that runs here:
-    the choice `tirbyoc run` makes)."""
+def template_for(precision: str, args) -> str:
+    """The template a precision runs on here: the one ``args`` forces for it
+    (``--int8-template`` / ``--fp32-template``), or the fastest template of that precision this
+    CPU runs (the first of `INT8_TEMPLATES` / `FLOAT_TEMPLATES` that runs here: the choice
+    `tirbyoc run` makes)."""
+    forced = args.int8_template if precision == "int8" else args.fp32_template
     if forced:
         return forced
     import tirbyoc  # deferred: imports TVM, after the thread count is set
@@ -196,8 +198,7 @@ def worker(args) -> None:
     if args.group == "onnxruntime":
         timers, outs, facts = ort_engine(path, inputs, args.threads, args.repeat)
     else:
-        forced = args.int8_template if args.precision == "int8" else args.fp32_template
-        template = template_for(args.precision, forced)
+        template = template_for(args.precision, args)
         timers, outs, facts, arrays = tvm_engines(path, template, args.group, args.repeat, args.fast_math)
         np.savez(inputs, *arrays)
     samples = {k: [] for k in timers}
@@ -237,7 +238,7 @@ def measure(args, threads: str, name: str, precision: str) -> dict:
     from tirbyoc.app.reference import agrees, output_step, steps_apart
     from tirbyoc.app.run import compare
 
-    template = template_for(precision, args.int8_template if precision == "int8" else args.fp32_template)
+    template = template_for(precision, args)
     row = {"model": name, "precision": precision, "template": template, "threads": int(threads)}
     if not tirbyoc.get_template(template).runs_here():
         return {**row, "not_run": tirbyoc.get_template(template).unavailable_reason()}

@@ -21,6 +21,18 @@ def perfect_nest(stmt):
     return (loops, stmt) if isinstance(stmt, s_tir.SBlockRealize) else None
 
 
+def block_realize(stmt, block):
+    """The SBlockRealize of ``block`` (an SBlock) under ``stmt``: its bindings to the loop
+    variables around it. LookupError when ``block`` is not there."""
+    stack = [stmt]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, s_tir.SBlockRealize) and node.block.same_as(block):
+            return node
+        stack.extend(child_stmts(node))
+    raise LookupError(f"block {block.name_hint!r} is not under the statement")
+
+
 def with_loop_body(loop, body):
     """``loop`` (a ``For``) around ``body`` instead of its own body, all else kept."""
     return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding,

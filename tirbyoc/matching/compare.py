@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tirbyoc._tvm import Schedule, child_stmts, root_block, s_tir
+from tirbyoc._tvm import Schedule, root_block, s_tir
 from tirbyoc.decl.intrinsic_check import leaf_block
 from tirbyoc.ir.pattern import expr_vars
+from tirbyoc.ir.tir_walk import block_realize
 from tirbyoc.matching.matcher import explain
 
 
@@ -57,18 +58,13 @@ def _tvm_loop_mapping(func, block: str, intrin):
 
 def _iter_of_loop(body, block) -> dict[str, str]:
     """Loop variable -> the iterator of ``block`` bound to exactly that loop."""
-    stack = [body]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, s_tir.SBlockRealize) and node.block.same_as(block):
-            out = {}
-            for iv, value in zip(node.block.iter_vars, node.iter_values):
-                loops = expr_vars(value)
-                if len(loops) == 1:
-                    out[next(iter(loops))] = str(iv.var.name)
-            return out
-        stack.extend(child_stmts(node))
-    raise LookupError(f"block {block.name_hint!r} is not in the function")
+    node = block_realize(body, block)
+    out = {}
+    for iv, value in zip(node.block.iter_vars, node.iter_values):
+        loops = expr_vars(value)
+        if len(loops) == 1:
+            out[next(iter(loops))] = str(iv.var.name)
+    return out
 
 
 def _tvm_exact(func, block: str, intrin) -> bool:

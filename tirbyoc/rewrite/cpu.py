@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from math import prod
 
-from tirbyoc._tvm import child_stmts, iter_blocks, s_tir, tirx, vector_bytes, vector_registers
+from tirbyoc._tvm import iter_blocks, s_tir, tirx, vector_bytes, vector_registers
 from tirbyoc.dtypes import dtype_bytes
-from tirbyoc.ir.tir_walk import constant_divisors, uses_var
+from tirbyoc.ir.tir_walk import block_realize, constant_divisors, uses_var
 from tirbyoc.rewrite.prefetch import mark_weight_prefetch, prefetches
 
 WRITEBACK_ATTR = "tirbyoc.writeback"  # marks the register block's write-back (`cpu_epilogue` fuses into it)
@@ -84,14 +84,17 @@ def _output_tile_bytes(match) -> int:
     return prod(spec.shape) * dtype_bytes(spec.dtype)
 
 
-def _weight_tile_bytes(match) -> int:
-    """Bytes of one intrinsic call's weight tile: the input operand that shares an axis with
-    the output (B[lanes, k] beside A[k] for C[lanes])."""
+def _weight_operand(match):
+    """The intrinsic's weight operand: the input that shares an axis with the output
+    (B[lanes, k] beside A[k] for C[lanes]); None if no input does."""
     out = next(o for o in match.operands if o.is_output)
-    for o in match.operands:
-        if not o.is_output and set(o.view_axes) & set(out.view_axes):
-            return prod(o.tile) * dtype_bytes(match.intrinsic.operand(o.operand).dtype)
-    return 0
+    return next((o for o in match.operands if not o.is_output and set(o.view_axes) & set(out.view_axes)), None)
+
+
+def _weight_tile_bytes(match) -> int:
+    """Bytes of one intrinsic call's weight tile (0: no weight operand)."""
+    op = _weight_operand(match)
+    return prod(op.tile) * dtype_bytes(match.intrinsic.operand(op.operand).dtype) if op is not None else 0
 
 
 def _heuristic_block(sch, mloop, nloop, tile_bytes, registers=32):
@@ -211,18 +214,6 @@ def _writeback(sch, block, parallel, lanes: int) -> None:
             sch.unroll(loop)
 
 
-def _realize(sch, block):
-    """The SBlockRealize of ``block`` (its bindings to the loop variables)."""
-    name = sch.get(block).name_hint
-    stack = [sch.get(sch.get_loops(block)[0])]
-    while stack:
-        cur = stack.pop()
-        if isinstance(cur, s_tir.SBlockRealize) and cur.block.name_hint == name:
-            return cur
-        stack.extend(child_stmts(cur))
-    raise LookupError(f"no realize of block {name} under its loops")
-
-
 def weights_first(sch, block, mloop) -> str | None:
     """The weight buffer's name when the output-channel tiles should be the outermost loop:
     when the operands the rows do not index (the weights) hold more bytes than those they do
@@ -232,7 +223,8 @@ def weights_first(sch, block, mloop) -> str | None:
     the smaller input instead."""
     if mloop is None:
         return None
-    realize, var = _realize(sch, block), sch.get(mloop).loop_var
+    realize = block_realize(sch.get(sch.get_loops(block)[0]), sch.get(block))
+    var = sch.get(mloop).loop_var
     rows = [iv.var for iv, value in zip(realize.block.iter_vars, realize.iter_values) if uses_var(value, var)]
     out = {r.source.name for r in realize.block.writes}
     by_rows, weights = 0, {}
@@ -258,9 +250,8 @@ def tiles_outermost(sch, block, weight: str, match) -> bool:
     tile by tile, a tile's weights are one contiguous run. Only a buffer the function
     allocates (a staging copy, which `tirbyoc.relax.prepack` runs once for a constant weight)
     is laid out again; a parameter read in place stays as it is."""
-    ops = [o for o in match.operands if not o.is_output and len(o.tile) == 1]
-    out = next(o for o in match.operands if o.is_output)
-    lanes = next((o.tile[0] for o in ops if set(o.view_axes) & set(out.view_axes)), None)
+    op = _weight_operand(match)
+    lanes = op.tile[0] if op is not None and len(op.tile) == 1 else None
     stmt = sch.get(block)
     idx = next((i for i, r in enumerate(stmt.reads) if r.source.name == weight), None)
     if lanes is None or idx is None:

@@ -23,6 +23,8 @@ the prefetches to the tensorized blocks under it that read the weight buffer.
 
 from __future__ import annotations
 
+from math import prod
+
 from tirbyoc._tvm import expr_dtype, s_tir, tirx, tvm_ffi
 from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.ir.tir_walk import uses_var
@@ -31,7 +33,6 @@ PREFETCH_KEY = "tirbyoc.prefetch_weights"  # loop annotation: the weight buffer'
 TILES_KEY = "tirbyoc.prefetch_tiles"  # loop annotation: how many tiles ahead
 ROWS_KEY = "tirbyoc.prefetch_rows"  # loop annotation: the register block's rows
 CACHE_LINE = 64
-SPATIAL = 0  # tirx.IterVar.DataPar
 
 
 def mark_weight_prefetch(sch, loop, weight: str, tiles: int, rows: int) -> None:
@@ -65,10 +66,8 @@ def _with_prefetch(realize, weight: str, tiles: int, rows: int):
     extents = [r.extent for r in region]
     if any(not isinstance(e, tirx.IntImm) for e in extents):
         return realize
-    size = dtype_bytes(str(match.source.source.dtype))
-    for e in extents:
-        size *= int(e.value)
-    spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) == SPATIAL]
+    size = prod(int(e.value) for e in extents) * dtype_bytes(str(match.source.source.dtype))
+    spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) == int(tirx.IterVar.DataPar)]
     channel = [i for i, r in enumerate(region) if any(uses_var(r.min, v) for v in spatial)]
     mins = [r.min for r in region]
     others = [v for v in spatial if not any(uses_var(m, v) for m in mins)]
