@@ -12,6 +12,11 @@ run, every engine in a process of its own (JSON out).
   the kernels in this run. Each template's code is built for its declared CPU (x86_avx2 for
   Haswell), so an AVX2 row measured on a newer CPU is the code an AVX2 machine runs. Beside
   the GEMM: TVM's default build and ``torch._int_mm`` (when torch is installed).
+* fp32 templates (x86_fp32_avx512 with AVX-512F, x86_fp32_avx2 with AVX2 + FMA3;
+  ``--fp32-templates`` picks): BERT-base's matmuls (sequence 128) and the same ResNet-50
+  convolutions in fp32, the weight packed once and per call, in GFLOP/s, as a fraction of the
+  fused multiply-add's peak (independent ``vfmadd231ps`` chains) measured in the run, beside
+  numpy's matmul of the same shape (OpenBLAS) in its own process.
 * blas: fp32 GEMM through the blas template beside numpy's matmul (OpenBLAS both), at 1 and 2
   threads, and the per-call overhead on a tiny GEMM. The OpenBLAS kernel each ran is recorded:
   unset ``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE`` in the benchmark's command to let
@@ -72,41 +77,47 @@ def main() -> None:
     ap.add_argument("--out", default=str(HERE / "results" / "gemm.json"))
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--int8-templates", help="int8 templates to time (default: every one of x86_vnni, "
-                    "x86_avx512bw, x86_avx2 this CPU runs)")
+                    "x86_avx512bw, x86_avx2 this CPU runs; 'none': no int8 rows)")
+    ap.add_argument("--fp32-templates", help="fp32 templates to time (default: every one of x86_fp32_avx512, "
+                    "x86_fp32_avx2 this CPU runs; 'none': no fp32 rows)")
+    ap.add_argument("--no-blas", action="store_true", help="leave out the blas rows")
     for hidden in ("--case", "--n"):
         ap.add_argument(hidden, type=int, help=argparse.SUPPRESS)
     ap.add_argument("--template", help=argparse.SUPPRESS)
+    ap.add_argument("--precision", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         from gemm_workers import WORKERS  # deferred: imports TVM, after the pools are sized
 
         threads = int(args.threads)
         opts = {"template": args.template} if args.template else {}
+        opts |= {"precision": args.precision} if args.precision else {}
         print(json.dumps(WORKERS[args.worker](threads=threads, case=args.case, n=args.n, quick=args.quick, **opts)))
         return
-    from gemm_workers import int8_templates, report  # deferred: as above
+    from gemm_workers import FP32_PEAKS, INT8_PEAKS, int8_templates, report  # deferred: as above
 
     threads = [int(t) for t in args.threads.split(",")]
     sizes = (64, 256, 512) if args.quick else (64, 256, 512, 1024)
-    runs, skipped = int8_templates()
-    if args.int8_templates:
-        wanted = args.int8_templates.split(",")
-        runs = [t for t in runs if t in wanted]
-        skipped = {t: why for t, why in skipped.items() if t in wanted}
-    int8 = {}
-    for template in runs:
-        int8[template] = _int8_rows(template, threads, args.quick)
+    kernels, skipped = {}, {}
+    for precision, peaks, wanted in (("int8", INT8_PEAKS, args.int8_templates),
+                                     ("fp32", FP32_PEAKS, args.fp32_templates)):
+        runs, why_not = int8_templates(peaks)
+        if wanted:
+            runs = [t for t in runs if t in wanted.split(",")]
+            why_not = {t: why for t, why in why_not.items() if t in wanted.split(",")}
+        skipped |= why_not
+        kernels[precision] = {t: _kernel_rows(t, threads, args.quick, precision) for t in runs}
     for template, why in skipped.items():
         progress(f"{template} skipped: {why}")
     blas = []
-    for t in threads:
+    for t in threads if not args.no_blas else []:
         for n in sizes:
             progress(f"blas sgemm {n}^3 and numpy, {t} thread(s), each in its own process")
             ours, theirs = spawn("blas", t, n=n), spawn("numpy", t, n=n)
             blas.append({"n": n, "threads": t, **ours, **theirs, "ratio_vs_numpy": ours["tirbyoc_gflops"] / theirs["numpy_gflops"]})
-    tiny = {**spawn("blas", 1, n=2), **spawn("numpy", 1, n=2)}
+    tiny = {**spawn("blas", 1, n=2), **spawn("numpy", 1, n=2)} if not args.no_blas else None
     result = {"machine": platform.processor() or platform.machine(), "cpu": _cpu(), "threads": threads,
-              "int8": int8, "int8_skipped": skipped,
+              "int8": kernels["int8"], "fp32": kernels["fp32"], "skipped": skipped,
               "blas": blas, "blas_tiny_call": tiny, "quick": args.quick}
     print(report(result))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -114,21 +125,26 @@ def main() -> None:
     print(f"wrote {args.out}")
 
 
-def _int8_rows(template: str, threads: list[int], quick: bool) -> dict:
+def _kernel_rows(template: str, threads: list[int], quick: bool, precision: str = "int8") -> dict:
     """``template``'s GEMM and convolution rows at each thread count, each a fraction of its
-    instruction's peak measured before and after them (the best sample of the two runs)."""
-    from gemm_workers import INT8_PEAKS, fraction_of_peak
+    instruction's peak measured before and after them (the best sample of the two runs); fp32
+    matmul rows beside numpy's matmul of the same shape."""
+    from gemm_workers import PEAKS, fp32_cases, fraction_of_peak, int8_cases
 
-    progress(f"{template}: peak microbenchmark ({INT8_PEAKS[template][2]})")
+    progress(f"{template}: peak microbenchmark ({PEAKS[template][2]})")
     peaks = [spawn("peak", max(threads), template=template)]
-    cases = len(RESNET_CONVS[:2] if quick else RESNET_CONVS) + 1
+    cases = fp32_cases(quick) if precision == "fp32" else int8_cases(quick)
     rows = []
     for t in threads:
-        for case in range(cases):
-            row = spawn("int8", t, quick, case=case, template=template)
-            progress(f"{template} {row['workload']}, {t} thread(s): {row.get('packed_gops', 0):.0f} GOPS")
+        for case in range(len(cases)):
+            row = spawn("int8", t, quick, case=case, template=template, precision=precision)
+            if precision == "fp32" and cases[case][3] is not None:
+                row["numpy_gops"] = spawn("numpy", t, quick, n=0, case=case)["numpy_gflops"]
+            progress(f"{template} {row['workload']}, {t} thread(s): {row.get('packed_gops', 0):.0f} "
+                     f"{'GFLOP/s' if precision == 'fp32' else 'GOPS'}")
             rows.append(row)
-        rows[-cases]["torch_int_mm_gops"] = spawn("torch", t, quick)["gops"]
+        if precision == "int8":
+            rows[-len(cases)]["torch_int_mm_gops"] = spawn("torch", t, quick)["gops"]
     peaks.append(spawn("peak", max(threads), template=template))
     peak = {t: max(p["best"].get(str(t), 0.0) for p in peaks) for t in threads}
     samples = {t: [s for p in peaks for s in p["samples"].get(str(t), [])] for t in threads}
@@ -137,7 +153,7 @@ def _int8_rows(template: str, threads: list[int], quick: bool) -> dict:
             if f"{key}_gops" in r:
                 r[f"{key}_of_peak"] = fraction_of_peak(r[f"{key}_gops"], peak[r["threads"]],
                                                        f"{template} {r['workload']}", r["threads"])
-    return {"peak": INT8_PEAKS[template][2], "peak_gops": {str(t): g for t, g in peak.items()},
+    return {"peak": PEAKS[template][2], "peak_gops": {str(t): g for t, g in peak.items()},
             "peak_samples": {str(t): s for t, s in samples.items()}, "rows": rows}
 
 

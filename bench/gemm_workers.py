@@ -34,10 +34,19 @@ INT8_PEAKS = {
 }
 
 
-def int8_templates() -> tuple[list[str], dict[str, str]]:
-    """(the int8 templates of `INT8_PEAKS` this CPU runs, why each other one does not)."""
+# The fp32 templates, each beside the peak of its fused multiply-add.
+FP32_PEAKS = {
+    "x86_fp32_avx512": ("fma_peak.c", "tirbyoc_fma_zmm_peak", "12 independent vfmadd231ps zmm chains"),
+    "x86_fp32_avx2": ("fma_peak.c", "tirbyoc_fma_ymm_peak", "12 independent vfmadd231ps ymm chains"),
+}
+PEAKS = INT8_PEAKS | FP32_PEAKS
+
+
+def int8_templates(names=INT8_PEAKS) -> tuple[list[str], dict[str, str]]:
+    """(the templates of ``names`` (default `INT8_PEAKS`) this CPU runs, why each other one
+    does not)."""
     runs, why_not = [], {}
-    for name in INT8_PEAKS:
+    for name in names:
         tmpl = tirbyoc.get_template(name)
         if tmpl.runs_here():
             runs.append(name)
@@ -75,9 +84,9 @@ def time_py(fn, number: int, repeat: int) -> float:
 
 def peak(threads: int, template: str = "x86_vnni", seconds: float = 0.25, reps: int = 5, **_) -> dict:
     """The peak of ``template``'s instruction on this CPU at 1 .. ``threads`` threads
-    (`INT8_PEAKS`: independent chains in inline assembly, one thread per core), best of
+    (`PEAKS`: independent chains in inline assembly, one thread per core), best of
     ``reps`` repetitions (and every sample)."""
-    source, symbol, _ = INT8_PEAKS[template]
+    source, symbol, _ = PEAKS[template]
     lib = ExternLibrary(f"tirbyoc_{source[:-2]}", [HERE / "csrc" / source], [symbol])
     fn = getattr(lib.load(), symbol)
     fn.restype, fn.argtypes = ctypes.c_int64, [ctypes.c_int64]
@@ -129,10 +138,39 @@ def int8_cases(quick: bool) -> list:
     return cases
 
 
-def int8(threads: int, case: int, template: str = "x86_vnni", quick: bool = False, **_) -> dict:
-    """One row of an int8 template: the offloaded function with its weight (parameter 1) packed
-    once, as a deployed model runs it, and packed on every call; both outputs must agree."""
-    name, func, macs, baseline = int8_cases(quick)[case]
+# BERT-base's matmuls at sequence length 128 (batch 1): (name, M, N, K)
+BERT_MATMULS = [("BERT QKV / output 128x768x768", 128, 768, 768),
+                ("BERT FFN1 128x3072x768", 128, 3072, 768),
+                ("BERT FFN2 128x768x3072", 128, 768, 3072)]
+
+
+def fp32_cases(quick: bool) -> list:
+    """(name, PrimFunc, MACs, numpy's (M, N, K) or None) for each fp32 row: BERT's matmuls
+    (B [K, N], as ONNX's MatMul) and ResNet-50's convolutions, NHWC."""
+    from gemm import RESNET_CONVS  # deferred: gemm imports this module inside its workers
+
+    cases = [(name, matmul(m, n, k), m * n * k, (m, n, k)) for name, m, n, k in BERT_MATMULS[:1 if quick else 3]]
+    for name, hw, c, oc, kernel, stride in RESNET_CONVS[:2] if quick else RESNET_CONVS:
+        func = conv2d(1, c, hw + kernel - 1, hw + kernel - 1, oc, kernel, kernel, layout="NHWC", stride=stride)
+        cases.append((f"conv {name} {hw}x{hw}x{c}->{oc}", func, hw * hw * c * oc * kernel * kernel, None))
+    return cases
+
+
+def _kernel_case(precision: str, case: int, quick: bool):
+    if precision == "fp32":
+        name, func, macs, shape = fp32_cases(quick)[case]
+        # the weight is a constant, as in a model: TVM's mark lets the schedule stage it in
+        # the layout its core reads best, a copy the deployed model runs once
+        return name, func.with_attr("layout_free_buffers", [1]), macs, False
+    return int8_cases(quick)[case]
+
+
+def int8(threads: int, case: int, template: str = "x86_vnni", quick: bool = False, precision: str = "int8",
+         **_) -> dict:
+    """One row of an int8 (or, ``precision="fp32"``, fp32) template: the offloaded function with
+    its weight (parameter 1) packed once, as a deployed model runs it, and packed on every
+    call; both outputs must agree."""
+    name, func, macs, baseline = _kernel_case(precision, case, quick)
     target = int8_target(template)
     off = tirbyoc.offload(func, template, target=target)
     row = {"workload": name, "template": template, "target": target, "threads": threads, "macs": macs,
@@ -203,38 +241,53 @@ def blas(threads: int, n: int, **_) -> dict:
             "tirbyoc_openblas": openblas_kernel("scipy_openblas32/lib/libscipy_openblas*.so", "scipy_openblas_get_config")}
 
 
-def numpy_matmul(threads: int, n: int, **_) -> dict:
+def numpy_matmul(threads: int, n: int, case: int | None = None, quick: bool = False, **_) -> dict:
+    """numpy's matmul (OpenBLAS) of n x n x n, or of fp32 row ``case``'s (M, N, K)."""
+    m, n, k = fp32_cases(quick)[case][3] if case is not None else (n, n, n)
     rng = np.random.default_rng(0)
-    a, b = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
-    sec = time_py(lambda: a @ b, max(1, int(5e7 / n ** 3)), 7)
-    return {"numpy_gflops": 2 * n ** 3 / sec / 1e9, "numpy_us": sec * 1e6,
+    a, b = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
+    sec = time_py(lambda: a @ b, max(1, int(5e7 / (m * n * k))), 7)
+    return {"numpy_gflops": 2 * m * n * k / sec / 1e9, "numpy_us": sec * 1e6,
             "numpy_openblas": openblas_kernel("numpy.libs/libscipy_openblas*.so", "scipy_openblas_get_config64_")}
 
 
 WORKERS = {"peak": peak, "int8": int8, "torch": torch_int_mm, "blas": blas, "numpy": numpy_matmul}
 
 
+def _kernel_table(template: str, part: dict, fp32: bool) -> list[str]:
+    unit = "GFLOP/s" if fp32 else "GOPS"
+    lines = [f"{template} peak ({part['peak']}, best of the samples before and after the kernels): "
+             + ", ".join(f"{t} thread(s) {g:.0f} {unit}" for t, g in part["peak_gops"].items())]
+    rows = [(r["workload"], str(r["threads"]), f"{r.get('packed_gops', 0):.0f}", f"{r.get('packed_of_peak', 0):.2f}",
+             f"{r.get('per_call_gops', 0):.0f}", f"{r.get('per_call_of_peak', 0):.2f}",
+             *((f"{r['numpy_gops']:.0f}" if r.get("numpy_gops") else "-",
+                f"{r['packed_gops'] / r['numpy_gops']:.2f}" if r.get("numpy_gops") else "-") if fp32 else
+               (f"{r['tvm_default_gops']:.1f}" if "tvm_default_gops" in r else "-",
+                f"{r['torch_int_mm_gops']:.0f}" if r.get("torch_int_mm_gops") else "-")),
+             "yes" if r.get("verified") and r.get("packed_same_as_per_call", True) else "NO")
+            for r in part["rows"]]
+    extra = ["numpy matmul", "vs numpy"] if fp32 else ["TVM default", "torch._int_mm"]
+    return lines + ["", render([f"{template} workload", "threads", f"{unit} (weight packed once)", "of peak",
+                                f"{unit} (packed per call)", "of peak", *extra, "verified"], rows), ""]
+
+
 def report(result: dict) -> str:
-    """The tables a person reads: each int8 template's rows against its peak, blas rows against numpy."""
+    """The tables a person reads: each int8 and fp32 template's rows against its peak, blas
+    rows against numpy."""
     lines = []
-    for template, part in result["int8"].items():
-        lines.append(f"{template} peak ({part['peak']}, best of the samples before and after the kernels): "
-                     + ", ".join(f"{t} thread(s) {g:.0f} GOPS" for t, g in part["peak_gops"].items()))
-        rows = [(r["workload"], str(r["threads"]), f"{r.get('packed_gops', 0):.0f}", f"{r.get('packed_of_peak', 0):.2f}",
-                 f"{r.get('per_call_gops', 0):.0f}", f"{r.get('per_call_of_peak', 0):.2f}",
-                 f"{r['tvm_default_gops']:.1f}" if "tvm_default_gops" in r else "-",
-                 f"{r['torch_int_mm_gops']:.0f}" if r.get("torch_int_mm_gops") else "-",
-                 "yes" if r.get("verified") and r.get("packed_same_as_per_call", True) else "NO")
-                for r in part["rows"]]
-        lines += ["", render([f"{template} workload", "threads", "GOPS (weight packed once)", "of peak",
-                              "GOPS (packed per call)", "of peak", "TVM default", "torch._int_mm", "verified"], rows), ""]
-    for template, why in result["int8_skipped"].items():
+    for precision in ("int8", "fp32"):
+        for template, part in result.get(precision, {}).items():
+            lines += _kernel_table(template, part, precision == "fp32")
+    for template, why in result["skipped"].items():
         lines.append(f"{template} skipped: {why}")
-    lines.append(render(["blas n", "threads", "GFLOP/s", "numpy GFLOP/s", "ratio", "verified"],
-                        [(b["n"], b["threads"], f"{b['tirbyoc_gflops']:.1f}", f"{b['numpy_gflops']:.1f}",
-                          f"{b['ratio_vs_numpy']:.2f}", "yes" if b["verified"] else "NO") for b in result["blas"]]))
+    if result["blas"]:
+        lines.append(render(["blas n", "threads", "GFLOP/s", "numpy GFLOP/s", "ratio", "verified"],
+                            [(b["n"], b["threads"], f"{b['tirbyoc_gflops']:.1f}", f"{b['numpy_gflops']:.1f}",
+                              f"{b['ratio_vs_numpy']:.2f}", "yes" if b["verified"] else "NO") for b in result["blas"]]))
     tiny = result["blas_tiny_call"]
-    lines.append(f"\nblas 2x2x2 call: {tiny['tirbyoc_us']:.2f} us (numpy matmul {tiny['numpy_us']:.2f} us)")
+    if tiny:
+        lines.append(f"\nblas 2x2x2 call: {tiny['tirbyoc_us']:.2f} us (numpy matmul {tiny['numpy_us']:.2f} us)")
     kernels = {b.get("tirbyoc_openblas") for b in result["blas"]} | {b.get("numpy_openblas") for b in result["blas"]}
+    kernels |= {r.get("numpy_openblas") for part in result.get("fp32", {}).values() for r in part["rows"]}
     lines.append("OpenBLAS: " + "; ".join(sorted(k for k in kernels if k)))
     return "\n".join(lines)

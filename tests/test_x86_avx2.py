@@ -76,8 +76,12 @@ def test_register_budget_follows_the_cpu():
     assert register_block(1024, 128, 32, registers=16) == (4, 2)
     # 7 rows (ResNet's last stage): 7x2 reuses each load more than 1x16 does
     assert register_block(7, 64, 32, registers=32) == (7, 2)
-    # x86_vnni's 64 B tiles: the blocks it had before the budget existed
-    assert register_block(56, 4, 64) == (7, 2) and register_block(1024, 64, 64) == (4, 2)
+    # x86_vnni's 64 B tiles: up to 24 accumulators; with the weight panel in L2 (ResNet-50's
+    # 14x14 3x3 layer), rows before tiles: 2x8 reads four times the L2 lines of 7x2 per step
+    assert register_block(1024, 64, 64) == (4, 4)
+    assert register_block(14, 16, 64, panel_bytes=576 * 64, weight_tile_bytes=64) == (7, 2)
+    # a panel past WEIGHT_PANEL_BYTES (BERT's K = 3072 matmul) narrows the block
+    assert register_block(128, 48, 64, panel_bytes=3072 * 64, weight_tile_bytes=64) == (8, 2)
 
 
 def test_offload_schedule_names_the_block_for_avx2_code():

@@ -73,3 +73,50 @@ def test_a_staged_weight_is_laid_out_tile_by_tile(name):
     (core,) = out.offloaded
     (note,) = [s for s in core.steps if s.kind is StepKind.SCHEDULE]
     assert "output-channel tiles outermost" in note and "laid out tile by tile" in note
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_a_constant_weight_read_in_place_is_staged_only_when_layout_free(name):
+    """A matmul's [K, N] weight read in place (ONNX's MatMul) steps N elements per reduction
+    step; when every caller passes it as a constant (TVM's ``layout_free_buffers``, which the
+    Relax bridge sets) the schedule stages it tile by tile, a copy prepacking runs once. A
+    weight that may change per call stays in place: copying it each call costs a pass over it."""
+    from tirbyoc.relax.prepack import weight_copies
+
+    runnable(name)
+    func = matmul(16, 256, 128)
+    kept = tirbyoc.offload(func, name)
+    staged = tirbyoc.offload(func.with_attr("layout_free_buffers", [1]), name)
+    for out in (kept, staged):
+        assert out.coverage == 1.0 and out.verification.passed
+    notes = [str(s) for out in (kept, staged) for s in out.offloaded[0].steps if s.kind is StepKind.SCHEDULE]
+    assert "laid out tile by tile" not in notes[0] and "laid out tile by tile" in notes[1], notes
+    assert not weight_copies(kept.func, {1}) and len(weight_copies(staged.func, {1})) == 1
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_the_staged_weight_follows_the_reduction_loops(name):
+    """The reduction of this conv runs C, kh, kw (outer to inner): its HWIO weight is staged
+    [N/lanes, C, kh, kw, lanes], each step the next contiguous vector."""
+    from tirbyoc._tvm import root_block
+
+    runnable(name)
+    lanes = 16 if name.endswith("512") else 8
+    func = conv2d(1, 32, 8, 8, 32, 3, 3, layout="NHWC").with_attr("layout_free_buffers", [1])
+    out = tirbyoc.offload(func, name)
+    assert out.coverage == 1.0 and out.verification.passed
+    shapes = [tuple(int(d) for d in b.shape) for b in root_block(out.func).alloc_buffers if len(b.shape) == 5]
+    assert shapes == [(32 // lanes, 32, 3, 3, lanes)], shapes
+
+
+def test_register_blocks_past_one_kib_stay_in_registers():
+    """A 24-accumulator block (1.5 KB of zmm) is kept on the stack, so in registers: TVM moves
+    a buffer of 1 KiB or more to the heap (TVMBackendAllocWorkspace) unless told not to."""
+    from tirbyoc.offloading.verification import compile_func
+
+    target = {"kind": "llvm", "mcpu": "skylake-avx512"}
+    out = tirbyoc.offload(matmul(64, 96, 64), "x86_fp32_avx512", target=target, verify=False)
+    (note,) = [s for s in out.offloaded[0].steps if s.kind is StepKind.SCHEDULE]
+    assert "(1536 B)" in note, note
+    source = compile_func(out.func, target, "offloaded").mod.inspect_source("ll")
+    assert "TVMBackendAllocWorkspace" not in source

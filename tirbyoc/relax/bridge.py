@@ -33,12 +33,13 @@ from typing import Sequence
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from tirbyoc._tvm import tirx, tvm, with_external_mods
+from tirbyoc._tvm import const_value, tirx, tvm, with_external_mods
 from tirbyoc.decl.registry import as_template
 from tirbyoc.ir.pattern import block_macs
 from tirbyoc.matching.matcher import match
 from tirbyoc.offloading.offloader import TUNED_STEP, offload
 from tirbyoc.offloading.whole_function import find_whole_call, verify_whole_call
+from tirbyoc.rewrite.weight_layout import LAYOUT_FREE_ATTR
 from tirbyoc.rewrite.steps import StepKind
 
 OPAQUE = 8  # relay/relax OpPatternKind::kOpaque
@@ -166,6 +167,36 @@ def call_counts(mod) -> dict[str, int]:
         if isinstance(func, relax.Function):
             relax.analysis.post_order_visit(func, visit)
     return counts
+
+
+def constant_arguments(mod) -> dict[str, set[int]]:
+    """For each PrimFunc a ``call_tir`` names, the argument positions that are a Relax
+    constant at every one of its call sites."""
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    found: dict[str, set[int]] = {}
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and expr.op.same_as(call_tir) and len(expr.args) >= 2:
+            name = expr.args[0].name_hint
+            here = {i for i, a in enumerate(getattr(expr.args[1], "fields", ()))
+                    if const_value(a) is not None}
+            found[name] = here if name not in found else found[name] & here
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return found
+
+
+def with_layout_free(func, constant: set[int]):
+    """``func`` marked with the parameters every call site passes as a Relax constant
+    (TVM's ``layout_free_buffers``, as ``relax.transform.AttachAttrLayoutFreeBuffers`` sets it,
+    without that pass's copy of each function under a new name): the CPU schedule may stage
+    such a weight into the layout its core reads best, a copy `PackConstantWeights` then runs
+    once (`tirbyoc.rewrite.cpu.tiles_outermost`)."""
+    if not constant or (func.attrs is not None and LAYOUT_FREE_ATTR in func.attrs):
+        return func
+    return func.with_attr(LAYOUT_FREE_ATTR, [tirx.IntImm("int32", i) for i in sorted(constant)])
 
 
 def _keep_identity(original, rewritten, template: str):
@@ -297,7 +328,7 @@ def offload_module(mod, templates: Sequence, *, policy="first", verify: bool = T
     templates = [as_template(t) for t in templates]
     report = report if report is not None else OffloadReport()
     funcs = [(gv, f) for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)]
-    counts = call_counts(mod)
+    counts, constants = call_counts(mod), constant_arguments(mod)
     updates, whole = {}, {}
     for n, (gv, func) in enumerate(sorted(funcs, key=lambda p: p[0].name_hint)):
         name = gv.name_hint
@@ -313,7 +344,8 @@ def offload_module(mod, templates: Sequence, *, policy="first", verify: bool = T
                                                    None, verified, extern=wc.symbol,
                                                    calls=counts.get(name, 1)))
             continue
-        current, function_report = _offload_function(name, func, templates, policy, verify, tuned)
+        marked = with_layout_free(func, constants.get(name, set()))
+        current, function_report = _offload_function(name, marked, templates, policy, verify, tuned)
         function_report = replace(function_report, calls=counts.get(name, 1))
         if function_report.intrinsics:
             updates[gv] = _keep_identity(func, current, function_report.template)
@@ -346,5 +378,6 @@ def OffloadTIR(templates: Sequence, *, policy="first", verify: bool = True,
     return _pass
 
 
-__all__ = ["OFFLOADED_ATTR", "FunctionReport", "OffloadReport", "OffloadTIR", "call_counts", "fuse", "offload_module",
+__all__ = ["OFFLOADED_ATTR", "FunctionReport", "OffloadReport", "OffloadTIR", "call_counts", "constant_arguments", "fuse",
+           "offload_module", "with_layout_free",
            "replace_call_tir"]

@@ -32,7 +32,7 @@ from tirbyoc._tvm import const_value, host_target, iter_blocks, root_block, s_ti
 from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.ir.tir_walk import with_root_body
 from tirbyoc.offloading.verification import compile_func, run_executable
-from tirbyoc.relax.bridge import OFFLOADED_ATTR, replace_call_tir
+from tirbyoc.relax.bridge import OFFLOADED_ATTR, constant_arguments, replace_call_tir
 
 
 @dataclass
@@ -61,25 +61,6 @@ class _Copy:
     param: object
     packed: object
     stmt: object
-
-
-def constant_arguments(mod) -> dict[str, set[int]]:
-    """For each PrimFunc a ``call_tir`` names, the argument positions that are a Relax
-    constant at every one of its call sites."""
-    call_tir = tvm.ir.Op.get("relax.call_tir")
-    found: dict[str, set[int]] = {}
-
-    def visit(expr):
-        if isinstance(expr, relax.Call) and expr.op.same_as(call_tir) and len(expr.args) >= 2:
-            name = expr.args[0].name_hint
-            here = {i for i, a in enumerate(getattr(expr.args[1], "fields", ()))
-                    if const_value(a) is not None}
-            found[name] = here if name not in found else found[name] & here
-
-    for func in mod.functions.values():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, visit)
-    return found
 
 
 def _top_statements(root) -> list:

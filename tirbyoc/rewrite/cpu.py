@@ -15,9 +15,11 @@ small accumulator buffer, runs the whole reduction over it, then writes it back 
                 intrinsic(acc[row, tile], A[row, k], B_packed[tile, k])
         write acc back (vectorised)
 
-LLVM keeps ``acc`` in registers only if TVM gives it a stack slot, which TVM does for
-buffers under 1 KiB (``kMaxStackAlloca``); ``mr x nr`` is chosen within that budget as the
-largest block whose sizes divide the loop extents (16 zmm accumulators for int32 x 16 lanes).
+LLVM keeps ``acc`` in registers only if it is a stack slot, which TVM makes of buffers under
+1 KiB (``kMaxStackAlloca``) and `tirbyoc.rewrite.stack` of every register block up to
+`REGISTER_BLOCK_BYTES`; ``mr x nr`` is chosen within the register file (24 zmm accumulators
+of the 32) as the block with the most multiply-adds per load whose sizes divide the loop
+extents and whose weight panel (nr tiles over the whole reduction) stays in L2.
 """
 
 from __future__ import annotations
@@ -26,12 +28,16 @@ from math import prod
 
 from tirbyoc._tvm import iter_blocks, s_tir, tirx, vector_bytes, vector_registers
 from tirbyoc.dtypes import dtype_bytes
-from tirbyoc.ir.tir_walk import block_realize, constant_divisors, uses_var
+from tirbyoc.ir.tir_walk import constant_divisors
 from tirbyoc.rewrite.prefetch import mark_weight_prefetch, prefetches
+from tirbyoc.rewrite.stack import REGISTER_BLOCK_BYTES, WRITEBACK_ATTR
+from tirbyoc.rewrite.weight_layout import LAYOUT_FREE_ATTR, tiles_outermost, weight_operand, weights_first
 
-WRITEBACK_ATTR = "tirbyoc.writeback"  # marks the register block's write-back (`cpu_epilogue` fuses into it)
-STACK_BYTES = 1024  # TVM allocates constant buffers smaller than this on the stack
-MAX_ACCUMULATORS = 16  # leave registers for the operands (32 zmm on AVX-512)
+MAX_ACCUMULATORS = 24  # leave registers for the operands (32 zmm on AVX-512)
+WEIGHT_PANEL_BYTES = 512 * 1024  # half a 1 MiB L2 (Zen 4/5, Cascade Lake): the panel a row block re-reads
+L1_WEIGHT_BYTES = 24 * 1024  # half a 48 KiB L1: a smaller panel stays in L1 beside the rows
+CACHE_LINE = 64
+L2_CYCLES_PER_LINE = 3  # a weight line from L2 per step costs about three cycles' worth of loads
 
 
 def loop_extent(sch, loop) -> int | None:
@@ -54,24 +60,39 @@ def _divisors(n: int | None, limit: int) -> list[int]:
     return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
 
 
+def _reuse(mr: int, nr: int, panel_bytes: int, weight_tile_bytes: int) -> float:
+    """Multiply-adds per unit of the busiest port feeding them, for an ``mr x nr`` block: each
+    step loads mr + nr operands from L1 (two a cycle) and, once the nr tiles' weight panel
+    outgrows L1, nr weight tiles from L2 (`L2_CYCLES_PER_LINE` a 64-byte line). x86_vnni's
+    ResNet-50 14x14 3x3 layer ran at 0.87 of the peak with 7 x 2 and 0.46 with 2 x 8: the
+    same count of accumulators, four times the L2 lines per step."""
+    from_l2 = nr * panel_bytes > L1_WEIGHT_BYTES
+    l2 = L2_CYCLES_PER_LINE * nr * max(1, weight_tile_bytes // CACHE_LINE) if from_l2 else 0
+    return mr * nr / max(mr + nr, l2)
+
+
 def register_block(m_extent: int | None, n_extent: int | None, tile_bytes: int,
-                   registers: int = 32) -> tuple[int, int]:
+                   registers: int = 32, panel_bytes: int = 0, weight_tile_bytes: int = 0) -> tuple[int, int]:
     """(mr, nr): the ``mr x nr`` output tiles kept in registers across the reduction. Each
     step loads mr rows of A and nr tiles of B for mr * nr intrinsic calls, so the block with
-    the most calls per load (mr * nr / (mr + nr)) wins; among equals, more accumulators, then
-    more rows (a narrower weight panel stays in L1 while the rows are reused). A block must
-    divide the extents, fit the stack budget, and leave, beside its accumulators, a register
-    for each operand of the shorter side and one for the other: an AVX2 CPU has 16 vector
-    registers, and a 4x4 block of ymm accumulators there spills every step."""
+    the most calls per load (`_reuse`) wins; among equals, more accumulators, then more rows.
+    A block must divide the extents, fit `REGISTER_BLOCK_BYTES`, and leave, beside its
+    accumulators, a register for each operand of the shorter side and one for the other: an
+    AVX2 CPU has 16 vector registers, and a 4x4 block of ymm accumulators there spills every
+    step. ``panel_bytes``: one weight tile's bytes over the whole reduction; the nr tiles'
+    panel, which every row block re-reads, must fit `WEIGHT_PANEL_BYTES` (BERT's
+    128 x 768 x 3072 matmul, K = 3072: 0.47 of the fma peak with 4 x 6 tiles, a 1.2 MB panel,
+    0.87 with 8 x 2, 393 KB)."""
+    widest = max(1, WEIGHT_PANEL_BYTES // panel_bytes) if panel_bytes else MAX_ACCUMULATORS
     best = (1, 1)
-    best_key = (0.5, 1, 1)
+    best_key = (0.0, 1, 1)
     for mr in _divisors(m_extent, MAX_ACCUMULATORS):
-        for nr in _divisors(n_extent, MAX_ACCUMULATORS):
+        for nr in _divisors(n_extent, min(MAX_ACCUMULATORS, widest)):
             count = mr * nr
-            if (count > MAX_ACCUMULATORS or count * tile_bytes >= STACK_BYTES
+            if (count > MAX_ACCUMULATORS or count * tile_bytes > REGISTER_BLOCK_BYTES
                     or count + min(mr, nr) + 1 > registers):
                 continue
-            key = (count / (mr + nr), count, mr)
+            key = (_reuse(mr, nr, panel_bytes, weight_tile_bytes), count, mr)
             if key > best_key:
                 best, best_key = (mr, nr), key
     return best
@@ -84,29 +105,23 @@ def _output_tile_bytes(match) -> int:
     return prod(spec.shape) * dtype_bytes(spec.dtype)
 
 
-def _weight_operand(match):
-    """The intrinsic's weight operand: the input that shares an axis with the output
-    (B[lanes, k] beside A[k] for C[lanes]); None if no input does."""
-    out = next(o for o in match.operands if o.is_output)
-    return next((o for o in match.operands if not o.is_output and set(o.view_axes) & set(out.view_axes)), None)
-
-
 def _weight_tile_bytes(match) -> int:
     """Bytes of one intrinsic call's weight tile (0: no weight operand)."""
-    op = _weight_operand(match)
+    op = weight_operand(match)
     return prod(op.tile) * dtype_bytes(match.intrinsic.operand(op.operand).dtype) if op is not None else 0
 
 
-def _heuristic_block(sch, mloop, nloop, tile_bytes, registers=32):
+def _heuristic_block(sch, mloop, nloop, tile_bytes, registers=32, panel_bytes=0, weight_tile_bytes=0):
     """`register_block`'s (mr, nr) for the loops' extents."""
     return register_block(loop_extent(sch, mloop) if mloop is not None else None,
-                          loop_extent(sch, nloop) if nloop is not None else None, tile_bytes, registers)
+                          loop_extent(sch, nloop) if nloop is not None else None, tile_bytes, registers,
+                          panel_bytes, weight_tile_bytes)
 
 
 def sampled_block(sch, mloop, nloop, tile_bytes):
     """(mr, nr) as MetaSchedule decisions (``sample_perfect_tile``), bounded so the block
     can stay within the register budget: what `tirbyoc.tuning` searches over."""
-    rows = max(1, min(MAX_ACCUMULATORS, STACK_BYTES // max(tile_bytes, 1) - 1))
+    rows = max(1, min(MAX_ACCUMULATORS, REGISTER_BLOCK_BYTES // max(tile_bytes, 1) - 1))
     mr = sch.sample_perfect_tile(mloop, n=2, max_innermost_factor=rows)[1] if mloop is not None else 1
     nr = sch.sample_perfect_tile(nloop, n=2, max_innermost_factor=max(1, min(8, rows)))[1] \
         if nloop is not None else 1
@@ -214,58 +229,15 @@ def _writeback(sch, block, parallel, lanes: int) -> None:
             sch.unroll(loop)
 
 
-def weights_first(sch, block, mloop) -> str | None:
-    """The weight buffer's name when the output-channel tiles should be the outermost loop:
-    when the operands the rows do not index (the weights) hold more bytes than those they do
-    (the input); else None. Rows outermost stream every weight once per row block, from L3 or
-    memory once the weights outgrow L2 (ResNet-50's last 3x3 layers: 2.3 MB of weights,
-    seven rows: 7 x 2.3 MB per call); channel tiles outermost stream them once and re-read
-    the smaller input instead."""
-    if mloop is None:
-        return None
-    realize = block_realize(sch.get(sch.get_loops(block)[0]), sch.get(block))
-    var = sch.get(mloop).loop_var
-    rows = [iv.var for iv, value in zip(realize.block.iter_vars, realize.iter_values) if uses_var(value, var)]
-    out = {r.source.name for r in realize.block.writes}
-    by_rows, weights = 0, {}
-    for region in realize.block.reads:
-        buf = region.source
-        if buf.name in out or any(not isinstance(d, tirx.IntImm) for d in buf.shape):
-            continue
-        size = prod(int(d) for d in buf.shape) * dtype_bytes(str(buf.dtype))
-        if any(uses_var(r.min, v) for r in region.region for v in rows):
-            by_rows += size
-        else:
-            weights[buf.name] = size
-    if not weights or sum(weights.values()) <= by_rows:
-        return None
-    return max(weights, key=weights.get)
-
-
-def tiles_outermost(sch, block, weight: str, match) -> bool:
-    """Lay a staged weight out tile by tile, ``[N/lanes, ..., lanes]``, when the core reads it
-    one vector of output channels per reduction step (the fp32 core's B[lanes]): staged as
-    ``[kh, kw, C, N]``, each step of a tile is N elements after the last (1 KB for 256 fp32
-    channels), and a 14x14x256 3x3 layer ran at half the core's speed on cache-set conflicts;
-    tile by tile, a tile's weights are one contiguous run. Only a buffer the function
-    allocates (a staging copy, which `tirbyoc.relax.prepack` runs once for a constant weight)
-    is laid out again; a parameter read in place stays as it is."""
-    op = _weight_operand(match)
-    lanes = op.tile[0] if op is not None and len(op.tile) == 1 else None
-    stmt = sch.get(block)
-    idx = next((i for i, r in enumerate(stmt.reads) if r.source.name == weight), None)
-    if lanes is None or idx is None:
-        return False
-    buf = stmt.reads[idx].source
-    allocated = any(b.same_as(buf) for blk in iter_blocks(sch.mod["main"].body) for b in blk.alloc_buffers)
-    shape = [int(d) for d in buf.shape] if all(isinstance(d, tirx.IntImm) for d in buf.shape) else None
-    if not allocated or not shape or len(shape) < 2 or shape[-1] % lanes or shape[-1] == lanes:
-        return False
-    ndim = len(shape)
-    layout = tirx.IndexMap.from_func(lambda *d: [d[-1] // lanes, *d[:-1], d[-1] % lanes], ndim=ndim,
-                                     index_dtype="int32")
-    sch.transform_layout(block, ("read", idx), layout)
-    return True
+def _block_for(sch, loops, match, target, choose) -> tuple[int, int]:
+    """(mr, nr) for the rows loop, the channel-tiles loop and the reduction loops ``loops``:
+    ``choose``'s, or `register_block`'s for the target's registers and the weight panel."""
+    mloop, nloop, reductions = loops
+    tile_bytes = _output_tile_bytes(match)
+    if choose is not None:
+        return choose(sch, mloop, nloop, tile_bytes)
+    steps, weight = prod(loop_extent(sch, l) or 1 for l in reductions), _weight_tile_bytes(match)
+    return _heuristic_block(sch, mloop, nloop, tile_bytes, vector_registers(target), steps * weight, weight)
 
 
 def default_schedule(sch, block, loops, match, target, choose=None) -> str | None:
@@ -275,7 +247,6 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
     Returns a one-line note of what it did."""
     if target is None or str(target.kind.name) != "llvm":
         return None
-    copies = schedule_copies(sch, block)
     tile_bytes = _output_tile_bytes(match)
     mloop = loops.outer_spatial[-1] if loops.outer_spatial else None
     nloop = loops.axis_spatial[-1] if loops.axis_spatial else None
@@ -283,19 +254,16 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
     # A block that accumulates into values a separate init block wrote has no T.init: its
     # accumulator cannot start from zero in registers, and TVM will not parallelise it.
     has_init = sch.get(block).init is not None
-    blocked = reductions and tile_bytes < STACK_BYTES and has_init
-    if not blocked:
-        mr, nr = 1, 1
-    elif choose is None:
-        mr, nr = _heuristic_block(sch, mloop, nloop, tile_bytes, vector_registers(target))
-    else:
-        mr, nr = choose(sch, mloop, nloop, tile_bytes)
+    blocked = reductions and tile_bytes < REGISTER_BLOCK_BYTES and has_init
+    mr, nr = _block_for(sch, (mloop, nloop, reductions), match, target, choose) if blocked else (1, 1)
     head = list(loops.outer_spatial[:-1] if mloop is not None else loops.outer_spatial)
     others = [l for l in loops.axis_spatial if l is not nloop]
-    inner_block, first, relaid = [], False, False
+    first = weights_first(sch, block, mloop) if blocked and (others or nloop is not None) else None
+    relaid = tiles_outermost(sch, block, first, match) if first else None
+    first = relaid or first
+    copies = schedule_copies(sch, block)  # after the relayout: it may add a copy
+    inner_block = []
     if blocked:
-        first = weights_first(sch, block, mloop) if others or nloop is not None else None
-        relaid = bool(first) and tiles_outermost(sch, block, first, match)
         if mloop is not None:
             mo, mi = sch.split(mloop, [None, mr])
         if nloop is not None:
@@ -328,4 +296,4 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
             f"parallel outer loops{order}" + staged)
 
 
-__all__ = ["WRITEBACK_ATTR", "default_schedule", "lanes_dividing", "register_block", "sampled_block", "schedule_copies"]
+__all__ = ["LAYOUT_FREE_ATTR", "WRITEBACK_ATTR", "default_schedule", "lanes_dividing", "register_block", "sampled_block", "schedule_copies"]
