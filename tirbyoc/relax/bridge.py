@@ -193,7 +193,7 @@ def with_layout_free(func, constant: set[int]):
     (TVM's ``layout_free_buffers``, as ``relax.transform.AttachAttrLayoutFreeBuffers`` sets it,
     without that pass's copy of each function under a new name): the CPU schedule may stage
     such a weight into the layout its core reads best, a copy `PackConstantWeights` then runs
-    once (`tirbyoc.rewrite.cpu.tiles_outermost`)."""
+    once (`tirbyoc.rewrite.weight_layout.tiles_outermost`)."""
     if not constant or (func.attrs is not None and LAYOUT_FREE_ATTR in func.attrs):
         return func
     return func.with_attr(LAYOUT_FREE_ATTR, [tirx.IntImm("int32", i) for i in sorted(constant)])
@@ -344,7 +344,8 @@ def offload_module(mod, templates: Sequence, *, policy="first", verify: bool = T
                                                    None, verified, extern=wc.symbol,
                                                    calls=counts.get(name, 1)))
             continue
-        marked = with_layout_free(func, constants.get(name, set()))
+        # a tuning database holds the functions as they were tuned, without the mark
+        marked = with_layout_free(func, constants.get(name, set())) if tuned is None else func
         current, function_report = _offload_function(name, marked, templates, policy, verify, tuned)
         function_report = replace(function_report, calls=counts.get(name, 1))
         if function_report.intrinsics:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from math import prod
 
-from tirbyoc._tvm import iter_blocks, s_tir, tirx, vector_bytes, vector_registers
+from tirbyoc._tvm import s_tir, tirx, vector_bytes, vector_registers
 from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.ir.tir_walk import constant_divisors
 from tirbyoc.rewrite.prefetch import mark_weight_prefetch, prefetches
