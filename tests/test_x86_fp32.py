@@ -61,6 +61,37 @@ def test_bias_and_relu_run_in_the_write_back(name):
     assert out.verification.passed
 
 
+def gelu_matmul():
+    """matmul + bias + GELU (erf), legalized and fused as BERT's FFN1: the bias-added value is
+    read on two paths (x * 0.5 and erf(x / sqrt 2)) that join in the last multiply."""
+    rng = np.random.default_rng(1)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([32, 64], "float32"))
+    op = relax.op
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(op.matmul(x, relax.const(rng.standard_normal((64, 96)).astype("float32"))))
+            y = bb.emit(op.add(y, relax.const(rng.standard_normal(96).astype("float32"))))
+            out = bb.emit_output(op.nn.gelu(y))
+        bb.emit_func_output(out)
+    mod = fuse(relax.transform.LegalizeOps()(bb.get()))
+    (func,) = [f for f in mod.functions.values() if not isinstance(f, relax.Function)]
+    return func.with_attr("global_symbol", "main")
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_gelu_joins_the_write_back_with_a_vector_erf(name):
+    """The GELU's two paths are joined into one block and fused into the write-back, its erf
+    as vector arithmetic instead of libm's scalar erff; verified against TVM's build (libm)."""
+    runnable(name)
+    out = tirbyoc.offload(gelu_matmul(), name)
+    assert out.coverage == 1.0 and out.verification.passed
+    (core,) = out.offloaded
+    assert [s for s in core.steps if s.kind is StepKind.VECTOR_MATH], core.steps
+    assert [s for s in core.steps if s.kind is StepKind.EPILOGUE] and \
+        not [s for s in core.steps if s.kind is StepKind.EPILOGUE_LEFT], core.steps
+
+
 @pytest.mark.parametrize("name", TEMPLATES)
 def test_a_staged_weight_is_laid_out_tile_by_tile(name):
     """A [N, K] weight is staged for the core (N innermost, as an OHWI convolution weight is);

@@ -28,11 +28,11 @@ from tirbyoc.matching.results import Match, Mismatch
 from tirbyoc.offloading.table import render
 from tirbyoc.offloading.verification import Verification
 from tirbyoc.offloading.verification import verify as run_verify
-from tirbyoc.rewrite.double_buffer import plan_double_buffering
+from tirbyoc.offloading.function_steps import account_scratchpads, in_place, with_step
 from tirbyoc.rewrite.in_place import in_place_note, read_in_place
-from tirbyoc.rewrite.scratchpad import scratchpad_usage
 from tirbyoc.rewrite.steps import DECISIONS, Step, StepKind
 from tirbyoc.rewrite.tensorize import Rewritten, tensorize
+from tirbyoc.rewrite.vector_math import vector_math_for, vector_math_step
 
 
 @dataclass(frozen=True)
@@ -202,11 +202,12 @@ def offload(func, template, policy="first", *, verify: bool = True, target=None,
     target = target if target is not None else tmpl.target
     name = getattr(tmpl, "name", str(template))
     # matched and rewritten with every buffer named apart and indices simplified
-    simplified = simplify_indices(unique_buffer_names(func))
+    simplified, erfs = vector_math_for(simplify_indices(unique_buffer_names(func)), make_target(target))
     results = explain(simplified, tmpl)
 
     def untuned():
-        return _untuned(func, simplified, results, choose, target, schedule, tmpl, name, verify)
+        off = _untuned(func, simplified, results, choose, target, schedule, tmpl, name, verify)
+        return with_step(off, vector_math_step(erfs)) if erfs and off.rewrites else off
 
     if tuned is not None:
         hit = _from_tuned(func, tmpl, name, results, tuned, target, verify)
@@ -231,8 +232,7 @@ def _faster_in_simulator(tuned: Offloaded, untuned, template) -> Offloaded:
         return tuned
     note = Step(StepKind.TUNED, f"tuned schedule not used: {tuned_cycles:,} simulated cycles against "
                                 f"{untuned_cycles:,} for the untuned rewrite")
-    blocks = tuple(replace(b, steps=tuple(b.steps) + (note,)) if b.offloaded else b for b in other.blocks)
-    return replace(other, blocks=blocks)
+    return with_step(other, note)
 
 
 def _untuned(func, simplified, results, choose, target, schedule, tmpl, name, verify) -> Offloaded:
@@ -240,8 +240,8 @@ def _untuned(func, simplified, results, choose, target, schedule, tmpl, name, ve
     current, outcomes, rewrites = _apply(simplified, results, choose, target, schedule, tmpl,
                                          check_each=False)
     current = current if rewrites else func  # verified against the function as given
-    current, outcomes = _in_place(current, rewrites, outcomes)
-    current, outcomes = _account_scratchpads(current, tmpl, rewrites, outcomes)
+    current, outcomes = in_place(current, rewrites, outcomes)
+    current, outcomes = account_scratchpads(current, tmpl, rewrites, outcomes)
     verification = None
     unavailable = tmpl.unavailable_reason() if isinstance(tmpl, Template) else None
     if verify and rewrites and unavailable and is_host_target(target):
@@ -257,8 +257,8 @@ def _untuned(func, simplified, results, choose, target, schedule, tmpl, name, ve
             current, outcomes, rewrites = _apply(simplified, results, choose, target, schedule, tmpl,
                                                  check_each=True)
             current = current if rewrites else func
-            current, outcomes = _in_place(current, rewrites, outcomes)
-            current, outcomes = _account_scratchpads(current, tmpl, rewrites, outcomes)
+            current, outcomes = in_place(current, rewrites, outcomes)
+            current, outcomes = account_scratchpads(current, tmpl, rewrites, outcomes)
             verification = _verify_on(tmpl, func, current, target) if rewrites else None
     return Offloaded(current, func, name, tuple(outcomes), verification, tuple(rewrites))
 
@@ -284,14 +284,14 @@ def _from_tuned(func, tmpl, name, results, tuned, target, verify):
     if found is None or not found[1]:
         return None
     new, blocks = found
-    new, in_place = read_in_place(new)
-    new, _ = _account_scratchpads(new, tmpl, blocks, [])
+    new, viewed = read_in_place(new)
+    new, _ = account_scratchpads(new, tmpl, blocks, [])
     verification = None
     if verify and not (tmpl.unavailable_reason() and is_host_target(target)):
         verification = _verify_on(tmpl, func, new, target)
         if verification.passed is False:
             return None
-    steps = (TUNED_STEP,) + ((Step(StepKind.IN_PLACE, in_place_note(in_place)),) if in_place else ())
+    steps = (TUNED_STEP,) + ((Step(StepKind.IN_PLACE, in_place_note(viewed)),) if viewed else ())
     outcomes = tuple(BlockOutcome(r.block, r.macs, blocks.get(r.block),
                                   None if r.block in blocks else (r.reason or "not in the tuned schedule"),
                                   steps if r.block in blocks else ())
@@ -304,40 +304,7 @@ def prepare_for_simulator(func, template):
     marked for double buffering where they fit twice, its scratchpad footprint reported to the
     simulator. MetaSchedule's candidates go through it too, so the cycles a tuning measures are
     those of the code `offload` gives."""
-    return _account_scratchpads(func, template, True, [])[0]
-
-
-def _in_place(func, rewrites, outcomes):
-    """(``func`` with the staging copies that move nothing replaced by views of its
-    parameters (`tirbyoc.rewrite.in_place`), ``outcomes`` with that among the steps of the
-    offloaded blocks whose operands they were)."""
-    if not rewrites:
-        return func, outcomes
-    func, done = read_in_place(func)
-    if not done:
-        return func, outcomes
-    operands = {rw.match.block: {op.buffer for op in rw.match.operands} for rw in rewrites}
-
-    def noted(o):
-        mine = [d for d in done if d.param in operands.get(o.block, ())]
-        return replace(o, steps=tuple(o.steps) + (Step(StepKind.IN_PLACE, in_place_note(mine)),)) if mine else o
-
-    return func, [noted(o) if o.offloaded else o for o in outcomes]
-
-
-def _account_scratchpads(func, template, rewrites, outcomes):
-    """For a simulated template: (the function with the scratchpad tiles that have room for
-    two versions marked for double buffering (`tirbyoc.rewrite.double_buffer`) and telling the
-    simulator what it allocates, ``outcomes`` with that decision among the offloaded blocks'
-    steps)."""
-    sim = getattr(template, "simulator", None)
-    if sim is None or not rewrites:
-        return func, outcomes
-    used = scratchpad_usage(func, list(sim.config.scopes))  # measured once: marking keeps it
-    func, notes = plan_double_buffering(func, template, used)
-    noted = [replace(o, steps=tuple(o.steps) + tuple(Step(StepKind.DOUBLE_BUFFER, n) for n in notes))
-             if o.offloaded else o for o in outcomes]
-    return sim.annotate(func, used), noted
+    return account_scratchpads(func, template, True, [])[0]
 
 
 MAX_FALLBACK_MATCHES = 3

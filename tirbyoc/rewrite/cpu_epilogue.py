@@ -111,12 +111,36 @@ def elementwise_chain(sch, writeback) -> tuple[list, str | None]:
         current = consumers[0]
 
 
+def join_branches(sch, block) -> bool:
+    """Inline into their reader the blocks that branch off ``block``'s output and join again
+    (GELU, ``x * 0.5 * (1 + erf(x / sqrt 2))``, reads x on two paths): each block that reads
+    it, has exactly one reader itself (nothing is computed twice) and writes no output of the
+    function goes into that reader, until one block reads ``block``'s output. Whether it got
+    there."""
+    outputs = {p.name for p in sch.mod["main"].params}
+    while len(sch.get_consumers(block)) > 1:
+        for branch in sch.get_consumers(block):
+            out = _output(sch.get(branch))
+            if out is None or out.name in outputs or len(sch.get_consumers(branch)) != 1:
+                continue
+            try:
+                sch.compute_inline(branch)
+                break
+            except s_tir.schedule.ScheduleError:
+                continue
+        else:
+            return False
+    return True
+
+
 def fuse_into_writeback(sch, writeback) -> tuple[list, str | None]:
     """Inline the elementwise chain after ``writeback`` (the register block's write-back,
-    inside the parallel loop) into it, block by block; returns (the names of the blocks fused,
-    why the chain stops or a block refused: None when the whole rest of the function is
-    fused)."""
+    inside the parallel loop) into it, block by block, joining branches (`join_branches`)
+    where a block has several readers; returns (the names of the blocks fused, why the chain
+    stops or a block refused: None when the whole rest of the function is fused)."""
     chain, stop = elementwise_chain(sch, writeback)
+    while stop is not None and stop.endswith("readers") and join_branches(sch, chain[-1] if chain else writeback):
+        chain, stop = elementwise_chain(sch, writeback)
     fused = []
     for blk in chain:
         name = sch.get(blk).name_hint
@@ -260,4 +284,4 @@ def fuse_cpu_epilogue(state: RewriteState) -> RewriteState | None:
 
 
 __all__ = ["FENCE_KEY", "elementwise_chain", "fence_products", "fuse_cpu_epilogue", "fuse_into_writeback",
-           "mark_writebacks", "point_indices"]
+           "join_branches", "mark_writebacks", "point_indices"]

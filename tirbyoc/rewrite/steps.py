@@ -36,13 +36,15 @@ class StepKind(enum.Enum):
     EPILOGUE = "epilogue"  # elementwise blocks fused onto the accumulator tile
     EPILOGUE_LEFT = "epilogue left"  # elementwise blocks after the core left to the host, and why
     IN_PLACE = "in place"  # a staging copy that moved nothing removed: the parameter is read as it is
+    VECTOR_MATH = "vector math"  # a libm call (erf) as arithmetic LLVM vectorizes
 
 
 # The kinds a report shows as "how" an offload was done.
 DECISIONS = frozenset({StepKind.TUNED, StepKind.PAD, StepKind.PACK, StepKind.TRANSPOSE,
                        StepKind.SCRATCHPAD_PLAN, StepKind.SCHEDULE, StepKind.CALL,
                        StepKind.COPY_LOOP, StepKind.INIT_LEFT, StepKind.LINK, StepKind.DOUBLE_BUFFER,
-                       StepKind.EPILOGUE, StepKind.EPILOGUE_LEFT, StepKind.IN_PLACE})
+                       StepKind.EPILOGUE, StepKind.EPILOGUE_LEFT, StepKind.IN_PLACE,
+                       StepKind.VECTOR_MATH})
 
 
 class Step(str):

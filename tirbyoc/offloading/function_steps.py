@@ -1,0 +1,55 @@
+"""The steps an offload takes on the whole rewritten function, after its blocks are rewritten:
+staging copies that move nothing read in place, a simulated template's scratchpads accounted
+(and their tiles double-buffered), a note added to every offloaded block's steps. Each takes
+the function and the blocks' outcomes and returns both."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tirbyoc.rewrite.double_buffer import plan_double_buffering
+from tirbyoc.rewrite.in_place import in_place_note, read_in_place
+from tirbyoc.rewrite.scratchpad import scratchpad_usage
+from tirbyoc.rewrite.steps import Step, StepKind
+
+
+def with_step(off, step):
+    """``off`` (an `Offloaded`) with ``step`` among each offloaded block's steps."""
+    blocks = tuple(replace(b, steps=tuple(b.steps) + (step,)) if b.offloaded else b for b in off.blocks)
+    return replace(off, blocks=blocks)
+
+
+def in_place(func, rewrites, outcomes):
+    """(``func`` with the staging copies that move nothing replaced by views of its
+    parameters (`tirbyoc.rewrite.in_place`), ``outcomes`` with that among the steps of the
+    offloaded blocks whose operands they were)."""
+    if not rewrites:
+        return func, outcomes
+    func, done = read_in_place(func)
+    if not done:
+        return func, outcomes
+    operands = {rw.match.block: {op.buffer for op in rw.match.operands} for rw in rewrites}
+
+    def noted(o):
+        mine = [d for d in done if d.param in operands.get(o.block, ())]
+        return replace(o, steps=tuple(o.steps) + (Step(StepKind.IN_PLACE, in_place_note(mine)),)) if mine else o
+
+    return func, [noted(o) if o.offloaded else o for o in outcomes]
+
+
+def account_scratchpads(func, template, rewrites, outcomes):
+    """For a simulated template: (the function with the scratchpad tiles that have room for
+    two versions marked for double buffering (`tirbyoc.rewrite.double_buffer`) and telling the
+    simulator what it allocates, ``outcomes`` with that decision among the offloaded blocks'
+    steps)."""
+    sim = getattr(template, "simulator", None)
+    if sim is None or not rewrites:
+        return func, outcomes
+    used = scratchpad_usage(func, list(sim.config.scopes))  # measured once: marking keeps it
+    func, notes = plan_double_buffering(func, template, used)
+    noted = [replace(o, steps=tuple(o.steps) + tuple(Step(StepKind.DOUBLE_BUFFER, n) for n in notes))
+             if o.offloaded else o for o in outcomes]
+    return sim.annotate(func, used), noted
+
+
+__all__ = ["account_scratchpads", "in_place", "with_step"]
