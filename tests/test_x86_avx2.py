@@ -80,8 +80,13 @@ def test_register_budget_follows_the_cpu():
     # 14x14 3x3 layer), rows before tiles: 2x8 reads four times the L2 lines of 7x2 per step
     assert register_block(1024, 64, 64) == (4, 4)
     assert register_block(14, 16, 64, panel_bytes=576 * 64, weight_tile_bytes=64) == (7, 2)
-    # a panel past WEIGHT_PANEL_BYTES (BERT's K = 3072 matmul) narrows the block
-    assert register_block(128, 48, 64, panel_bytes=3072 * 64, weight_tile_bytes=64) == (8, 2)
+    # the weight panel shares L2 with the input: past half of L2 beside a large input (BERT's
+    # K = 3072 matmul, 1.5 MB of input) it narrows the block; a small input leaves it more
+    # (ResNet-50's 7x7 3x3 layer, fp32: 295 KB a tile beside 166 KB of input)
+    assert register_block(128, 48, 64, panel_bytes=3072 * 64, weight_tile_bytes=64,
+                          input_bytes=1536 * 1024) == (8, 2)
+    assert register_block(7, 32, 64, panel_bytes=4608 * 64, weight_tile_bytes=64, input_bytes=166 * 1024) == (7, 2)
+    assert register_block(7, 32, 64, panel_bytes=4608 * 64, weight_tile_bytes=64, input_bytes=900 * 1024) == (7, 1)
 
 
 def test_offload_schedule_names_the_block_for_avx2_code():

@@ -31,10 +31,14 @@ from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.ir.tir_walk import constant_divisors
 from tirbyoc.rewrite.prefetch import mark_weight_prefetch, prefetches
 from tirbyoc.rewrite.stack import REGISTER_BLOCK_BYTES, WRITEBACK_ATTR
-from tirbyoc.rewrite.weight_layout import LAYOUT_FREE_ATTR, tiles_outermost, weight_operand, weights_first
+from tirbyoc.rewrite.weight_layout import (LAYOUT_FREE_ATTR, operand_bytes, tiles_outermost, weight_operand,
+                                           weights_first)
 
 MAX_ACCUMULATORS = 24  # leave registers for the operands (32 zmm on AVX-512)
-WEIGHT_PANEL_BYTES = 512 * 1024  # half a 1 MiB L2 (Zen 4/5, Cascade Lake): the panel a row block re-reads
+SHORT_REDUCTION = 64  # steps below which the write-back, not the core, bounds the block
+SHORT_ACCUMULATORS = 15  # ... and a fused epilogue beside 24 live accumulators spills
+INTEGER_ACCUMULATORS = 15  # an integer core's write-back requantizes: ~20 vector operations an output
+L2_BYTES = 1024 * 1024  # a core's L2 (Zen 4/5, Cascade Lake; znver3 has half)
 L1_WEIGHT_BYTES = 24 * 1024  # half a 48 KiB L1: a smaller panel stays in L1 beside the rows
 CACHE_LINE = 64
 L2_CYCLES_PER_LINE = 3  # a weight line from L2 per step costs about three cycles' worth of loads
@@ -60,19 +64,32 @@ def _divisors(n: int | None, limit: int) -> list[int]:
     return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
 
 
-def _reuse(mr: int, nr: int, panel_bytes: int, weight_tile_bytes: int) -> float:
+def _reuse(mr: int, nr: int, panel_bytes: int, weight_tile_bytes: int, rows: int | None = None) -> float:
     """Multiply-adds per unit of the busiest port feeding them, for an ``mr x nr`` block: each
     step loads mr + nr operands from L1 (two a cycle) and, once the nr tiles' weight panel
     outgrows L1, nr weight tiles from L2 (`L2_CYCLES_PER_LINE` a 64-byte line). x86_vnni's
     ResNet-50 14x14 3x3 layer ran at 0.87 of the peak with 7 x 2 and 0.46 with 2 x 8: the
     same count of accumulators, four times the L2 lines per step."""
-    from_l2 = nr * panel_bytes > L1_WEIGHT_BYTES
+    # re-read from L2 by the next row block; with no other row block (a GEMV), read once anyway
+    from_l2 = nr * panel_bytes > L1_WEIGHT_BYTES and (rows is None or rows > mr)
     l2 = L2_CYCLES_PER_LINE * nr * max(1, weight_tile_bytes // CACHE_LINE) if from_l2 else 0
     return mr * nr / max(mr + nr, l2)
 
 
+def panel_budget(input_bytes: int | None) -> int:
+    """Bytes of L2 the weight panel of a register block's tiles may take: what the input
+    leaves of it when the input fits in half of L2 (both stay there: ResNet-50's 7x7 3x3
+    layers, 166 KB of input, keep two 295 KB tiles), else half of it (BERT's K = 3072 matmul,
+    1.5 MB of input streaming beside the panel: 0.47 of the fma peak with a 1.2 MB panel, 0.87
+    with 393 KB)."""
+    if input_bytes is None or input_bytes > L2_BYTES // 2:
+        return L2_BYTES // 2
+    return L2_BYTES - input_bytes
+
+
 def register_block(m_extent: int | None, n_extent: int | None, tile_bytes: int,
-                   registers: int = 32, panel_bytes: int = 0, weight_tile_bytes: int = 0) -> tuple[int, int]:
+                   registers: int = 32, panel_bytes: int = 0, weight_tile_bytes: int = 0,
+                   input_bytes: int | None = None, float_core: bool = True) -> tuple[int, int]:
     """(mr, nr): the ``mr x nr`` output tiles kept in registers across the reduction. Each
     step loads mr rows of A and nr tiles of B for mr * nr intrinsic calls, so the block with
     the most calls per load (`_reuse`) wins; among equals, more accumulators, then more rows.
@@ -80,19 +97,22 @@ def register_block(m_extent: int | None, n_extent: int | None, tile_bytes: int,
     accumulators, a register for each operand of the shorter side and one for the other: an
     AVX2 CPU has 16 vector registers, and a 4x4 block of ymm accumulators there spills every
     step. ``panel_bytes``: one weight tile's bytes over the whole reduction; the nr tiles'
-    panel, which every row block re-reads, must fit `WEIGHT_PANEL_BYTES` (BERT's
-    128 x 768 x 3072 matmul, K = 3072: 0.47 of the fma peak with 4 x 6 tiles, a 1.2 MB panel,
-    0.87 with 8 x 2, 393 KB)."""
-    widest = max(1, WEIGHT_PANEL_BYTES // panel_bytes) if panel_bytes else MAX_ACCUMULATORS
+    panel, which every row block re-reads, must fit `panel_budget` of ``input_bytes``. Under
+    `SHORT_REDUCTION` steps the block keeps to `SHORT_ACCUMULATORS`: MobileNetV2's int8 1x1
+    convolution 112x112x16 -> 96 (4 steps) took 0.136 ms with 4 x 6 tiles and 0.096 with 4 x 3,
+    its requantizing write-back spilling beside 24 accumulators."""
+    widest = max(1, panel_budget(input_bytes) // panel_bytes) if panel_bytes else MAX_ACCUMULATORS
+    short = bool(panel_bytes and weight_tile_bytes and panel_bytes // weight_tile_bytes < SHORT_REDUCTION)
+    most = SHORT_ACCUMULATORS if short else MAX_ACCUMULATORS if float_core else INTEGER_ACCUMULATORS
     best = (1, 1)
     best_key = (0.0, 1, 1)
-    for mr in _divisors(m_extent, MAX_ACCUMULATORS):
-        for nr in _divisors(n_extent, min(MAX_ACCUMULATORS, widest)):
+    for mr in _divisors(m_extent, most):
+        for nr in _divisors(n_extent, min(most, widest)):
             count = mr * nr
-            if (count > MAX_ACCUMULATORS or count * tile_bytes > REGISTER_BLOCK_BYTES
+            if (count > most or count * tile_bytes > REGISTER_BLOCK_BYTES
                     or count + min(mr, nr) + 1 > registers):
                 continue
-            key = (_reuse(mr, nr, panel_bytes, weight_tile_bytes), count, mr)
+            key = (_reuse(mr, nr, panel_bytes, weight_tile_bytes, m_extent), count, mr)
             if key > best_key:
                 best, best_key = (mr, nr), key
     return best
@@ -111,11 +131,10 @@ def _weight_tile_bytes(match) -> int:
     return prod(op.tile) * dtype_bytes(match.intrinsic.operand(op.operand).dtype) if op is not None else 0
 
 
-def _heuristic_block(sch, mloop, nloop, tile_bytes, registers=32, panel_bytes=0, weight_tile_bytes=0):
-    """`register_block`'s (mr, nr) for the loops' extents."""
+def _heuristic_block(sch, mloop, nloop, tile_bytes, registers=32):
+    """`register_block`'s (mr, nr) for the loops' extents alone."""
     return register_block(loop_extent(sch, mloop) if mloop is not None else None,
-                          loop_extent(sch, nloop) if nloop is not None else None, tile_bytes, registers,
-                          panel_bytes, weight_tile_bytes)
+                          loop_extent(sch, nloop) if nloop is not None else None, tile_bytes, registers)
 
 
 def sampled_block(sch, mloop, nloop, tile_bytes):
@@ -218,10 +237,10 @@ def _writeback(sch, block, parallel, lanes: int) -> None:
         sch.reverse_compute_at(acc, parallel, preserve_unit_loops=True)
     acc_loops = sch.get_loops(acc)
     extent = loop_extent(sch, acc_loops[-1]) or 0
-    if extent * 4 > 256:
-        return
-    if extent > lanes and extent % lanes == 0:
+    if extent > lanes and extent % lanes == 0:  # any width: 6 tiles of 16 lanes left scalar ran 10x slower
         acc_loops = [*acc_loops[:-1], *sch.split(acc_loops[-1], [None, lanes])]
+    elif extent * 4 > 256:
+        return
     sch.vectorize(acc_loops[-1])
     rows = [l for l in acc_loops[:-1] if sch.get(l).kind == tirx.ForKind.SERIAL and (loop_extent(sch, l) or 0) > 1]
     if prod(loop_extent(sch, l) for l in rows) <= MAX_ACCUMULATORS:
@@ -229,15 +248,21 @@ def _writeback(sch, block, parallel, lanes: int) -> None:
             sch.unroll(loop)
 
 
-def _block_for(sch, loops, match, target, choose) -> tuple[int, int]:
-    """(mr, nr) for the rows loop, the channel-tiles loop and the reduction loops ``loops``:
-    ``choose``'s, or `register_block`'s for the target's registers and the weight panel."""
+def _block_for(sch, block, loops, match, target, choose) -> tuple[int, int]:
+    """(mr, nr) of ``block`` for the rows loop, the channel-tiles loop and the reduction loops
+    ``loops``: ``choose``'s, or `register_block`'s for the target's registers, the weight
+    panel and the input."""
     mloop, nloop, reductions = loops
     tile_bytes = _output_tile_bytes(match)
     if choose is not None:
         return choose(sch, mloop, nloop, tile_bytes)
     steps, weight = prod(loop_extent(sch, l) or 1 for l in reductions), _weight_tile_bytes(match)
-    return _heuristic_block(sch, mloop, nloop, tile_bytes, vector_registers(target), steps * weight, weight)
+    rows = operand_bytes(sch, block, mloop)[0] if mloop is not None else None
+    out = next(o for o in match.operands if o.is_output)
+    float_core = match.intrinsic.operand(out.operand).dtype.startswith("float")
+    return register_block(loop_extent(sch, mloop) if mloop is not None else None,
+                          loop_extent(sch, nloop) if nloop is not None else None, tile_bytes,
+                          vector_registers(target), steps * weight, weight, rows, float_core)
 
 
 def default_schedule(sch, block, loops, match, target, choose=None) -> str | None:
@@ -255,7 +280,7 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
     # accumulator cannot start from zero in registers, and TVM will not parallelise it.
     has_init = sch.get(block).init is not None
     blocked = reductions and tile_bytes < REGISTER_BLOCK_BYTES and has_init
-    mr, nr = _block_for(sch, (mloop, nloop, reductions), match, target, choose) if blocked else (1, 1)
+    mr, nr = _block_for(sch, block, (mloop, nloop, reductions), match, target, choose) if blocked else (1, 1)
     head = list(loops.outer_spatial[:-1] if mloop is not None else loops.outer_spatial)
     others = [l for l in loops.axis_spatial if l is not nloop]
     first = weights_first(sch, block, mloop) if blocked and (others or nloop is not None) else None

@@ -24,15 +24,9 @@ def weight_operand(match):
     return next((o for o in match.operands if not o.is_output and set(o.view_axes) & set(out.view_axes)), None)
 
 
-def weights_first(sch, block, mloop) -> str | None:
-    """The weight buffer's name when the output-channel tiles should be the outermost loop:
-    when the operands the rows do not index (the weights) hold more bytes than those they do
-    (the input); else None. Rows outermost stream every weight once per row block, from L3 or
-    memory once the weights outgrow L2 (ResNet-50's last 3x3 layers: 2.3 MB of weights,
-    seven rows: 7 x 2.3 MB per call); channel tiles outermost stream them once and re-read
-    the smaller input instead."""
-    if mloop is None:
-        return None
+def operand_bytes(sch, block, mloop) -> tuple[int, dict]:
+    """(bytes of the operands the rows loop ``mloop`` indexes - the input -, {name: bytes} of
+    the others - the weights) that ``block`` reads, static shapes only."""
     realize = block_realize(sch.get(sch.get_loops(block)[0]), sch.get(block))
     var = sch.get(mloop).loop_var
     rows = [iv.var for iv, value in zip(realize.block.iter_vars, realize.iter_values) if uses_var(value, var)]
@@ -47,6 +41,19 @@ def weights_first(sch, block, mloop) -> str | None:
             by_rows += size
         else:
             weights[buf.name] = size
+    return by_rows, weights
+
+
+def weights_first(sch, block, mloop) -> str | None:
+    """The weight buffer's name when the output-channel tiles should be the outermost loop:
+    when the operands the rows do not index (the weights) hold more bytes than those they do
+    (the input); else None. Rows outermost stream every weight once per row block, from L3 or
+    memory once the weights outgrow L2 (ResNet-50's last 3x3 layers: 2.3 MB of weights,
+    seven rows: 7 x 2.3 MB per call); channel tiles outermost stream them once and re-read
+    the smaller input instead."""
+    if mloop is None:
+        return None
+    by_rows, weights = operand_bytes(sch, block, mloop)
     if not weights or sum(weights.values()) <= by_rows:
         return None
     return max(weights, key=weights.get)
@@ -131,4 +138,4 @@ def tiles_outermost(sch, block, weight: str, match) -> str | None:
     return str(sch.get(block).reads[idx].source.name)
 
 
-__all__ = ["LAYOUT_FREE_ATTR", "layout_free_params", "tiles_outermost", "weight_operand", "weights_first"]
+__all__ = ["LAYOUT_FREE_ATTR", "layout_free_params", "operand_bytes", "tiles_outermost", "weight_operand", "weights_first"]
