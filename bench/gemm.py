@@ -94,14 +94,14 @@ def main() -> None:
         opts |= {"precision": args.precision} if args.precision else {}
         print(json.dumps(WORKERS[args.worker](threads=threads, case=args.case, n=args.n, quick=args.quick, **opts)))
         return
-    from gemm_workers import FP32_PEAKS, INT8_PEAKS, int8_templates, report  # deferred: as above
+    from gemm_workers import FP32_PEAKS, INT8_PEAKS, report, templates_here  # deferred: as above
 
     threads = [int(t) for t in args.threads.split(",")]
     sizes = (64, 256, 512) if args.quick else (64, 256, 512, 1024)
     kernels, skipped = {}, {}
     for precision, peaks, wanted in (("int8", INT8_PEAKS, args.int8_templates),
                                      ("fp32", FP32_PEAKS, args.fp32_templates)):
-        runs, why_not = int8_templates(peaks)
+        runs, why_not = templates_here(peaks)
         if wanted:
             runs = [t for t in runs if t in wanted.split(",")]
             why_not = {t: why for t, why in why_not.items() if t in wanted.split(",")}
@@ -137,7 +137,7 @@ def _kernel_rows(template: str, threads: list[int], quick: bool, precision: str 
     rows = []
     for t in threads:
         for case in range(len(cases)):
-            row = spawn("int8", t, quick, case=case, template=template, precision=precision)
+            row = spawn("kernel", t, quick, case=case, template=template, precision=precision)
             if precision == "fp32" and cases[case][3] is not None:
                 row["numpy_gops"] = spawn("numpy", t, quick, n=0, case=case)["numpy_gflops"]
             progress(f"{template} {row['workload']}, {t} thread(s): {row.get('packed_gops', 0):.0f} "

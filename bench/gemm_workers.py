@@ -42,7 +42,7 @@ FP32_PEAKS = {
 PEAKS = INT8_PEAKS | FP32_PEAKS
 
 
-def int8_templates(names=INT8_PEAKS) -> tuple[list[str], dict[str, str]]:
+def templates_here(names=INT8_PEAKS) -> tuple[list[str], dict[str, str]]:
     """(the templates of ``names`` (default `INT8_PEAKS`) this CPU runs, why each other one
     does not)."""
     runs, why_not = [], {}
@@ -55,7 +55,7 @@ def int8_templates(names=INT8_PEAKS) -> tuple[list[str], dict[str, str]]:
     return runs, why_not
 
 
-def int8_target(name: str):
+def template_target(name: str):
     """The target ``name`` is timed for: its own declared CPU (x86_vnni cascadelake,
     x86_avx512bw skylake-avx512, x86_avx2 haswell), so that each row runs that template's
     instructions only - built for this CPU, LLVM would turn x86_avx2's vpmaddwd + vpaddd into
@@ -165,13 +165,13 @@ def _kernel_case(precision: str, case: int, quick: bool):
     return int8_cases(quick)[case]
 
 
-def int8(threads: int, case: int, template: str = "x86_vnni", quick: bool = False, precision: str = "int8",
+def kernel(threads: int, case: int, template: str = "x86_vnni", quick: bool = False, precision: str = "int8",
          **_) -> dict:
     """One row of an int8 (or, ``precision="fp32"``, fp32) template: the offloaded function with
     its weight (parameter 1) packed once, as a deployed model runs it, and packed on every
     call; both outputs must agree."""
     name, func, macs, baseline = _kernel_case(precision, case, quick)
-    target = int8_target(template)
+    target = template_target(template)
     off = tirbyoc.offload(func, template, target=target)
     row = {"workload": name, "template": template, "target": target, "threads": threads, "macs": macs,
            "offloaded": bool(off.offloaded)}
@@ -251,7 +251,7 @@ def numpy_matmul(threads: int, n: int, case: int | None = None, quick: bool = Fa
             "numpy_openblas": openblas_kernel("numpy.libs/libscipy_openblas*.so", "scipy_openblas_get_config64_")}
 
 
-WORKERS = {"peak": peak, "int8": int8, "torch": torch_int_mm, "blas": blas, "numpy": numpy_matmul}
+WORKERS = {"peak": peak, "kernel": kernel, "torch": torch_int_mm, "blas": blas, "numpy": numpy_matmul}
 
 
 def _kernel_table(template: str, part: dict, fp32: bool) -> list[str]:

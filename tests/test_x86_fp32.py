@@ -34,22 +34,30 @@ def test_offloaded_whole_and_verified(name, workload):
     assert any(s.kind is StepKind.SCHEDULE and "register-blocked" in s for s in core.steps)
 
 
-def biased_relu_conv():
-    """conv2d NHWC + bias + ReLU, legalized and fused as a float model's layer."""
-    rng = np.random.default_rng(0)
+def one_layer(shape, layer, seed: int):
+    """The one PrimFunc of a one-layer Relax model - ``layer(x, const) -> output``, where
+    ``const(shape)`` is a random float32 constant - legalized and fused as a model's layer."""
+    rng = np.random.default_rng(seed)
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([1, 10, 10, 16], "float32"))
-    op = relax.op
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
-            w = relax.const(rng.standard_normal((32, 3, 3, 16)).astype("float32"))
-            y = bb.emit(op.nn.conv2d(x, w, data_layout="NHWC", kernel_layout="OHWI"))
-            y = bb.emit(op.add(y, relax.const(rng.standard_normal(32).astype("float32"))))
-            out = bb.emit_output(op.nn.relu(y))
+            out = bb.emit_output(layer(x, lambda s: relax.const(rng.standard_normal(s).astype("float32")), bb))
         bb.emit_func_output(out)
     mod = fuse(relax.transform.LegalizeOps()(bb.get()))
     (func,) = [f for f in mod.functions.values() if not isinstance(f, relax.Function)]
     return func.with_attr("global_symbol", "main")
+
+
+def biased_relu_conv():
+    """conv2d NHWC + bias + ReLU, legalized and fused as a float model's layer."""
+    op = relax.op
+
+    def layer(x, const, bb):
+        y = bb.emit(op.nn.conv2d(x, const((32, 3, 3, 16)), data_layout="NHWC", kernel_layout="OHWI"))
+        return op.nn.relu(bb.emit(op.add(y, const(32))))
+
+    return one_layer([1, 10, 10, 16], layer, seed=0)
 
 
 @pytest.mark.parametrize("name", TEMPLATES)
@@ -64,19 +72,13 @@ def test_bias_and_relu_run_in_the_write_back(name):
 def gelu_matmul():
     """matmul + bias + GELU (erf), legalized and fused as BERT's FFN1: the bias-added value is
     read on two paths (x * 0.5 and erf(x / sqrt 2)) that join in the last multiply."""
-    rng = np.random.default_rng(1)
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([32, 64], "float32"))
     op = relax.op
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            y = bb.emit(op.matmul(x, relax.const(rng.standard_normal((64, 96)).astype("float32"))))
-            y = bb.emit(op.add(y, relax.const(rng.standard_normal(96).astype("float32"))))
-            out = bb.emit_output(op.nn.gelu(y))
-        bb.emit_func_output(out)
-    mod = fuse(relax.transform.LegalizeOps()(bb.get()))
-    (func,) = [f for f in mod.functions.values() if not isinstance(f, relax.Function)]
-    return func.with_attr("global_symbol", "main")
+
+    def layer(x, const, bb):
+        y = bb.emit(op.matmul(x, const((64, 96))))
+        return op.nn.gelu(bb.emit(op.add(y, const(96))))
+
+    return one_layer([32, 64], layer, seed=1)
 
 
 @pytest.mark.parametrize("name", TEMPLATES)

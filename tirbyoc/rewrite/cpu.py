@@ -31,13 +31,13 @@ from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.ir.tir_walk import constant_divisors
 from tirbyoc.rewrite.prefetch import mark_weight_prefetch, prefetches
 from tirbyoc.rewrite.stack import REGISTER_BLOCK_BYTES, WRITEBACK_ATTR
-from tirbyoc.rewrite.weight_layout import (LAYOUT_FREE_ATTR, operand_bytes, tiles_outermost, weight_operand,
-                                           weights_first)
+from tirbyoc.rewrite.weight_layout import operand_bytes, tiles_outermost, weight_operand, weights_first
 
 MAX_ACCUMULATORS = 24  # leave registers for the operands (32 zmm on AVX-512)
 SHORT_REDUCTION = 64  # steps below which the write-back, not the core, bounds the block
-SHORT_ACCUMULATORS = 15  # ... and a fused epilogue beside 24 live accumulators spills
-INTEGER_ACCUMULATORS = 15  # an integer core's write-back requantizes: ~20 vector operations an output
+# ... and below it, or for an integer core (its write-back requantizes: ~20 vector operations an
+# output), a fused epilogue beside 24 live accumulators spills
+FEW_ACCUMULATORS = 15
 L2_BYTES = 1024 * 1024  # a core's L2 (Zen 4/5, Cascade Lake; znver3 has half)
 L1_WEIGHT_BYTES = 24 * 1024  # half a 48 KiB L1: a smaller panel stays in L1 beside the rows
 CACHE_LINE = 64
@@ -98,12 +98,12 @@ def register_block(m_extent: int | None, n_extent: int | None, tile_bytes: int,
     AVX2 CPU has 16 vector registers, and a 4x4 block of ymm accumulators there spills every
     step. ``panel_bytes``: one weight tile's bytes over the whole reduction; the nr tiles'
     panel, which every row block re-reads, must fit `panel_budget` of ``input_bytes``. Under
-    `SHORT_REDUCTION` steps the block keeps to `SHORT_ACCUMULATORS`: MobileNetV2's int8 1x1
+    `SHORT_REDUCTION` steps, and for an integer core, the block keeps to `FEW_ACCUMULATORS`: MobileNetV2's int8 1x1
     convolution 112x112x16 -> 96 (4 steps) took 0.136 ms with 4 x 6 tiles and 0.096 with 4 x 3,
     its requantizing write-back spilling beside 24 accumulators."""
     widest = max(1, panel_budget(input_bytes) // panel_bytes) if panel_bytes else MAX_ACCUMULATORS
     short = bool(panel_bytes and weight_tile_bytes and panel_bytes // weight_tile_bytes < SHORT_REDUCTION)
-    most = SHORT_ACCUMULATORS if short else MAX_ACCUMULATORS if float_core else INTEGER_ACCUMULATORS
+    most = MAX_ACCUMULATORS if float_core and not short else FEW_ACCUMULATORS
     best = (1, 1)
     best_key = (0.0, 1, 1)
     for mr in _divisors(m_extent, most):
@@ -118,10 +118,14 @@ def register_block(m_extent: int | None, n_extent: int | None, tile_bytes: int,
     return best
 
 
+def _output_spec(match):
+    """The intrinsic's declaration of the operand the match writes (the accumulator)."""
+    return match.intrinsic.operand(next(o.operand for o in match.operands if o.is_output))
+
+
 def _output_tile_bytes(match) -> int:
     """Bytes of one intrinsic call's output tile (the accumulator it updates)."""
-    out = next(o.operand for o in match.operands if o.is_output)
-    spec = next(op for op in match.intrinsic.operands if op.name == out)
+    spec = _output_spec(match)
     return prod(spec.shape) * dtype_bytes(spec.dtype)
 
 
@@ -248,21 +252,19 @@ def _writeback(sch, block, parallel, lanes: int) -> None:
             sch.unroll(loop)
 
 
-def _block_for(sch, block, loops, match, target, choose) -> tuple[int, int]:
-    """(mr, nr) of ``block`` for the rows loop, the channel-tiles loop and the reduction loops
-    ``loops``: ``choose``'s, or `register_block`'s for the target's registers, the weight
-    panel and the input."""
+def _block_for(sch, loops, match, target, choose, input_bytes: int | None) -> tuple[int, int]:
+    """(mr, nr) for the rows loop, the channel-tiles loop and the reduction loops ``loops``:
+    ``choose``'s, or `register_block`'s for the target's registers, the weight panel and the
+    input (``input_bytes``, None where unknown)."""
     mloop, nloop, reductions = loops
     tile_bytes = _output_tile_bytes(match)
     if choose is not None:
         return choose(sch, mloop, nloop, tile_bytes)
     steps, weight = prod(loop_extent(sch, l) or 1 for l in reductions), _weight_tile_bytes(match)
-    rows = operand_bytes(sch, block, mloop)[0] if mloop is not None else None
-    out = next(o for o in match.operands if o.is_output)
-    float_core = match.intrinsic.operand(out.operand).dtype.startswith("float")
     return register_block(loop_extent(sch, mloop) if mloop is not None else None,
                           loop_extent(sch, nloop) if nloop is not None else None, tile_bytes,
-                          vector_registers(target), steps * weight, weight, rows, float_core)
+                          vector_registers(target), steps * weight, weight, input_bytes,
+                          _output_spec(match).dtype.startswith("float"))
 
 
 def default_schedule(sch, block, loops, match, target, choose=None) -> str | None:
@@ -280,10 +282,12 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
     # accumulator cannot start from zero in registers, and TVM will not parallelise it.
     has_init = sch.get(block).init is not None
     blocked = reductions and tile_bytes < REGISTER_BLOCK_BYTES and has_init
-    mr, nr = _block_for(sch, block, (mloop, nloop, reductions), match, target, choose) if blocked else (1, 1)
+    operands = operand_bytes(sch, block, mloop) if blocked and mloop is not None else None
+    mr, nr = (_block_for(sch, (mloop, nloop, reductions), match, target, choose, operands and operands[0])
+              if blocked else (1, 1))
     head = list(loops.outer_spatial[:-1] if mloop is not None else loops.outer_spatial)
     others = [l for l in loops.axis_spatial if l is not nloop]
-    first = weights_first(sch, block, mloop) if blocked and (others or nloop is not None) else None
+    first = weights_first(*operands) if operands and (others or nloop is not None) else None
     relaid = tiles_outermost(sch, block, first, match) if first else None
     first = relaid or first
     copies = schedule_copies(sch, block)  # after the relayout: it may add a copy
@@ -321,4 +325,4 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
             f"parallel outer loops{order}" + staged)
 
 
-__all__ = ["LAYOUT_FREE_ATTR", "WRITEBACK_ATTR", "default_schedule", "lanes_dividing", "register_block", "sampled_block", "schedule_copies"]
+__all__ = ["WRITEBACK_ATTR", "default_schedule", "lanes_dividing", "register_block", "sampled_block", "schedule_copies"]

@@ -44,16 +44,13 @@ def operand_bytes(sch, block, mloop) -> tuple[int, dict]:
     return by_rows, weights
 
 
-def weights_first(sch, block, mloop) -> str | None:
+def weights_first(by_rows: int, weights: dict) -> str | None:
     """The weight buffer's name when the output-channel tiles should be the outermost loop:
     when the operands the rows do not index (the weights) hold more bytes than those they do
-    (the input); else None. Rows outermost stream every weight once per row block, from L3 or
+    (the input), as `operand_bytes` counts them; else None. Rows outermost stream every weight once per row block, from L3 or
     memory once the weights outgrow L2 (ResNet-50's last 3x3 layers: 2.3 MB of weights,
     seven rows: 7 x 2.3 MB per call); channel tiles outermost stream them once and re-read
     the smaller input instead."""
-    if mloop is None:
-        return None
-    by_rows, weights = operand_bytes(sch, block, mloop)
     if not weights or sum(weights.values()) <= by_rows:
         return None
     return max(weights, key=weights.get)
@@ -82,9 +79,8 @@ def _staged_copy(sch, block, idx: int) -> int | None:
     position = next((i for i, p in enumerate(func.params) if p.same_as(buf)), None)
     if position is None or position not in layout_free_params(sch):
         return None
-    sch.cache_read(block, idx, "global")
-    stmt = sch.get(block)
-    return next(i for i, r in enumerate(stmt.reads) if r.source.name == f"{buf.name}_global")
+    staged = sch.get(sch.cache_read(block, idx, "global")).writes[0].source
+    return next(i for i, r in enumerate(sch.get(block).reads) if r.source.same_as(staged))
 
 
 def _dims_in_step_order(sch, block, idx: int, count: int) -> list[int]:
@@ -98,10 +94,8 @@ def _dims_in_step_order(sch, block, idx: int, count: int) -> list[int]:
     region = realize.block.reads[idx].region
 
     def position(dim: int) -> int:
-        ivs = [iv.var for iv in realize.block.iter_vars if uses_var(region[dim].min, iv.var)]
-        values = [v for iv, v in zip(realize.block.iter_vars, realize.iter_values) if any(iv.var.same_as(x) for x in ivs)]
-        found = [i for i, lv in enumerate(loops) if any(uses_var(v, lv) for v in values)]
-        return min(found) if found else -1
+        values = [v for iv, v in zip(realize.block.iter_vars, realize.iter_values) if uses_var(region[dim].min, iv.var)]
+        return min((i for i, lv in enumerate(loops) if any(uses_var(v, lv) for v in values)), default=-1)
 
     return sorted(range(count), key=lambda d: (position(d), d))
 
