@@ -20,9 +20,13 @@ A channel-wise reduction (a depthwise convolution, an NHWC pooling window: each 
 reduces its own window) gets `tirbyoc.rewrite.channel_reduction`'s schedule instead: vectors
 across channels, register blocks of output columns, its epilogue fused into the write-back.
 
-Reductions stay serial inside each row: splitting or vectorizing them reassociates float sums
-(what dlight's reduction rules and ``rfactor`` do), which moves the last bits of a float
-model and can move a quantized model's rounding ties. Each step is one of TVM's schedule
+A row reduction (a softmax's max and sum, a layer norm's sums) runs each row in vector lanes
+(`tirbyoc.rewrite.lane_reduction`) where that keeps every bit: a max, a min, an integer sum.
+A float sum moves its last bits in another order, and a float ``exp`` or ``erf`` as vector
+arithmetic (`tirbyoc.rewrite.vector_math`, within 2 units in the last place, instead of one
+libm call per element) moves them too: both only with ``exact=False``, which
+`tirbyoc.relax.rest` passes for a float model, never for a quantized one (a rounding tie
+moved by a last bit changes a whole 8-bit step). Each step is one of TVM's schedule
 primitives, which check their own legality; a nest a primitive refuses stays as it was.
 """
 
@@ -36,6 +40,8 @@ from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.ir.tir_walk import perfect_nest, uses_var
 from tirbyoc.rewrite.channel_reduction import schedule_channel_reduction
 from tirbyoc.rewrite.cpu import loop_extent
+from tirbyoc.rewrite.lane_reduction import lane_reduction
+from tirbyoc.rewrite.vector_math import vectorizable_math
 
 SCHEDULED_ATTR = "tirbyoc.rest"  # set on a function this schedule changed: what it did
 MIN_PARALLEL = 4096  # iterations below which TVM's parallel launch costs more than it saves
@@ -119,11 +125,44 @@ def _rows(sch, prefix) -> list:
     return prefix
 
 
-def schedule_rest(func, vector_bytes: int, registers: int = 32, channel_reductions: bool = True):
+def _parallel_rows(sch, loops, work: int) -> int:
+    """Fuse the fewest of the rows ``loops`` that give `ROWS` iterations and run them in
+    parallel when the nest does ``work`` >= `MIN_PARALLEL`; the parallel iterations (0: none)."""
+    rows = _rows(sch, loops)
+    if not rows or work < MIN_PARALLEL:
+        return 0
+    fused = sch.fuse(*rows) if len(rows) > 1 else rows[0]
+    if _iterations(sch, [fused]) < 2:
+        return 0
+    sch.parallel(fused)
+    return _iterations(sch, [fused])
+
+
+def _in_lanes(sch, vector_bytes: int, exact: bool, taken: set) -> tuple:
+    """(the schedule with the row reductions not in ``taken`` split into vector lanes where
+    `lane_reduction` applies, their rows in parallel; the nests so scheduled)."""
+    done = []
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        if str(sch.get(block).name_hint) in taken or sch.get(block).init is None:
+            continue
+        trial = sch.copy()
+        try:
+            found = lane_reduction(trial, block, vector_bytes, exact, _parallel_rows)
+        except s_tir.ScheduleError:  # a primitive refused: the block is scheduled as any other
+            continue
+        if found is not None:
+            sch = trial
+            done.append(NestSchedule(found.block, found.parallel, found.lanes))
+    return sch, done
+
+
+def schedule_rest(func, vector_bytes: int, registers: int = 32, channel_reductions: bool = True,
+                  exact: bool = True):
     """(``func`` with each top-level loop nest scheduled as the module docstring says, with
     vectors of ``vector_bytes`` and ``registers`` vector registers; the nests scheduled).
     ``channel_reductions=False``: the elementwise and row nests only (what an offloaded
-    function left serial: an epilogue its core's write-back could not take). A function that
+    function left serial: an epilogue its core's write-back could not take). ``exact=False``:
+    float sums in vector lanes and float32 exp / erf as vector arithmetic too. A function that
     is not schedulable TIR, or whose loops were scheduled already, comes back unchanged with
     no nests."""
     try:
@@ -131,6 +170,11 @@ def schedule_rest(func, vector_bytes: int, registers: int = 32, channel_reductio
         blocks = sch.get_child_blocks(sch.get_sblock("root"))
     except Exception:  # noqa: BLE001 - not schedulable TIR (no root block): TVM's lowering as is
         return func, ()
+    if not exact and channel_reductions:
+        vectorized, replaced = vectorizable_math(func, ("erf", "exp"))
+        if replaced and not any(int(sch.get(l).kind) != 0 for b in blocks for l in sch.get_loops(b)):
+            sch = s_tir.Schedule(vectorized)
+            blocks = sch.get_child_blocks(sch.get_sblock("root"))
     done = []
     for name in [str(sch.get(b).name_hint) for b in blocks] if channel_reductions else []:
         # first: a copy feeding one is inlined before it is scheduled
@@ -149,6 +193,9 @@ def schedule_rest(func, vector_bytes: int, registers: int = 32, channel_reductio
             sch = trial
             done.append(NestSchedule(reduction.block, reduction.parallel, reduction.lanes, reduction.note(),
                                      reduction.packed))
+    if channel_reductions:
+        sch, lanes = _in_lanes(sch, vector_bytes, exact, {n.block for n in done})
+        done += lanes
     taken = {n.block for n in done}
     for block in sch.get_child_blocks(sch.get_sblock("root")):
         if str(sch.get(block).name_hint) in taken:
@@ -159,7 +206,7 @@ def schedule_rest(func, vector_bytes: int, registers: int = 32, channel_reductio
             continue
         if nest is not None:
             done.append(nest)
-    return sch.mod["main"], tuple(done)
+    return (sch.mod["main"], tuple(done)) if done else (func, ())
 
 
 __all__ = ["MIN_PARALLEL", "NestSchedule", "SCHEDULED_ATTR", "schedule_rest"]

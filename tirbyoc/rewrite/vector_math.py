@@ -3,7 +3,7 @@
 TVM lowers ``erf`` to one call of libm's scalar ``erff`` per element, which LLVM cannot
 vectorize: the GELU in BERT-base's FFN1 write-back took 2 of each call's 4.6 ms (Zen 5, one
 thread), more than the rest of the write-back and a third of the matmul. ONNX Runtime
-evaluates erf with its own vector polynomial. `vectorizable_erf` replaces each float32 ``erf``
+evaluates erf with its own vector polynomial. `vectorizable_math` replaces each float32 ``erf``
 of an offloaded function (`tirbyoc.offloading.offloader` does, for CPU targets) with:
 
 * ``|x| <= ERF_SPLIT``: ``x + x * P(x^2)`` (the odd series' leading 1 kept out of the
@@ -63,6 +63,27 @@ def _exp_negative(y):
     return _horner(EXP_TAYLOR, r) * scale
 
 
+EXP_LOW, EXP_HIGH = -104.0, 89.0  # exp below rounds to 0, above to inf, in float32
+
+
+def exp_float32(x):
+    """exp(x) for a float32 expression over the whole float32 range: `_exp_negative`'s range
+    reduction and polynomial, with 2^n applied as two halves so that a subnormal result
+    (x < -87.3) and an infinite one (x > 88.7) round as libm's do; NaN stays NaN."""
+    # clamped by selects that keep a NaN, so that n stays within [-150, 129]
+    upper = tirx.Select(x > _f(EXP_HIGH), _f(EXP_HIGH), x)
+    y = tirx.Select(upper < _f(EXP_LOW), _f(EXP_LOW), upper)
+    n = tirx.round(y * _f(LOG2E))
+    r = (y - n * _f(LN2_HI)) - n * _f(LN2_LO)
+    whole = tirx.Cast("int32", n)
+    half = tirx.shift_right(whole, tirx.const(1, "int32"))  # floor(n / 2): both halves normal floats
+
+    def power(e):
+        return tirx.reinterpret("float32", tirx.shift_left(e + tirx.const(127, "int32"), tirx.const(23, "int32")))
+
+    return _horner(EXP_TAYLOR, r) * power(half) * power(whole - half)
+
+
 def erf_float32(x):
     """erf(x) for a float32 expression, as the arithmetic of the module's docstring."""
     ax = tirx.abs(x)
@@ -80,21 +101,21 @@ def erf_float32(x):
     return tirx.Select(ax <= _f(ERF_SPLIT), small, signed)
 
 
-def _replaced(call):
-    if call_name(call) != "tirx.erf" or expr_dtype(call) != "float32":
-        return call
-    return erf_float32(call.args[0])
+VECTOR_FORMS = {"erf": erf_float32, "exp": exp_float32}  # TIR op -> its float32 vector form
 
 
-def vectorizable_erf(func):
-    """(``func`` with every float32 ``erf`` as `erf_float32`, how many it replaced)."""
+def vectorizable_math(func, names=("erf",)):
+    """(``func`` with every float32 call of the ops ``names`` (of `VECTOR_FORMS`) as their
+    vector form, how many it replaced)."""
     count = []
+    forms = {f"tirx.{name}": VECTOR_FORMS[name] for name in names}
 
     def visit(call):
-        new = _replaced(call)
-        if new is not call:
-            count.append(1)
-        return new
+        form = forms.get(call_name(call))
+        if form is None or expr_dtype(call) != "float32":
+            return call
+        count.append(1)
+        return form(call.args[0])
 
     body = tvm_ffi.structural_map(func.body, [(PrimCall, visit)])
     return (func if body.same_as(func.body) else func.with_body(body)), len(count)
@@ -105,7 +126,7 @@ def vector_math_for(func, target):
     target, how many it replaced); other targets call their own erf."""
     if target.kind.name != "llvm":
         return func, 0
-    return vectorizable_erf(func)
+    return vectorizable_math(func)
 
 
 def vector_math_step(erfs: int) -> Step:
@@ -114,4 +135,5 @@ def vector_math_step(erfs: int) -> Step:
                                       "within 1.3 units in the last place)")
 
 
-__all__ = ["ERF_ONE", "ERF_SPLIT", "erf_float32", "vector_math_for", "vector_math_step", "vectorizable_erf"]
+__all__ = ["ERF_ONE", "ERF_SPLIT", "VECTOR_FORMS", "erf_float32", "exp_float32", "vector_math_for", "vector_math_step",
+           "vectorizable_math"]
