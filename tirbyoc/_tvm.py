@@ -42,6 +42,16 @@ TensorLoad = tvm.ir.expr.TensorLoad
 PrimCall = tvm.ir.expr.Call
 StringImm = tvm.ir.expr.StringImm
 
+# A block iterator's kind (``IterVar.iter_type``), by TVM's enum, and as TVMScript's
+# ``T.axis.remap`` letters: "S" spatial, "R" reduction ("O": any other kind).
+SPATIAL = int(tirx.IterVar.DataPar)
+REDUCE = int(tirx.IterVar.CommReduce)
+
+
+def iter_kind(iv) -> str:
+    """"S", "R" or "O" for the block iterator ``iv``."""
+    return {SPATIAL: "S", REDUCE: "R"}.get(int(iv.iter_type), "O")
+
 
 def expr_dtype(node) -> str:
     """The dtype of a TIR expression (0.27 keeps it in ``.ty``; a load has no ``.dtype``)."""

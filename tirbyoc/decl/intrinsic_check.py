@@ -9,12 +9,11 @@ window). Every error names the intrinsic, the buffer and the field.
 
 from __future__ import annotations
 
-from tirbyoc._tvm import PrimFunc, child_blocks, iter_blocks, root_block, s_tir, tirx
+from tirbyoc._tvm import PrimFunc, child_blocks, iter_blocks, iter_kind, root_block, s_tir, tirx
 from tirbyoc.decl.intrinsic import Axis, Layout, Operand
 from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.errors import IntrinsicError
 
-_ITER_KIND = {0: "S", 2: "R"}
 
 
 def param_buffers(func) -> list:
@@ -67,8 +66,8 @@ def signature_of(name: str, desc, layouts: dict) -> tuple[list[Operand], list[Ax
     leaf = leaf_block(name, desc)
     axes = []
     for iv in leaf.iter_vars:
-        kind = _ITER_KIND.get(int(iv.iter_type))
-        if kind is None:
+        kind = iter_kind(iv)
+        if kind == "O":
             raise IntrinsicError(f"intrinsic {name!r}: iterator {iv.var.name} is neither spatial nor reduction")
         extent = _const_tuple([iv.dom.extent], f"intrinsic {name!r}: iterator {iv.var.name}")[0]
         axes.append(Axis(str(iv.var.name), extent, kind))

@@ -12,7 +12,7 @@ and the update block's spatial iterators index every element of the buffer.
 
 from __future__ import annotations
 
-from tirbyoc._tvm import prim_expr, root_block, s_tir, structural_equal, tirx
+from tirbyoc._tvm import REDUCE, SPATIAL, prim_expr, root_block, s_tir, structural_equal, tirx
 from tirbyoc.ir.tir_walk import always_true, perfect_nest, with_loop_body, with_root_body
 
 
@@ -95,11 +95,10 @@ def _merge_pair(first, second, init_name: str, update_name: str, top: bool):
         return None
     if isinstance(store.value, prim_expr.Cast) and not isinstance(store.value.value, (prim_expr.IntImm, prim_expr.FloatImm)):
         return None
-    spatial, reduce_ = 0, 2  # IterVarType: DataPar, CommReduce
-    if not _covers_buffer(init, list(store.indices), buffer, {spatial}) \
-            or not _covers_buffer(update, list(update.body.indices), buffer, {spatial}):
+    if not _covers_buffer(init, list(store.indices), buffer, {SPATIAL}) \
+            or not _covers_buffer(update, list(update.body.indices), buffer, {SPATIAL}):
         return None
-    if not any(int(iv.iter_type) == reduce_ for iv in update.iter_vars):
+    if not any(int(iv.iter_type) == REDUCE for iv in update.iter_vars):
         return None
     if not _same_elements(init_realize, store.indices, iloops, update_realize, update.body.indices,
                           structural_equal):

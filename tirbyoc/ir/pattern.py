@@ -26,6 +26,7 @@ from tirbyoc._tvm import (
     child_stmts,
     expr_dtype,
     iter_blocks,
+    iter_kind,
     prim_expr,
     root_block,
     s_tir,
@@ -39,7 +40,6 @@ _BINARY = {getattr(prim_expr, cls): op for cls, op in {
     "EQ": "eq", "NE": "ne", "LT": "lt", "LE": "le", "GT": "gt", "GE": "ge",
 }.items()}
 COMMUTATIVE = frozenset({"add", "mul", "min", "max", "bitand", "bitor", "bitxor", "and", "or", "eq", "ne"})
-_ITER_KIND = {0: "S", 2: "R"}
 _CONSTANTS = (prim_expr.IntImm, prim_expr.FloatImm, StringImm)
 
 
@@ -254,7 +254,7 @@ def read_block(block, names: BufferNames | None = None) -> BlockPattern:
     pat = BlockPattern(str(block.name_hint), block=block)
     iters = []
     for iv in block.iter_vars:
-        iters.append(IterInfo(str(iv.var.name), static_int(iv.dom.extent), _ITER_KIND.get(int(iv.iter_type), "O")))
+        iters.append(IterInfo(str(iv.var.name), static_int(iv.dom.extent), iter_kind(iv)))
     pat.iters = tuple(iters)
     if child_blocks(block):
         pat.problem = "it is not a leaf block (it holds other blocks)"

@@ -198,8 +198,8 @@ class Match:
         resizable = self.group is not None and self.group.resize is not None
         waste = 1.0 if resizable or not self.macs else self.padded_macs / self.macs
         staged = sum(1 for o in self.operands
-                     if not o.direct and not (resizable and set(o.staging) <= {"pad"}))
-        heavy = sum(1 for o in self.operands for s in o.staging if s in ("transpose", "pack", "reindex"))
+                     if not o.direct and not (resizable and set(o.staging) <= {Staging.PAD}))
+        heavy = sum(1 for o in self.operands for s in o.staging if s in (Staging.TRANSPOSE, Staging.PACK, Staging.REINDEX))
         if resizable:  # a staging copy that transposes costs more than one along the rows
             absent = sum(1 for a in self.axes if not a.iters)
             reordered = sum(1 for o in self.operands if not o.direct and not o.keeps_order)

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from tirbyoc._tvm import (
+    REDUCE,
     build,
     cuda_available,
     host_cpu_features,
@@ -206,7 +207,7 @@ def reduction_length(func) -> int:
     for block in iter_blocks(func.body):
         n = 1
         for iv in block.iter_vars:
-            if int(iv.iter_type) == 2 and hasattr(iv.dom.extent, "value"):  # CommReduce
+            if int(iv.iter_type) == REDUCE and hasattr(iv.dom.extent, "value"):
                 n *= int(iv.dom.extent.value)
         longest = max(longest, n)
     return longest

@@ -18,7 +18,7 @@ from typing import Sequence
 from tirbyoc._tvm import host_target, iter_blocks, prim_expr, root_block, tirx, to_tensor, tvm
 from tirbyoc.decl.extern import PackedFunction
 from tirbyoc.ir.pattern import static_int
-from tirbyoc.matching.results import Match
+from tirbyoc.matching.results import Match, Staging
 from tirbyoc.offloading.verification import (
     Verification,
     compare_arrays,
@@ -79,7 +79,7 @@ def whole_function_call(func, match: Match) -> tuple[WholeCall | None, str | Non
         return None, "the function's parameters are not exactly the kernel's operands"
     inputs, output = [], None
     for op in match.operands:
-        staging = [s for s in op.staging if not (any_size and s == "pad")]
+        staging = [s for s in op.staging if not (any_size and s == Staging.PAD)]
         if staging or (not op.direct and not any_size):
             return None, f"operand {op.operand} ({op.buffer}) needs {'+'.join(staging or op.staging)}"
         index = by_name.get(op.buffer)

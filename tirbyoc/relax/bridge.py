@@ -37,7 +37,7 @@ from tirbyoc._tvm import const_value, tirx, tvm, with_external_mods
 from tirbyoc.decl.registry import as_template
 from tirbyoc.ir.pattern import block_macs
 from tirbyoc.matching.matcher import match
-from tirbyoc.offloading.offloader import TUNED_STEP, offload
+from tirbyoc.offloading.offloader import offload
 from tirbyoc.offloading.whole_function import find_whole_call, verify_whole_call
 from tirbyoc.rewrite.weight_layout import LAYOUT_FREE_ATTR
 from tirbyoc.rewrite.steps import StepKind
@@ -298,7 +298,7 @@ def _offload_function(name: str, func, templates, policy, verify: bool, tuned):
             v = out.verification
             verified = None if v is None else v.passed
             check_note = v.describe() if v is not None and v.passed is None else None
-            was_tuned = was_tuned or any(b.steps[:1] == (TUNED_STEP,) for b in out.offloaded)
+            was_tuned = was_tuned or any(b.steps and b.steps[0].kind is StepKind.TUNED for b in out.offloaded)
             epilogue += [st for b in out.offloaded if b.block in reductions for st in b.steps
                          if getattr(st, "kind", None) in (StepKind.EPILOGUE, StepKind.EPILOGUE_LEFT)]
         reasons += [f"{b.block}: {b.reason}" for b in out.blocks

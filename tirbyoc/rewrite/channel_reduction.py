@@ -33,13 +33,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tirbyoc._tvm import expr_dtype, sym, tirx
+from tirbyoc._tvm import REDUCE, SPATIAL, expr_dtype, sym, tirx
 from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.ir.tir_walk import perfect_nest, uses_var
 from tirbyoc.rewrite.cpu import WRITEBACK_ATTR, lanes_dividing, loop_extent
 from tirbyoc.rewrite.cpu_epilogue import fuse_into_writeback, point_indices
 
-SPATIAL, REDUCE = 0, 2  # tirx.IterVar.DataPar, tirx.IterVar.CommReduce
 MIN_LANES = 4  # a channel count no vector of at least this many lanes divides stays as it was
 
 

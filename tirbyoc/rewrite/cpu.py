@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from math import prod
 
-from tirbyoc._tvm import s_tir, tirx, vector_bytes, vector_registers
+from tirbyoc._tvm import SPATIAL, s_tir, tirx, vector_bytes, vector_registers
 from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.ir.tir_walk import constant_divisors
 from tirbyoc.rewrite.prefetch import mark_weight_prefetch, prefetches
@@ -160,7 +160,7 @@ def _whole_buffer_copy(sch, blk, main_loops) -> bool:
     stmt = sch.get(blk)
     loops = sch.get_loops(blk)
     return (len(stmt.writes) == 1 and stmt.init is None and bool(loops)
-            and all(int(iv.iter_type) == 0 for iv in stmt.iter_vars)
+            and all(int(iv.iter_type) == SPATIAL for iv in stmt.iter_vars)
             and not any(sch.get(l).same_as(m) for l in loops for m in main_loops))
 
 

@@ -29,14 +29,12 @@ from __future__ import annotations
 
 from math import gcd
 
-from tirbyoc._tvm import PrimCall, call_name, expr_dtype, s_tir, structural_equal, tirx, tvm, tvm_ffi
-from tirbyoc.rewrite import stages  # noqa: F401 - registers "schedule", which this stage follows
+from tirbyoc._tvm import SPATIAL, PrimCall, call_name, expr_dtype, s_tir, structural_equal, tirx, tvm, tvm_ffi
 from tirbyoc.rewrite.cpu import WRITEBACK_ATTR, lanes_dividing, loop_extent
 from tirbyoc.rewrite.pipeline import stage
 from tirbyoc.rewrite.state import RewriteState
 from tirbyoc.rewrite.steps import StepKind
 
-SPATIAL = 0  # tirx.IterVar.DataPar
 
 
 def _output(stmt):
@@ -261,7 +259,7 @@ def _writeback(sch, block):
     return next((c for c in sch.get_consumers(block) if WRITEBACK_ATTR in sch.get(c).annotations), None)
 
 
-@stage("cpu epilogue", after="schedule", target_kinds=("llvm",))
+@stage("cpu epilogue", target_kinds=("llvm",))
 def fuse_cpu_epilogue(state: RewriteState) -> RewriteState | None:
     """Fuse the elementwise chain after the core into its register block's write-back (see
     the module's docstring); a template with a block ALU fuses on its own tile instead."""

@@ -19,7 +19,6 @@ All with TVM's primitives (`cache_read`/`cache_write` into the template's scopes
 from __future__ import annotations
 
 from tirbyoc.errors import RewriteError
-from tirbyoc.rewrite import dma  # noqa: F401 - registers the stages these run among
 from tirbyoc.rewrite.cpu import loop_extent
 from tirbyoc.rewrite.pipeline import stage
 from tirbyoc.rewrite.state import Loops, RewriteState
@@ -50,7 +49,7 @@ def _copy_intrinsic(group, src_scope: str, dst_scope: str, dtype: str):
                        f"{dst_scope} for {dtype}")
 
 
-@stage("fragments", after="scratchpad", target_kinds=("cuda",))
+@stage("fragments", target_kinds=("cuda",))
 def stage_fragments(state: RewriteState) -> RewriteState | None:
     """The warp schedule above, after tiling: one warp per thread block, its output tiles'
     fragments kept across the reduction, input tiles staged through shared memory."""
@@ -111,7 +110,7 @@ def _stage_operand(state: RewriteState, op, warp_loop, k_loops) -> tuple:
     return frag, _copy_intrinsic(group, shared, op.scope, load.operands[0].dtype)
 
 
-@stage("fragment copies", after="dma copies", target_kinds=("cuda",))
+@stage("fragment copies", target_kinds=("cuda",))
 def tensorize_fragment_copies(state: RewriteState) -> RewriteState | None:
     """Cut each fragment copy into 16x16 tiles and tensorize it with its intrinsic."""
     if not state.fragment_copies:

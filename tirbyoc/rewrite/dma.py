@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from tirbyoc.errors import RewriteError
 from tirbyoc.matching.results import OperandMap
-from tirbyoc.rewrite import staging  # noqa: F401 - registers the stages these run among
 from tirbyoc.rewrite.block_dma import blockize_exact, plain_window_copy, replace_with_block_dma
 from tirbyoc.rewrite.cpu import loop_extent
 from tirbyoc.rewrite.pipeline import stage
@@ -25,7 +24,7 @@ from tirbyoc.rewrite.state import Loops, RewriteState
 from tirbyoc.rewrite.steps import Step, StepKind
 
 
-@stage("scratchpad", after="tile")
+@stage("scratchpad")
 def stage_scratchpads(state: RewriteState) -> RewriteState | None:
     spad = state.scratchpad_operands
     if not spad:
@@ -155,7 +154,7 @@ def _dma(state: RewriteState, op: OperandMap, at) -> None:
     state.copies.append((op, copy, ins, kind, len(rest) + 2 * len(view)))
 
 
-@stage("dma copies", after="schedule")
+@stage("dma copies")
 def tensorize_dma_copies(state: RewriteState) -> RewriteState | None:
     if not state.copies:
         return None

@@ -37,7 +37,7 @@ from tirbyoc.rewrite.state import RewriteState
 from tirbyoc.rewrite.steps import StepKind
 
 
-@stage("epilogue", after="scratchpad")
+@stage("epilogue")
 def fuse_epilogue(state: RewriteState) -> RewriteState | None:
     """Run the chain after the core on its accumulator tile (see the module's docstring)."""
     template = state.template

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tirbyoc._tvm import TensorLoad, expr_dtype, iter_blocks, tirx, tvm_ffi
+from tirbyoc._tvm import SPATIAL, TensorLoad, expr_dtype, iter_blocks, tirx, tvm_ffi
 
 _BINARY = {tirx.Add: "add", tirx.Max: "max", tirx.Min: "min"}
 
@@ -108,7 +108,7 @@ def _step(block, src: str, acc_dtype: str, alu) -> tuple[EpilogueStep | None, st
     store = block.body
     if not isinstance(store, tirx.BufferStore) or block.init is not None:
         return None, "not one elementwise store"
-    if any(iv.iter_type != 0 for iv in block.iter_vars):  # 0: data parallel
+    if any(int(iv.iter_type) != SPATIAL for iv in block.iter_vars):
         return None, "it reduces"
     index = [str(i) for i in store.indices]
     if not all(isinstance(i, tirx.Var) for i in store.indices) or len(set(index)) != len(index):

@@ -19,11 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-from tirbyoc._tvm import tirx
+from tirbyoc._tvm import REDUCE, tirx
 from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.ir.tir_walk import block_realize, uses_var
-
-DATA_PAR, REDUCE = 0, 2  # tirx.IterVar's iter_type values
 
 
 @dataclass(frozen=True)

@@ -1,24 +1,25 @@
-"""The rewrite as a flat, ordered list of named stages.
+"""The rewrite as a flat, ordered list of named stages: `ORDER`, written here once.
 
 A stage is a function ``(RewriteState) -> RewriteState | None``: it returns the state it
 changed, or None when it does not apply (nothing to stage, no scratchpad, not a CUDA target).
-Stages register with `stage`, by name, at a place in the order and, for target-specific ones,
-for the target kinds they serve::
+`ORDER` names every stage, in the order they run, and the module that defines it; a module
+registers its stage functions with `stage`, by a name from `ORDER` and, for target-specific
+ones, the target kinds they serve::
 
-    @stage("double buffer", after="scratchpad")
-    def double_buffer(state): ...
-
-    @stage("fragments", after="tile", target_kinds=("cuda",))
+    @stage("fragments", target_kinds=("cuda",))
     def stage_fragments(state): ...
 
-`run` carries the stages out in order. With ``TIRBYOC_DUMP=DIR`` in the environment, the TIR
-after each stage that applied is written to ``DIR/<R>.<function>.<block>.<NN>-<stage>.py``
-(R numbers the rewrites of this process, NN the stages) — what to read when a rewrite goes
-wrong at stage N.
+A new stage is a row in `ORDER` and a decorated function in the module that row names.
+`run` imports those modules (no stage depends on import order or on another module's import
+side effects), checks that every row has its function, and carries the stages out in order.
+With ``TIRBYOC_DUMP=DIR`` in the environment, the TIR after each stage that applied is
+written to ``DIR/<R>.<function>.<block>.<NN>-<stage>.py`` (R numbers the rewrites of this
+process, NN the stages) - what to read when a rewrite goes wrong at stage N.
 """
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import os
 import re
@@ -29,6 +30,26 @@ from typing import Callable
 from tirbyoc.rewrite.state import RewriteState
 
 StageFn = Callable[[RewriteState], "RewriteState | None"]
+
+# (stage, the module of tirbyoc.rewrite that defines it, what it does), in the order they run
+ORDER = (
+    ("commute", "stages", "the multiply-add's operands in the intrinsic's order"),
+    ("canonicalize", "stages", "transform_block_layout to (outer loops, intrinsic axes)"),
+    ("stage", "staging", "a copy of every operand that cannot be read in place"),
+    ("pad", "staging", "pad_einsum to the intrinsic's widths; pack the reindexed copies"),
+    ("tile", "stages", "split each intrinsic axis into tiles"),
+    ("scratchpad", "dma", "tiles staged per tile into bounded scratchpads"),
+    ("epilogue", "epilogue", "the chain after the core on its accumulator tile (an accelerator's ALU)"),
+    ("fragments", "cuda", "warp tiles and their fragment copies"),
+    ("schedule", "stages", "the target's default schedule (register blocks, parallel loops) or the caller's"),
+    ("dma copies", "dma", "tile copies tensorized with the template's DMA intrinsics"),
+    ("fragment copies", "cuda", "fragment copies tensorized in 16x16 tiles"),
+    ("cpu epilogue", "cpu_epilogue", "the chain after the core fused into the register block's write-back"),
+    ("decompose", "stages", "the reduction's init split off"),
+    ("tensorize", "stages", "the compute tensorized with the intrinsic"),
+    ("init", "stages", "the init tensorized with its intrinsic, where the template has one"),
+    ("link", "stages", "the result function, with the libraries it calls"),
+)
 
 
 @dataclass(frozen=True)
@@ -44,39 +65,45 @@ class Stage:
         return kind in self.target_kinds
 
 
-_STAGES: list[Stage] = []
+_REGISTERED: dict[str, Stage] = {}
 _REWRITES = itertools.count()  # numbers the dumps of successive rewrites
 
 
-def stage(name: str, *, after: str | None = None, target_kinds: tuple[str, ...] | None = None):
-    """Register a stage (a decorator). ``after``: the stage it runs after (default: last)."""
+def stage(name: str, *, target_kinds: tuple[str, ...] | None = None):
+    """Register the function of the stage ``name`` of `ORDER` (a decorator); ``target_kinds``:
+    the targets it serves (default: every one)."""
 
     def register(fn: StageFn) -> StageFn:
-        if any(s.name == name for s in _STAGES):
-            raise ValueError(f"a rewrite stage named {name!r} is already registered")
-        new = Stage(name, fn, tuple(target_kinds) if target_kinds else None)
-        if after is None:
-            _STAGES.append(new)
-        else:
-            index = next((i for i, s in enumerate(_STAGES) if s.name == after), None)
-            if index is None:
-                raise ValueError(f"no rewrite stage {after!r} to run {name!r} after "
-                                 f"(stages: {', '.join(stage_names())})")
-            _STAGES.insert(index + 1, new)
+        if name not in stage_names():
+            raise ValueError(f"no rewrite stage {name!r} in the stage order (stages: {', '.join(stage_names())}); "
+                             "a new stage is a row in tirbyoc.rewrite.pipeline.ORDER")
+        if name in _REGISTERED:
+            raise ValueError(f"the rewrite stage {name!r} is already registered")
+        _REGISTERED[name] = Stage(name, fn, tuple(target_kinds) if target_kinds else None)
         return fn
 
     return register
 
 
 def stage_names() -> list[str]:
-    return [s.name for s in _STAGES]
+    return [name for name, _, _ in ORDER]
+
+
+def stages() -> list[Stage]:
+    """Every stage of `ORDER` with its function, its module imported first."""
+    for name, module, _ in ORDER:
+        if name not in _REGISTERED:
+            importlib.import_module(f"tirbyoc.rewrite.{module}")  # deferred: its @stage registers it
+        if name not in _REGISTERED:
+            raise RuntimeError(f"rewrite stage {name!r}: tirbyoc.rewrite.{module} defines no @stage({name!r})")
+    return [_REGISTERED[name] for name in stage_names()]
 
 
 def run(state: RewriteState) -> RewriteState:
-    """Every registered stage that serves the state's target, in order."""
+    """Every stage of `ORDER` that serves the state's target, in order."""
     dump = os.environ.get("TIRBYOC_DUMP")
     rewrite = next(_REWRITES) if dump else 0
-    for index, st in enumerate(_STAGES):
+    for index, st in enumerate(stages()):
         if not st.serves(state):
             continue
         out = st.fn(state)
@@ -96,4 +123,4 @@ def _dump(folder: Path, rewrite: int, index: int, name: str, state: RewriteState
     (folder / f"{safe}.py").write_text(f"# after stage {name!r}\n{func.script()}\n")
 
 
-__all__ = ["Stage", "run", "stage", "stage_names"]
+__all__ = ["ORDER", "Stage", "run", "stage", "stage_names", "stages"]

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from math import prod
 
-from tirbyoc._tvm import expr_dtype, s_tir, tirx, tvm_ffi
+from tirbyoc._tvm import SPATIAL, expr_dtype, s_tir, tirx, tvm_ffi
 from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.ir.tir_walk import uses_var
 
@@ -67,7 +67,7 @@ def _with_prefetch(realize, weight: str, tiles: int, rows: int):
     if any(not isinstance(e, tirx.IntImm) for e in extents):
         return realize
     size = prod(int(e.value) for e in extents) * dtype_bytes(str(match.source.source.dtype))
-    spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) == int(tirx.IterVar.DataPar)]
+    spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) == SPATIAL]
     channel = [i for i, r in enumerate(region) if any(uses_var(r.min, v) for v in spatial)]
     mins = [r.min for r in region]
     others = [v for v in spatial if not any(uses_var(m, v) for m in mins)]

@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-from tirbyoc._tvm import s_tir
+from tirbyoc._tvm import SPATIAL, s_tir
 from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.ir.tir_walk import perfect_nest, uses_var
 from tirbyoc.rewrite.channel_reduction import schedule_channel_reduction
@@ -67,7 +67,7 @@ def _spatial_prefix(sch, loops, realize) -> list:
     for loop in loops:
         var = sch.get(loop).loop_var
         kinds = {int(iv.iter_type) for iv, value in binds if uses_var(value, var)}
-        if not kinds <= {0}:  # 0: IterVar.DataPar
+        if not kinds <= {SPATIAL}:
             break
         prefix.append(loop)
     return prefix
@@ -91,7 +91,7 @@ def _schedule_nest(sch, block, vector_bytes: int) -> NestSchedule | None:
     if not prefix or any(loop_extent(sch, l) is None for l in prefix):
         return None
     work = _iterations(sch, loops)
-    elementwise = len(prefix) == len(loops) and all(int(iv.iter_type) == 0 for iv in sch.get(block).iter_vars)
+    elementwise = len(prefix) == len(loops) and all(int(iv.iter_type) == SPATIAL for iv in sch.get(block).iter_vars)
     vector = lanes if elementwise and lanes > 1 and _iterations(sch, loops[-1:]) % lanes == 0 else 0
     if vector:  # indices stay a ramp over the lanes, outer operands a broadcast
         outer, inner = sch.split(loops[-1], [None, vector])

@@ -91,14 +91,14 @@ def commute(state: RewriteState) -> RewriteState | None:
     return state
 
 
-@stage("canonicalize", after="commute")
+@stage("canonicalize")
 def canonicalize(state: RewriteState) -> RewriteState:
     with state.step(StepKind.CANONICALIZE, "transform_block_layout to (outer loops, intrinsic axes)"):
         state.sch.transform_block_layout(state.block, state.match.block_index_map())
     return state
 
 
-@stage("tile", after="canonicalize")
+@stage("tile")
 def tile(state: RewriteState) -> RewriteState:
     m, sch = state.match, state.sch
     loops = sch.get_loops(state.block)
@@ -124,7 +124,7 @@ def tile(state: RewriteState) -> RewriteState:
     return state
 
 
-@stage("schedule", after="tile")
+@stage("schedule")
 def schedule_outer_loops(state: RewriteState) -> RewriteState | None:
     """The target's default schedule (or the caller's), unless tiles are staged per tile
     (scratchpad, fragments: their stages already arranged the loops)."""
@@ -138,7 +138,7 @@ def schedule_outer_loops(state: RewriteState) -> RewriteState | None:
     return state
 
 
-@stage("decompose", after="schedule")
+@stage("decompose")
 def decompose(state: RewriteState) -> RewriteState | None:
     loops = state.loops
     reduce_loops = loops.outer_reduce + loops.axis_reduce
@@ -149,7 +149,7 @@ def decompose(state: RewriteState) -> RewriteState | None:
     return state
 
 
-@stage("tensorize", after="decompose")
+@stage("tensorize")
 def tensorize_compute(state: RewriteState) -> RewriteState:
     intrin = state.match.intrinsic
     intrin.register()
@@ -159,7 +159,7 @@ def tensorize_compute(state: RewriteState) -> RewriteState:
     return state
 
 
-@stage("init", after="tensorize")
+@stage("init")
 def tensorize_init(state: RewriteState) -> RewriteState | None:
     group = state.match.group
     if state.init_block is None or group is None or group.init is None:
@@ -176,7 +176,7 @@ def tensorize_init(state: RewriteState) -> RewriteState | None:
     return state
 
 
-@stage("link", after="init")
+@stage("link")
 def link_libraries(state: RewriteState) -> RewriteState:
     """The result function (tiles that share a scratchpad addressed so that TVM's merging of
     their allocations keeps them apart, `tirbyoc.rewrite.addresses`); with the template's

@@ -17,8 +17,7 @@ from __future__ import annotations
 from tirbyoc._tvm import tirx
 from tirbyoc.errors import RewriteError
 from tirbyoc.ir.pattern import Access
-from tirbyoc.matching.results import OperandMap
-from tirbyoc.rewrite import stages as core  # noqa: F401 - registers the stages these run among
+from tirbyoc.matching.results import OperandMap, Staging
 from tirbyoc.rewrite.pipeline import stage
 from tirbyoc.rewrite.state import RewriteState
 from tirbyoc.rewrite.steps import StepKind
@@ -73,7 +72,7 @@ def _packs(state: RewriteState, op: OperandMap) -> bool:
     return op.pack and op.operand not in state.tiled
 
 
-@stage("stage", after="canonicalize")
+@stage("stage")
 def stage_operands(state: RewriteState) -> RewriteState | None:
     """Copy every operand that cannot be read in place (whole, or reindexed by the
     intrinsic's axes)."""
@@ -86,7 +85,7 @@ def stage_operands(state: RewriteState) -> RewriteState | None:
             # Only re-order it in its own memory here; DMA (or the warp's copies) move tiles
             # later (and lay them out, so no packing now).
             scope = op.workload_scope
-            staged = "reindex" in op.staging or "transpose" in op.staging or \
+            staged = Staging.REINDEX in op.staging or Staging.TRANSPOSE in op.staging or \
                 not _dma_ready(state, acc, op)
         if state.padded and not pure(acc):
             staged = True
@@ -94,7 +93,7 @@ def stage_operands(state: RewriteState) -> RewriteState | None:
             continue
         kind = "write" if op.is_output else "read"
         # A padded block stages through reindex and packs after padding.
-        whole = not state.padded and "reindex" not in op.staging and \
+        whole = not state.padded and Staging.REINDEX not in op.staging and \
             all(len(axes[a].iters) == 1 for a in op.view_axes)
         (_stage_whole if whole else _stage_reindex)(state, op, kind, scope)
         changed = True
@@ -148,7 +147,7 @@ def _stage_reindex(state: RewriteState, op: OperandMap, kind: str, scope: str) -
         state.packs.append((op, kind, len(others)))
 
 
-@stage("pad", after="stage")
+@stage("pad")
 def pad_and_pack(state: RewriteState) -> RewriteState | None:
     """``pad_einsum`` to multiples of the intrinsic's widths, then pack the reindexed copies
     that the implementation reads as dense tiles."""

@@ -2,7 +2,8 @@
 
 One state per rewrite of one block: the schedule being built, the `Match` it carries out, the
 template and target, the loops once tiled, the copies waiting to be tensorized and the steps
-done so far. Stages (`tirbyoc.rewrite.pipeline`) take it and return it; helpers here answer
+done so far (`RewriteState`'s docstring says which stage writes each field and which read it).
+Stages (`tirbyoc.rewrite.pipeline`) take it and return it; helpers here answer
 the questions every stage asks of the block (which region holds a buffer, which buffer feeds
 an operand now).
 """
@@ -32,14 +33,36 @@ class Loops:
 
 @dataclass
 class RewriteState:
-    sch: object  # s_tir.Schedule
-    block: object  # the compute block's handle in ``sch``
+    """One rewrite of one block, handed from stage to stage (`tirbyoc.rewrite.pipeline.ORDER`).
+
+    Set when the rewrite starts (`new_state`), read by every stage:
+      ``sch`` the `s_tir.Schedule` being built; ``block`` the compute block's handle in it;
+      ``match`` the `Match` carried out; ``target`` (a TVM Target or None) and ``template``;
+      ``schedule``: True (the target's default schedule), False (none) or a callable the
+      "schedule" stage calls instead; ``traced``: every change must be a schedule primitive
+      (MetaSchedule replays the trace); ``plan``: which of the scratchpad tilings that fit
+      ("scratchpad", 0: the best ranked); ``pattern``: the block as read at the start.
+    Filled in by the stages (writer -> readers):
+      ``steps``: every stage, in order -> the report;
+      ``loops``: "tile" (`Loops`), re-cut by "scratchpad" and "fragments" -> "schedule",
+      "decompose";
+      ``packs`` and ``reindexed``: "stage" -> "pad" (which copies to pack, which to fold);
+      ``copies``: "scratchpad" (tile copies) -> "epilogue", "dma copies";
+      ``fragment_copies``: "fragments" -> "fragment copies";
+      ``copy_intrinsics`` and ``intrinsics``: the stages that tensorize -> the result's list;
+      ``init_block``: "decompose" -> "init";
+      ``fused``: "epilogue" (the blocks it ran on the accumulator) -> the result;
+      ``func``: "link" (the rewritten PrimFunc) -> `tirbyoc.rewrite.tensorize`.
+    """
+
+    sch: object
+    block: object
     match: Match
-    target: object  # tvm Target or None
-    template: object  # tirbyoc.Template or None
-    schedule: object  # True, False or a callable (see `tensorize`)
-    traced: bool  # every change must be a schedule primitive (the trace is the result)
-    plan: int  # which of the scratchpad tilings that fit (0: the best ranked)
+    target: object
+    template: object
+    schedule: object
+    traced: bool
+    plan: int
     pattern: BlockPattern
     steps: list = field(default_factory=list)  # Step records, in order
     loops: Loops | None = None

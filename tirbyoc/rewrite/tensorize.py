@@ -21,7 +21,6 @@ from tirbyoc.errors import RewriteError, last_line
 from tirbyoc.ir.init_merge import merge_separate_init
 from tirbyoc.ir.normalize import trivial_loops
 from tirbyoc.matching.results import Match
-from tirbyoc.rewrite import cpu_epilogue, cuda, epilogue  # noqa: F401 - register the last stages
 from tirbyoc.rewrite.pipeline import run
 from tirbyoc.rewrite.state import Loops, RewriteState, new_state
 from tirbyoc.rewrite.steps import Step
