@@ -13,9 +13,13 @@ Weights are constants, as deployed (`tirbyoc run` does the same).
 
 Each engine runs in its own process, its thread pool sized before it starts (TVM_NUM_THREADS,
 ONNX Runtime's intra-op threads, its spinning off): timed in one process, whichever pool spun
-last steals the other's cores, and the same model reads 1.5x slower by order. tirbyoc's two
-variants share a process (the same pools) and are timed interleaved, ``--rounds`` times each;
-medians are reported. Every row is checked: the offloaded build against TVM's build of the
+last steals the other's cores, and the same model reads 1.5x slower by order. tirbyoc's
+process and ONNX Runtime's are alive together and take turns, one round each, ``--rounds``
+times (`alternate`): on a shared host a slow minute falls on both engines, not on whichever
+ran then (two runs timed one engine after the other read ResNet-18 at 0.90x and 1.02x of ONNX
+Runtime, every function moving alike). tirbyoc's two variants share a process (the same
+pools) and are timed interleaved; TVM's default build, a sanity check minutes slower, runs in
+a process of its own after them. Medians are reported. Every row is checked: the offloaded build against TVM's build of the
 same model, and against ONNX Runtime (one output quantization step for a QDQ model, a relative
 tolerance for a float one). Every model and precision also gets a per-PrimFunc profile at the
 first thread count (each built and timed alone, times its call sites), and the model slowest
@@ -205,6 +209,15 @@ def worker(args) -> None:
     for _ in range(args.rounds):
         for k, timer in timers.items():
             samples[k].append(timer())
+    if args.lockstep:  # a round whenever the parent says "run" (see `alternate`)
+        print("ready", flush=True)
+        for line in sys.stdin:
+            if line.strip() != "run":
+                break
+            round_ = {k: timer() for k, timer in timers.items()}
+            for k, ms in round_.items():
+                samples[k].append(ms)
+            print(json.dumps(round_), flush=True)
     for k, out in outs.items():
         np.save(Path(args.outputs) / f"{k}.npy", out)
     prof, model = facts.pop("_profile", None), facts.pop("_vm", None)
@@ -213,21 +226,70 @@ def worker(args) -> None:
     print(json.dumps({"samples_ms": samples, **facts}, default=str))
 
 
-def _spawn(args, threads: str, model: str, precision: str, group: str, outputs: str, profile: bool = False) -> dict:
-    """Run one engine group in a process of its own (``profile``: only the per-PrimFunc profile,
-    no timing rounds)."""
+def _worker_command(args, threads: str, model: str, precision: str, group: str, outputs: str,
+                    rounds: int) -> tuple[list, dict]:
+    """(the command, the environment) of a worker process for one engine group."""
     env = {**os.environ, "TVM_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}
     env.pop("TIRBYOC_BLAS_THREADS", None)  # whole blas matmuls share TVM's pool, sized above
     cmd = [sys.executable, __file__, "--worker", "--worker-threads", threads, "--models", model,
-           "--precision", precision, "--group", group, "--rounds", "0" if profile else str(args.rounds),
+           "--precision", precision, "--group", group, "--rounds", str(rounds),
            "--repeat", str(args.repeat), "--cache", args.cache, "--outputs", outputs]
     cmd += ["--fast-math"] if args.fast_math else []
     cmd += ["--int8-template", args.int8_template] if args.int8_template else []
     cmd += ["--fp32-template", args.fp32_template] if args.fp32_template else []
+    return cmd, env
+
+
+def _spawn(args, threads: str, model: str, precision: str, group: str, outputs: str, profile: bool = False) -> dict:
+    """Run one engine group in a process of its own (``profile``: only the per-PrimFunc profile,
+    no timing rounds)."""
+    cmd, env = _worker_command(args, threads, model, precision, group, outputs, 0 if profile else args.rounds)
     proc = subprocess.run(cmd + (["--profile"] if profile else []), env=env, stdout=subprocess.PIPE, text=True)
     if proc.returncode:
         raise SystemExit(f"{model} {precision} {group} on {threads} thread(s) failed (exit {proc.returncode})")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _line(proc, wanted) -> str | None:
+    """The next line of ``proc``'s output that ``wanted`` accepts (None at its end)."""
+    for line in proc.stdout:
+        if wanted(line.strip()):
+            return line
+    return None
+
+
+def alternate(args, threads: str, model: str, precision: str, groups: list, outputs: str) -> dict:
+    """Run the engine ``groups`` in processes of their own, alive together, timed in turns: each
+    builds (in order: the first writes the inputs the others read) and waits; then, ``--rounds``
+    times, each in turn times one round while the others wait on their input. Returns their
+    facts, with every round's samples."""
+    procs = {}
+    try:
+        for group in groups:
+            cmd, env = _worker_command(args, threads, model, precision, group, outputs, 0)
+            procs[group] = subprocess.Popen(cmd + ["--lockstep"], env=env, stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, text=True)
+            if not _line(procs[group], lambda line: line == "ready"):
+                raise SystemExit(f"{model} {precision} {group} on {threads} thread(s) failed to build")
+        for _ in range(args.rounds):
+            for group, proc in procs.items():
+                proc.stdin.write("run\n")
+                proc.stdin.flush()
+                if not _line(proc, lambda line: line.startswith("{")):  # its samples; it keeps them too
+                    raise SystemExit(f"{model} {precision} {group} on {threads} thread(s) stopped mid-run")
+        facts = {}
+        for group, proc in procs.items():
+            out, _ = proc.communicate("end\n")
+            if proc.returncode:
+                raise SystemExit(f"{model} {precision} {group} on {threads} thread(s) failed (exit {proc.returncode})")
+            got = json.loads(out.strip().splitlines()[-1])
+            facts.setdefault("samples_ms", {}).update(got.pop("samples_ms"))
+            facts.update(got)
+        return facts
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
 
 
 def measure(args, threads: str, name: str, precision: str) -> dict:
@@ -245,8 +307,8 @@ def measure(args, threads: str, name: str, precision: str) -> dict:
     t0 = time.perf_counter()
     samples = {}
     with tempfile.TemporaryDirectory() as outputs:
-        for group in ("tirbyoc", "tvm_default", "onnxruntime"):
-            got = _spawn(args, threads, name, precision, group, outputs)
+        for got in (alternate(args, threads, name, precision, ["tirbyoc", "onnxruntime"], outputs),
+                    _spawn(args, threads, name, precision, "tvm_default", outputs)):
             samples.update(got.pop("samples_ms"))
             row.update(got)
         out = {k: np.load(Path(outputs) / f"{k}.npy") for k in samples}
@@ -363,7 +425,7 @@ def main() -> None:
                         help="tirbyoc and TVM's build approximate erf, exp, tanh, softmax (tirbyoc run "
                              "--fast-math); ONNX Runtime as it is. Default --out: models_fast_math.json")
     parser.add_argument("--out", help="the JSON written (default bench/results/models.json)")
-    for hidden in ("--worker", "--profile"):
+    for hidden in ("--worker", "--profile", "--lockstep"):
         parser.add_argument(hidden, action="store_true", help=argparse.SUPPRESS)
     for hidden in ("--worker-threads", "--precision", "--group", "--outputs"):
         parser.add_argument(hidden, help=argparse.SUPPRESS)
