@@ -18,6 +18,18 @@ def legalized(name):
     return relax.transform.LegalizeOps()(build_model(name))
 
 
+def test_options_are_one_record_given_whole_or_by_field_and_an_unknown_one_is_named():
+    from tirbyoc.app.options import RunOptions, from_flags
+
+    with pytest.raises(TypeError, match=r"unknown option\(s\) repat; RunOptions has target, seed"):
+        run_model("builtin:mlp", ["blas"], repat=1)
+    assert from_flags(seed=3, target=None, fast_math=None) == RunOptions(seed=3)
+    opts = RunOptions(repeat=1, seed=3, time_baseline=False)
+    r = run_model("builtin:mlp", ["blas"], opts)
+    assert r.verified is True and "baseline" not in r.latency_ms
+    assert "baseline" in run_model("builtin:mlp", ["blas"], opts, time_baseline=True).latency_ms  # a field given wins
+
+
 def test_run_default_is_verified_with_full_coverage():
     r = run_model()
     assert r.verified is True and r.max_abs_err <= 1e-3

@@ -14,6 +14,7 @@ from tirbyoc.app.html_report import write
 from tirbyoc.app.jsonout import dumps
 from tirbyoc.app.loaders import legalize
 from tirbyoc.app.model_inputs import load_inputs
+from tirbyoc.app.options import RunOptions, from_flags
 from tirbyoc.app.preparation import integer_module
 from tirbyoc.app.legalize import importing, legalized_model, load_model
 from tirbyoc.app.run import Progress, default_templates, run_model
@@ -166,17 +167,21 @@ def _target_arg(text: str | None):
     return value
 
 
+def _options(args, **flags) -> RunOptions:
+    """The `RunOptions` of the flags every model command has (target, seed, object, input
+    shapes, fast math where it has it) and those given."""
+    return from_flags(target=_target_arg(args.target), seed=args.seed, obj=args.object,
+                      input_shapes=_shapes_arg(args.input_shape), fast_math=getattr(args, "fast_math", None),
+                      **flags)
+
+
 def cmd_run(args) -> int:
 
 
-    target = _target_arg(args.target)
-    inputs = load_inputs(args.inputs) if args.inputs else None
-    result = run_model(args.model, args.template, target=target, seed=args.seed,
-                       progress=Progress(enabled=not args.quiet), database=args.database,
-                       inputs=inputs, baseline=args.baseline, repeat=args.repeat,
-                       time_baseline=not args.no_baseline, obj=args.object,
-                       input_shapes=_shapes_arg(args.input_shape), profile=args.profile,
-                       reference=args.reference, fast_math=args.fast_math)
+    options = _options(args, inputs=load_inputs(args.inputs) if args.inputs else None, database=args.database,
+                       baseline=args.baseline, repeat=args.repeat, time_baseline=not args.no_baseline,
+                       profile=args.profile, reference=args.reference)
+    result = run_model(args.model, args.template, options, progress=Progress(enabled=not args.quiet))
     if args.json:
         print(dumps(result.to_json()))
     else:
@@ -200,11 +205,12 @@ def cmd_tune(args) -> int:
     os.makedirs(work_dir, exist_ok=True)
     bar = Progress(enabled=not args.quiet, label="tune")
     bar.phase(importing(args.model))
-    spec, mod, _, _ = legalized_model(args.model, [template], args.seed, obj=args.object,
-                                      input_shapes=_shapes_arg(args.input_shape))
+    options = _options(args)
+    spec, mod, _, _ = legalized_model(args.model, [template], options.seed, obj=options.obj,
+                                      input_shapes=options.input_shapes)
     bar.phase(f"tuning the PrimFuncs {template.name} can offload, {args.trials} trials")
     result = tune(mod, template, trials=args.trials, work_dir=work_dir, runner=runner,
-                  target=_target_arg(args.target), progress=bar.step, seed=args.seed)
+                  target=options.target, progress=bar.step, seed=options.seed)
     if args.json:
         print(dumps({"model": spec, **result.to_json()}))
         return 0 if result.tasks else 1
@@ -224,12 +230,10 @@ def cmd_sweep(args) -> int:
     grid = parse_params(args.param)
     if not grid:
         raise TirbyocError("give at least one --param NAME=V1,V2,... to sweep")
-    target = _target_arg(args.target)
     bar = Progress(enabled=not args.quiet)
     if args.jobs < 1:
         raise TirbyocError(f"--jobs {args.jobs}: give a number of worker processes >= 1")
-    points = sweep(args.model, args.template, grid, target=target, seed=args.seed, progress=bar.step,
-                   obj=args.object, input_shapes=_shapes_arg(args.input_shape), jobs=args.jobs)
+    points = sweep(args.model, args.template, grid, _options(args), progress=bar.step, jobs=args.jobs)
     if args.json:
         print(dumps({"model": args.model, "template": args.template,
                       "points": [p.to_json() for p in points]}))
@@ -243,11 +247,9 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_build(args) -> int:
-    built = build_library(args.model, args.template, output=args.output, target=_target_arg(args.target),
-                          database=args.database, seed=args.seed, obj=args.object,
-                          input_shapes=_shapes_arg(args.input_shape), whole_calls=not args.no_whole_calls,
-                          progress=Progress(enabled=not args.quiet), run_check=False,
-                          fast_math=args.fast_math)
+    built = build_library(args.model, args.template, _options(args, database=args.database), output=args.output,
+                          whole_calls=not args.no_whole_calls, progress=Progress(enabled=not args.quiet),
+                          run_check=False)
     if args.json:
         print(dumps(built.to_json()))
         return 0

@@ -36,6 +36,7 @@ from tirbyoc.app.deploy_hexagon import FORMATS as HEXAGON_FORMATS
 from tirbyoc.app.deploy_hexagon import HexagonArtifact, check_deployable, export_hexagon
 from tirbyoc.app.jsonout import dumps
 from tirbyoc.app.legalize import importing, legalized_model
+from tirbyoc.app.options import RunOptions, options_of
 from tirbyoc.app.run import Progress, build_and_time, templates_and_target
 from tirbyoc.decl.extern import ExternLibrary, c_compiler
 from tirbyoc.errors import TirbyocError
@@ -237,33 +238,34 @@ def _check_target(target) -> None:
         _cpu_only(target)
 
 
-def build_library(model: str | None, templates=None, *, output, target=None, database=None,
-                  seed: int = 0, inputs: dict | None = None, obj: str | None = None,
-                  input_shapes: dict | None = None, progress: Progress | None = None,
-                  run_check: bool = True, whole_calls: bool = True, fast_math: bool = False) -> Built:
+def build_library(model: str | None, templates=None, options: RunOptions | None = None, *, output,
+                  progress: Progress | None = None, run_check: bool = True, whole_calls: bool = True,
+                  **changes) -> Built:
     """Legalize ``model``, bind its weights, offload it (each function verified), compile it
     for the target and export one shared library (see the module's docstring), with its
-    manifest beside it. ``run_check``: also run the model offloaded the same way in this
-    process, on the seeded inputs (``Built.sample_inputs``), and keep its output - what a
-    process that loads the artifact must reproduce. ``whole_calls``: as `offload_module`'s
-    (False: library kernels are called from inside PrimFuncs, never whole). ``fast_math``: the
-    model's float32 transcendental functions approximated (`tirbyoc.relax.fast_math`), as
-    ``tirbyoc run --fast-math`` verifies them."""
+    manifest beside it; loaded, targeted and tuned as `RunOptions` says (``options``, or its
+    fields as keywords; ``fast_math``: as ``tirbyoc run --fast-math`` verifies it).
+    ``run_check``: also run the model offloaded the same way in this process, on the seeded
+    inputs (``Built.sample_inputs``), and keep its output - what a process that loads the
+    artifact must reproduce. ``whole_calls``: as `offload_module`'s (False: library kernels
+    are called from inside PrimFuncs, never whole)."""
+    opts = options_of(options, changes, "build_library")
     progress = progress or Progress(enabled=False)
     output = Path(output)
-    if target is not None:
-        _check_target(make_target(target))
-    tmpls, tgt = templates_and_target(templates, target, model)
+    if opts.target is not None:
+        _check_target(make_target(opts.target))
+    tmpls, tgt = templates_and_target(templates, opts.target, model)
     _check_target(tgt)
     if output.suffix != ".so" and not (is_hexagon(tgt) and output.suffix in HEXAGON_FORMATS):
         raise TirbyocError(f"{output}: the library is a shared object; name it PATH.so"
                            + (" or PATH.tar" if is_hexagon(tgt) else ""))
     progress.phase(importing(model))
-    fast = FastMathReport() if fast_math else None
-    spec, mod, entry, arrays = legalized_model(model, tmpls, seed, inputs, obj=obj, input_shapes=input_shapes,
-                                               constant_weights=True, fast_math=fast)
+    fast = FastMathReport() if opts.fast_math else None
+    spec, mod, entry, arrays = legalized_model(model, tmpls, opts.seed, opts.inputs, obj=opts.obj,
+                                               input_shapes=opts.input_shapes, constant_weights=True,
+                                               fast_math=fast)
     progress.phase(f"offloading to {', '.join(t.name for t in tmpls)}")
-    tuned = tuned_schedules(database) if database is not None else None
+    tuned = tuned_schedules(opts.database) if opts.database is not None else None
     offloaded, report = offload_module(mod, tmpls, progress=progress.step, tuned=tuned,
                                        whole_calls=whole_calls)
     offloaded, _ = pack_constant_weights(offloaded)
@@ -276,10 +278,12 @@ def build_library(model: str | None, templates=None, *, output, target=None, dat
     else:
         shipped, libs = export_module(offloaded, tmpls, output, tgt)
     params = offloaded[entry].params
-    built = Built(output, shipped, spec, [t.name for t in tmpls], json.loads(str(tgt)), entry,
-                  [{"name": p.name, "shape": [int(d) for d in p.ty.shape.values], "dtype": str(p.ty.dtype)}
-                   for p in params], report, libs, None, arrays, cross, fast,
-                  {t.name: t.emulates for t in tmpls if t.emulates})
+    built = Built(path=output, shipped=shipped, model=spec, templates=[t.name for t in tmpls],
+                  target=json.loads(str(tgt)), entry=entry,
+                  inputs=[{"name": p.name, "shape": [int(d) for d in p.ty.shape.values], "dtype": str(p.ty.dtype)}
+                          for p in params],
+                  report=report, linked=libs, sample_inputs=arrays, cross=cross, fast_math=fast,
+                  emulates={t.name: t.emulates for t in tmpls if t.emulates})
     if run_check and cross is None and all(t.runs_here() for t in tmpls):
         sims = [t.simulator for t in tmpls if t.simulator is not None]
         built.output = build_and_time(offloaded, tgt, entry, arrays, 1, sims, timed=False)[0]

@@ -56,9 +56,11 @@ class Reference:
                 "threads": self.threads}
 
 
-def ort_session(path, level, threads: int):
+def ort_session(path, level, threads: int, spinning: bool = False):
     """An ONNX Runtime session on the CPU with ``threads`` intra-op threads, its pool's
-    spinning off (so that it does not steal the cores of an engine timed beside it)."""
+    spinning off by default (so that it does not steal the cores of an engine timed beside it
+    in the same process); ``spinning=True``: ONNX Runtime's own default, for a process of its
+    own."""
     # deferred: optional dependency (onnxruntime)
     import onnxruntime as ort
 
@@ -66,7 +68,7 @@ def ort_session(path, level, threads: int):
     opts.graph_optimization_level = level
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 

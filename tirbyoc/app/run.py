@@ -19,6 +19,7 @@ import numpy as np
 
 from tirbyoc._tvm import is_host_target, relax_vm, tirx, tvm
 from tirbyoc.app.legalize import importing, is_float_model, legalized_model
+from tirbyoc.app.options import RunOptions, options_of
 from tirbyoc.app.profiling import profile_functions
 from tirbyoc.app.reference import onnxruntime_reference, output_step
 from tirbyoc.app.result import RunResult
@@ -248,64 +249,58 @@ def _check_reference(reference: str | None, model: str | None) -> None:
                            "is not one")
 
 
-def run_model(model: str | None = None, templates: list | None = None, *, target=None,
-              seed: int = 0, repeat: int = 10, progress: Progress | None = None,
-              database: str | None = None, inputs: dict | None = None,
-              baseline: str = "default", time_baseline: bool = True, obj: str | None = None,
-              input_shapes: dict | None = None, profile: bool = False,
-              reference: str | None = None, fast_math: bool = False) -> RunResult:
-    """``templates``: names or Template objects (a variant from a template's factory).
-    ``database``: a `tirbyoc tune` work directory whose tuned schedules are applied.
-    ``inputs``: the model's inputs by name (the rest are drawn, see `legalized_model`).
-    ``baseline``: how TVM builds the untouched model (`BASELINES`), for the same target.
-    ``time_baseline``: False builds and runs the baseline for the comparison, untimed.
-    ``repeat``: runs per timing measurement (the minimum of 3 measurements is reported).
-    ``obj``, ``input_shapes``: which object of a model file; an ONNX model's input shapes.
-    ``profile``: also time each offloaded PrimFunc alone, untouched and offloaded.
-    ``reference``: ``"onnxruntime"`` also runs an ONNX model in ONNX Runtime on the same
-    inputs (`tirbyoc.app.reference`): its latency and agreement with tirbyoc's output.
-    ``fast_math``: approximate the model's float32 transcendental functions, in both builds
-    (`tirbyoc.relax.fast_math`)."""
-    _check_reference(reference, model)
-    tuned = tuned_schedules(database) if database is not None else None
+def run_model(model: str | None = None, templates: list | None = None, options: RunOptions | None = None, *,
+              progress: Progress | None = None, **changes) -> RunResult:
+    """Offload ``model`` (a file, ``builtin:NAME``, None: the built-in one) to ``templates``
+    (names or Template objects, a template factory's variants too), build and run it beside
+    TVM's build of the untouched model, and compare: how is `RunOptions` (``options``, or its
+    fields as keywords: ``repeat=1``)."""
+    opts = options_of(options, changes, "run_model")
+    _check_reference(opts.reference, model)
+    tuned = tuned_schedules(opts.database) if opts.database is not None else None
     progress = progress or Progress(enabled=False)
-    tmpls, tgt = templates_and_target(templates, target, model)
+    tmpls, tgt = templates_and_target(templates, opts.target, model)
     names = [t.name for t in tmpls]
     seconds = {}
     t0 = time.perf_counter()
     progress.phase(importing(model))
-    quantized, fast, layout = QuantizedReport(), (FastMathReport() if fast_math else None), LayoutReport()
+    quantized, fast, layout = QuantizedReport(), (FastMathReport() if opts.fast_math else None), LayoutReport()
     as_given = []
-    spec, mod, entry, arrays = legalized_model(model, tmpls, seed, inputs, obj=obj, quantized=quantized,
-                                               input_shapes=input_shapes, as_given=as_given,
-                                               constant_weights=True, fast_math=fast, layout=layout)
+    spec, mod, entry, arrays = legalized_model(model, tmpls, opts.seed, opts.inputs, obj=opts.obj,
+                                               quantized=quantized, input_shapes=opts.input_shapes,
+                                               as_given=as_given, constant_weights=True, fast_math=fast,
+                                               layout=layout)
     seconds["import"] = time.perf_counter() - t0
     ref_out, latency = None, {}
     if all(t.runs_here() for t in tmpls):
         t0 = time.perf_counter()
         progress.phase("building and running TVM's build of the untouched model")
+        timed = opts.time_baseline and not is_hexagon(tgt)
         ref_out, latency = _references(model, mod, as_given[0], model_target(tgt), entry, arrays,
-                                       repeat, baseline, time_baseline and not is_hexagon(tgt), quantized)
+                                       opts.repeat, opts.baseline, timed, quantized)
         seconds["baseline"] = time.perf_counter() - t0
     unstable = "baseline" in seconds and ref_out is None
     t0 = time.perf_counter()
     progress.phase(f"offloading to {', '.join(names)}, building and running")
-    done = run_offloaded(mod, tmpls, tgt, entry, arrays, ref_out, repeat=repeat,
-                         progress=progress.step, tuned=tuned, profile=profile)
+    done = run_offloaded(mod, tmpls, tgt, entry, arrays, ref_out, repeat=opts.repeat,
+                         progress=progress.step, tuned=tuned, profile=opts.profile)
     comparison, missing = done.comparison, done.missing + ([UNSTABLE] if unstable else [])
     if done.ms is not None:
         latency["offloaded"] = done.ms
     seconds["offload_build_run"] = time.perf_counter() - t0  # with --profile, its timings too
     ref = None
-    if reference == "onnxruntime" and done.output is not None:
+    if opts.reference == "onnxruntime" and done.output is not None:
         progress.phase("running the model in ONNX Runtime")
-        ref = onnxruntime_reference(model, arrays, done.output, repeat)
+        ref = onnxruntime_reference(model, arrays, done.output, opts.repeat)
     target_json = json.loads(str(model_target(tgt)))  # the target both builds really used
-    return RunResult(spec, names, target_json, done.report, None if comparison is None else comparison.passed,
-                     float("nan") if comparison is None else comparison.abs_err, latency, seconds,
-                     "; ".join(missing) or None, done.simulation, comparison, baseline,
-                     quantized if quantized.integer or quantized.kept else None, ref, done.emulated, fast,
-                     {t.name: t.emulates for t in tmpls if t.emulates},
+    return RunResult(model=spec, templates=names, target=target_json, report=done.report,
+                     verified=None if comparison is None else comparison.passed,
+                     max_abs_err=float("nan") if comparison is None else comparison.abs_err,
+                     latency_ms=latency, seconds=seconds, not_run="; ".join(missing) or None,
+                     simulation=done.simulation, comparison=comparison, baseline=opts.baseline,
+                     quantized=quantized if quantized.integer or quantized.kept else None, reference=ref,
+                     emulated=done.emulated, fast_math=fast,
+                     emulates={t.name: t.emulates for t in tmpls if t.emulates},
                      layout=layout if layout.convolutions else None)
 
 

@@ -30,6 +30,7 @@ from tirbyoc.app.run import (
     run_offloaded,
 )
 from tirbyoc.app.legalize import legalized_model
+from tirbyoc.app.options import RunOptions, options_of
 from tirbyoc.app.targets import model_target, run_target
 from tirbyoc.decl.registry import as_template, get_template, template_names
 from tirbyoc.errors import TirbyocError
@@ -85,10 +86,13 @@ def grid_points(grid: dict[str, list]) -> list[dict]:
     return [dict(zip(names, combo)) for combo in itertools.product(*(grid[n] for n in names))]
 
 
-def sweep(model: str | None, template, grid: dict[str, list], *, target=None, seed: int = 0,
-          progress=None, obj: str | None = None, input_shapes: dict | None = None,
-          jobs: int = 1) -> list[SweepPoint]:
-    """One `SweepPoint` per grid point (in grid order); ``jobs``: worker processes."""
+def sweep(model: str | None, template, grid: dict[str, list], options: RunOptions | None = None, *,
+          progress=None, jobs: int = 1, **changes) -> list[SweepPoint]:
+    """One `SweepPoint` per grid point (in grid order), the model loaded and targeted as
+    `RunOptions` says (``options``, or its fields as keywords: target, seed, obj,
+    input_shapes); ``jobs``: worker processes."""
+    opts = options_of(options, changes, "sweep")
+    target, seed, obj, input_shapes = opts.target, opts.seed, opts.obj, opts.input_shapes
 
     base = as_template(template)
     for name in grid:  # unknown names fail before anything is built
