@@ -12,7 +12,7 @@ int8 to x86_vnni with AVX-512 VNNI, else x86_avx512bw, else x86_avx2 (`INT8_TEMP
 Weights are constants, as deployed (`tirbyoc run` does the same).
 
 Each engine runs in its own process, its thread pool sized before it starts (TVM_NUM_THREADS,
-ONNX Runtime's intra-op threads, its spinning off): timed in one process, whichever pool spun
+ONNX Runtime's intra-op threads, its spinning on as it is by default): timed in one process, whichever pool spun
 last steals the other's cores, and the same model reads 1.5x slower by order. tirbyoc's
 process and ONNX Runtime's are alive together and take turns, one round each, ``--rounds``
 times (`alternate`): on a shared host a slow minute falls on both engines, not on whichever
@@ -132,7 +132,8 @@ def ort_engine(path: Path, inputs: Path, threads: int, repeat: int):
 
     with np.load(inputs) as saved:
         arrays = [saved[f"arr_{i}"] for i in range(len(saved.files))]
-    session = ort_session(path, onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL, threads)
+    # its own default, spinning on: a process of its own, stopped while tirbyoc is timed
+    session = ort_session(path, onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL, threads, spinning=True)
     feed = dict(zip([i.name for i in session.get_inputs()], arrays))
     out = np.concatenate([np.asarray(o).ravel() for o in session.run(None, feed)])
 
