@@ -195,3 +195,18 @@ def test_a_simulator_configured_unlike_its_scopes_is_refused():
     bad = Simulator(replace(vta.simulator.config, capacities=tuple(caps)))
     with pytest.raises(TemplateError, match="accumulator|acc_buffer"):
         replace(vta, simulator=bad)
+
+
+def test_extern_symbols_are_read_from_the_ir_not_its_text():
+    """A symbol named in a string (an attribute, a comment) is not a call."""
+    from tvm.script import tirx as T
+
+    from tirbyoc.decl.extern import extern_symbols, missing_symbols
+
+    @T.prim_func(s_tir=True)
+    def func(A: T.Buffer((4,), "float32")):
+        T.func_attr({"note": "call_extern('int32', 'only_in_a_string')"})
+        T.evaluate(T.call_extern("int32", "tirbyoc_absent_symbol", A.data))
+
+    assert extern_symbols(func) == ["tirbyoc_absent_symbol"]
+    assert missing_symbols(func) == ["tirbyoc_absent_symbol"]

@@ -126,7 +126,8 @@ def test_a_pad_between_transposes_pads_in_its_own_layout():
     new, report = channels_last(Padded)
     text = new.script(show_meta=False)
     assert "pad_width=[0, 0, 1, 1, 2, 0, 0, 0]" in text
-    assert report.transposes_after == 4  # the NCHW input and the two weights in, the result out
+    assert report.transposes_after == 2  # the NCHW input in, the result out
+    assert report.weight_transposes == 2 and "2 computed from the weights alone" in report.describe()
     rng = np.random.default_rng(2)
     x = rng.integers(0, 256, (1, 4, 6, 6)).astype("uint8")
     w = rng.integers(-2, 3, (4, 4, 1, 1)).astype("int8")

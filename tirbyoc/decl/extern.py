@@ -249,12 +249,21 @@ class ExternLibrary:
         return self.build()
 
 
-_EXTERN_CALL = re.compile(r'call_extern\("[^"]*", "([A-Za-z_][A-Za-z0-9_]*)"')
 
 
 def extern_symbols(func) -> list[str]:
-    """The C symbols a PrimFunc calls through ``T.call_extern``."""
-    return sorted(set(_EXTERN_CALL.findall(func.script())))
+    """The C symbols a PrimFunc calls through ``T.call_extern``, read from the IR (not from its
+    printed text, where a name in a string or a comment would count)."""
+    from tirbyoc._tvm import PrimCall, StringImm, tvm_ffi  # deferred: TVM loads only when IR is read
+
+    names = set()
+
+    def visit(call):
+        if str(getattr(call.op, "name", "")) == "tirx.call_extern" and call.args and isinstance(call.args[0], StringImm):
+            names.add(str(call.args[0].value))
+
+    tvm_ffi.structural_walk(func, [(PrimCall, visit)], order="pre")
+    return sorted(names)
 
 
 def missing_symbols(func) -> list[str]:

@@ -52,15 +52,18 @@ class LayoutReport:
 
     convolutions: int = 0
     transposes_before: int = 0
-    transposes_after: int = 0
+    transposes_after: int = 0  # left to run: the weights' own are counted apart
+    weight_transposes: int = 0  # computed from weight parameters alone: folded once they are bound
     decomposed: int = 0  # quantize / dequantize / clip written as elementwise operators
     round_trips: int = 0  # dequantizes of a value just quantized, computed from the float
     padded_channels: int = 0  # convolutions whose input channels were padded to the core's tile
 
     def describe(self) -> str:
         padded = f", {self.padded_channels} with input channels padded" if self.padded_channels else ""
+        weights = (f" (and {self.weight_transposes} computed from the weights alone, folded once they "
+                   "are bound)" if self.weight_transposes else "")
         return (f"channels-last: {self.convolutions} convolution(s) NHWC{padded}, transposes "
-                f"{self.transposes_before} -> {self.transposes_after}")
+                f"{self.transposes_before} -> {self.transposes_after}{weights}")
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -284,8 +287,31 @@ def channels_last(mod, report: LayoutReport | None = None, channel_multiple: int
     if channel_multiple > 1:
         padded = _each_function(mod, lambda func: _pad_input_channels(func, channel_multiple, report))
         mod = relax.transform.FoldConstant()(padded)
-    report.transposes_after = count_ops(mod, "relax.permute_dims")
+    report.weight_transposes = _weight_transposes(mod)
+    report.transposes_after = count_ops(mod, "relax.permute_dims") - report.weight_transposes
     return mod, report
+
+
+def _weight_transposes(mod) -> int:
+    """The ``permute_dims`` computed from weight parameters alone - every parameter but the
+    first, the data input, as ``relax.frontend.nn`` exports a model (inputs first) - which
+    `FoldConstant` computes once when the weights are bound as constants: a weight's OIHW ->
+    OHWI, a bias reshaped to NCHW and back. An ONNX model's weights are constants already, and
+    its weight transposes are folded here."""
+    permute = tvm.ir.Op.get("relax.permute_dims")
+    count = 0
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function):
+            continue
+        weights = list(func.params[1:])  # values computed from weights alone, as the bindings go
+        for block in getattr(func.body, "blocks", []):
+            for b in block.bindings:
+                found = []
+                relax.analysis.post_order_visit(b.value, lambda e: found.append(e) if isinstance(e, relax.Var) else None)
+                if found and all(any(v.same_as(w) for w in weights) for v in found):
+                    weights.append(b.var)
+                    count += isinstance(b.value, relax.Call) and b.value.op.same_as(permute)
+    return count
 
 
 def ChannelsLast(report: LayoutReport | None = None, channel_multiple: int = 1):
