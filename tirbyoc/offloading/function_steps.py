@@ -1,7 +1,9 @@
 """The steps an offload takes on the whole rewritten function, after its blocks are rewritten:
 staging copies that move nothing read in place, a simulated template's scratchpads accounted
 (and their tiles double-buffered), a note added to every offloaded block's steps. Each takes
-the function and the blocks' outcomes and returns both."""
+the function, the template, the rewrites and the blocks' outcomes and returns the function
+and the outcomes; `FUNCTION_STEPS` lists them in the order `finish` runs them - a new
+function-level step is a function of that shape and a place in that list."""
 
 from __future__ import annotations
 
@@ -52,4 +54,18 @@ def account_scratchpads(func, template, rewrites, outcomes):
     return sim.annotate(func, used), noted
 
 
-__all__ = ["account_scratchpads", "in_place", "with_step"]
+def _in_place_step(func, template, rewrites, outcomes):
+    return in_place(func, rewrites, outcomes)
+
+
+FUNCTION_STEPS = (_in_place_step, account_scratchpads)  # in order, each (func, template, rewrites, outcomes)
+
+
+def finish(func, template, rewrites, outcomes):
+    """(``func``, ``outcomes``) after every step of `FUNCTION_STEPS`, in order."""
+    for step in FUNCTION_STEPS:
+        func, outcomes = step(func, template, rewrites, outcomes)
+    return func, outcomes
+
+
+__all__ = ["FUNCTION_STEPS", "account_scratchpads", "finish", "in_place", "with_step"]

@@ -28,7 +28,7 @@ from tirbyoc.matching.results import Match, Mismatch
 from tirbyoc.offloading.table import render
 from tirbyoc.offloading.verification import Verification
 from tirbyoc.offloading.verification import verify as run_verify
-from tirbyoc.offloading.function_steps import account_scratchpads, in_place, with_step
+from tirbyoc.offloading.function_steps import account_scratchpads, finish, with_step
 from tirbyoc.rewrite.in_place import in_place_note, read_in_place
 from tirbyoc.rewrite.steps import DECISIONS, Step, StepKind
 from tirbyoc.rewrite.tensorize import Rewritten, tensorize
@@ -240,8 +240,7 @@ def _untuned(func, simplified, results, choose, target, schedule, tmpl, name, ve
     current, outcomes, rewrites = _apply(simplified, results, choose, target, schedule, tmpl,
                                          check_each=False)
     current = current if rewrites else func  # verified against the function as given
-    current, outcomes = in_place(current, rewrites, outcomes)
-    current, outcomes = account_scratchpads(current, tmpl, rewrites, outcomes)
+    current, outcomes = finish(current, tmpl, rewrites, outcomes)
     verification = None
     unavailable = tmpl.unavailable_reason() if isinstance(tmpl, Template) else None
     if verify and rewrites and unavailable and is_host_target(target):
@@ -257,8 +256,7 @@ def _untuned(func, simplified, results, choose, target, schedule, tmpl, name, ve
             current, outcomes, rewrites = _apply(simplified, results, choose, target, schedule, tmpl,
                                                  check_each=True)
             current = current if rewrites else func
-            current, outcomes = in_place(current, rewrites, outcomes)
-            current, outcomes = account_scratchpads(current, tmpl, rewrites, outcomes)
+            current, outcomes = finish(current, tmpl, rewrites, outcomes)
             verification = _verify_on(tmpl, func, current, target) if rewrites else None
     return Offloaded(current, func, name, tuple(outcomes), verification, tuple(rewrites))
 
