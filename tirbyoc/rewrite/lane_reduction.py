@@ -63,9 +63,7 @@ def _lanes_axis(sch, block, lanes: int):
     reductions = [iv for iv in realize.block.iter_vars if int(iv.iter_type) == REDUCE]
     if len(bound) != 1 or len(reductions) != 1 or not bound[0][0].same_as(reductions[0]):
         return None
-    if not bound[0][1].same_as(var) or any(int(sch.get(l).kind) != 0 for l in loops):
-        return None
-    if any(uses_var(v, sch.get(l).loop_var) for l in loops[:-1] for iv, v in bound):
+    if not bound[0][1].same_as(var) or any(int(sch.get(l).kind) != int(tirx.ForKind.SERIAL) for l in loops):
         return None
     ext = sch.get(loops[-1]).extent
     if not isinstance(ext, tirx.IntImm) or int(ext) % lanes or int(ext) < 2 * lanes:

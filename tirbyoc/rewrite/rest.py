@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-from tirbyoc._tvm import SPATIAL, s_tir
+from tirbyoc._tvm import SPATIAL, s_tir, tirx
 from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.ir.tir_walk import perfect_nest, uses_var
 from tirbyoc.rewrite.channel_reduction import schedule_channel_reduction
@@ -172,7 +172,7 @@ def schedule_rest(func, vector_bytes: int, registers: int = 32, channel_reductio
         return func, ()
     if not exact and channel_reductions:
         vectorized, replaced = vectorizable_math(func, ("erf", "exp"))
-        if replaced and not any(int(sch.get(l).kind) != 0 for b in blocks for l in sch.get_loops(b)):
+        if replaced and not any(int(sch.get(l).kind) != int(tirx.ForKind.SERIAL) for b in blocks for l in sch.get_loops(b)):
             sch = s_tir.Schedule(vectorized)
             blocks = sch.get_child_blocks(sch.get_sblock("root"))
     done = []
