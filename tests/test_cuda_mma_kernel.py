@@ -3,14 +3,20 @@
 The engine's CUDA schedule: one warp per thread block owning 2x2 output fragments, tiles
 staged global -> shared (the warp's 32 threads copy) -> WMMA fragments, mma_sync, the
 accumulator stored after the reduction; every copy tensorized with the group's intrinsics.
-Codegen and ``nvcc`` run here without a GPU; the numeric check needs one.
+Codegen, the CUDA compiler (NVRTC from the ``cuda`` extra's wheels, or a toolkit's nvcc) and
+the disassembler run here without a GPU: every kernel becomes machine code for Ampere and
+Hopper whose instructions include the tensor-core MMA (HMMA for fp16, IMMA for int8). The
+numeric check needs a GPU.
 """
+
+from pathlib import Path
 
 import pytest
 from workloads import conv2d, matmul
 
 import tirbyoc
-from tirbyoc._tvm import build, compile_cuda, cuda_source, nvcc_path
+from tirbyoc._tvm import build, cuda_source
+from tirbyoc.offloading import cuda_toolchain
 
 CASES = {
     "f16 64^3": lambda: matmul(64, 64, 64, "float16", "float16", "float32"),
@@ -47,14 +53,51 @@ def test_offload_builds_a_wmma_kernel(cuda_mma, case):
     if not cuda_mma.runs_here():
         # offload itself built the kernel before saying it cannot run it
         assert out.verification.passed is None and "built for CUDA" in out.verification.reason
+        if cuda_toolchain.toolchain() is not None:  # and compiled on to tensor-core machine code
+            assert "machine code with tensor-core " in out.verification.reason, out.verification.reason
 
 
-@pytest.mark.skipif(nvcc_path() is None, reason="nvcc (CUDA toolkit) is not installed")
-@pytest.mark.parametrize("case", ["f16 100x200x300 (padded)", "i8 64^3"])
-def test_offloaded_kernel_compiles_with_nvcc(cuda_mma, case):
-    out = offloaded(case)
-    cubin = compile_cuda(cuda_source(build(out.func, cuda_mma.tvm_target())), cuda_mma.tvm_target())
+ARCHES = ("sm_80", "sm_90")  # Ampere (the template's target) and Hopper
+needs_compiler = pytest.mark.skipif(cuda_toolchain.toolchain() is None,
+                                    reason=str(cuda_toolchain.unavailable_reason()))
+
+
+@pytest.fixture(scope="module")
+def kernel_sources(cuda_mma):
+    """Each case's generated CUDA C, built once for every architecture's test."""
+    return {case: cuda_source(build(offloaded(case).func, cuda_mma.tvm_target())) for case in CASES}
+
+
+@needs_compiler
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("case", list(CASES))
+def test_offloaded_kernel_is_tensor_core_machine_code(kernel_sources, case, arch):
+    cubin = cuda_toolchain.compile_cubin(kernel_sources[case], {"kind": "cuda", "arch": arch})
     assert cubin[:4] == b"\x7fELF"  # a cubin is an ELF image
+    if cuda_toolchain.disassembler() is None:
+        pytest.skip(f"no CUDA disassembler to read the machine code: {cuda_toolchain.CUDA_EXTRA}")
+    mma = cuda_toolchain.tensor_core_ops(cuda_toolchain.sass(cubin))
+    expected = "IMMA" if case.startswith("i8") else "HMMA"
+    assert mma and all(op.startswith(expected) for op in mma), (case, arch, mma)
+
+
+def test_sass_opcodes_are_read_with_predicates_and_modifiers():
+    text = """        /*0140*/                   LDSM.16.M88.4 R12, [R2] ;
+        /*0150*/              @!P0 HMMA.16816.F32 R4, R12, R16, R4 ;
+        /*0160*/                   IMMA.16816.S8.S8 R8, R12.ROW, R16.COL, R8 ;
+        /*0170*/                   EXIT ;"""
+    assert cuda_toolchain.opcodes(text) == {"LDSM.16.M88.4", "HMMA.16816.F32", "IMMA.16816.S8.S8", "EXIT"}
+    assert cuda_toolchain.tensor_core_ops(text) == ["HMMA.16816.F32", "IMMA.16816.S8.S8"]
+
+
+def test_the_wheel_headers_are_laid_out_as_one_cuda_path():
+    home = cuda_toolchain.wheel_cuda_home()
+    if home is None:
+        pytest.skip(f"the CUDA header wheels are not installed: {cuda_toolchain.CUDA_EXTRA}")
+    include = Path(home) / "include"
+    assert (include / "cuda_runtime.h").is_file() and (include / "mma.h").is_file()
+    assert (include / "crt" / "host_defines.h").is_file()  # from the nvcc wheel
+    assert (Path(home) / "targets" / "x86_64-linux" / "include" / "cccl" / "cuda" / "std" / "cstdint").is_file()
 
 
 @pytest.mark.gpu

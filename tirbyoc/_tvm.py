@@ -139,8 +139,8 @@ def build(func_or_mod, target, pipeline: str = "default"):
     """Compile a PrimFunc or IRModule of PrimFuncs for ``target`` (a Target or dict) with the
     TIR ``pipeline`` (a registered name).
 
-    For CUDA targets the result holds the generated CUDA source; this TVM wheel does not
-    compile it further. Use :func:`compile_cuda` to put that source through ``nvcc``.
+    For a CUDA target on a machine without a GPU the result holds the generated CUDA source
+    only; `tirbyoc.offloading.cuda_toolchain.compile_cubin` compiles it to machine code.
     """
     return tvm.compile(func_or_mod, target=make_target(target), tir_pipeline=pipeline)
 
@@ -154,21 +154,27 @@ def cuda_source(executable) -> str:
 
 
 def nvcc_path() -> str | None:
-
+    """``nvcc`` on PATH (a CUDA toolkit), or None."""
     return shutil.which("nvcc")
 
 
-def compile_cuda(source: str, target) -> bytes:
-    """Compile CUDA source with ``nvcc`` for ``target``'s ``arch`` (e.g. sm_80) into a cubin.
+def compile_cuda_source(source: str, target, compiler: str, cuda_path: str) -> bytes:
+    """CUDA C ``source`` compiled by ``compiler`` ("nvrtc" or "nvcc") into a cubin for
+    ``target``'s ``arch`` (e.g. sm_80), with the headers under ``cuda_path``.
 
-    This is how tirbyoc checks CUDA codegen on machines without a GPU: the kernel TVM
-    generated must pass the real CUDA compiler, not just TVM's printer.
+    TVM's NVRTC path finds headers through the ``CUDA_PATH`` variable alone, so it is set for
+    the call and restored after it. `tirbyoc.offloading.cuda_toolchain` picks the compiler.
     """
-
-    if nvcc_path() is None:
-        raise RuntimeError("nvcc is not on PATH: install the CUDA toolkit to compile CUDA kernels")
-    with make_target(target):
-        return bytes(nvcc.compile_cuda(source, target_format="cubin", compiler="nvcc"))
+    saved = os.environ.get("CUDA_PATH")
+    os.environ["CUDA_PATH"] = cuda_path
+    try:
+        with make_target(target):
+            return bytes(nvcc.compile_cuda(source, target_format="cubin", compiler=compiler))
+    finally:
+        if saved is None:
+            del os.environ["CUDA_PATH"]
+        else:
+            os.environ["CUDA_PATH"] = saved
 
 
 def get_global_func(name: str):

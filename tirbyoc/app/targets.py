@@ -75,8 +75,9 @@ def check_templates_on_target(tmpls, tgt) -> None:
         raise TirbyocError(
             "--target cuda: this machine has no CUDA device, and tirbyoc run builds, runs and "
             "compares both builds. Without a GPU, `tirbyoc match` shows what offloads to "
-            "cuda_mma, and tirbyoc.offload(func, 'cuda_mma') builds the kernels (compiled with "
-            "nvcc when it is installed) without running them")
+            "cuda_mma, and tirbyoc.offload(func, 'cuda_mma') builds the kernels and compiles them "
+            "to GPU machine code (NVRTC from `pip install 'tirbyoc[cuda]'`, or a toolkit's nvcc) "
+            "without running them")
     if kind != "llvm" or tgt.attrs.get("mtriple"):
         return
     have = isa_features(tgt)

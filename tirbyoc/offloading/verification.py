@@ -23,6 +23,7 @@ from tirbyoc._tvm import (
     REDUCE,
     build,
     cuda_available,
+    cuda_source,
     host_cpu_features,
     host_target,
     is_host_target,
@@ -38,7 +39,7 @@ from tirbyoc.dtypes import is_float
 from tirbyoc.errors import TirbyocError, VerificationError, last_line
 from tirbyoc.ir.domains import buffer_domains, draw
 from tirbyoc.offloading.lowering import PIPELINE
-from tirbyoc.offloading import hexagon
+from tirbyoc.offloading import cuda_toolchain, hexagon
 
 # Relative tolerance per float dtype, scaled by sqrt(reduction length) in `tolerance`.
 _FLOAT_RTOL = {"float16": 2e-3, "bfloat16": 1e-2, "float32": 2e-6, "float64": 1e-13}
@@ -245,8 +246,8 @@ def _cannot_run_here(rewritten, target) -> str | None:
     if hexagon.is_hexagon(target):
         return _hexagon_built_only(rewritten, target)
     if kind == "cuda" and not cuda_available():
-        compile_func(rewritten, target, "rewritten")
-        return "built for CUDA; no GPU here to run it"
+        built = compile_func(rewritten, target, "rewritten")
+        return f"built for CUDA{_cuda_machine_code(built, target)}; no GPU here to run it"
     if kind not in ("llvm", "cuda", "c"):
         # Not even built here: cross-compiling some device intrinsics aborts LLVM in-process
         # (Hexagon vrmpy), which no exception handler can catch.
@@ -259,6 +260,15 @@ def _cannot_run_here(rewritten, target) -> str | None:
                 compile_func(rewritten, target, "rewritten")
                 return f"built for {mcpu}; this CPU lacks {', '.join(missing)}"
     return None
+
+
+def _cuda_machine_code(built, target) -> str:
+    """A CUDA build carried on to GPU machine code where a compiler is here (see
+    `cuda_toolchain.machine_code_note`); a source the CUDA compiler rejects fails the check."""
+    try:
+        return cuda_toolchain.machine_code_note(cuda_source(built), target)
+    except RuntimeError as err:
+        raise VerificationError(f"the rewritten function's CUDA C does not compile: {last_line(err)}") from err
 
 
 def _hexagon_built_only(rewritten, target) -> str | None:
