@@ -9,6 +9,7 @@ Hopper whose instructions include the tensor-core MMA (HMMA for fp16, IMMA for i
 numeric check needs a GPU.
 """
 
+import re
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from workloads import conv2d, matmul
 import tirbyoc
 from tirbyoc._tvm import build, cuda_source
 from tirbyoc.offloading import cuda_toolchain
+from tirbyoc.rewrite import gpu_threads
 
 CASES = {
     "f16 64^3": lambda: matmul(64, 64, 64, "float16", "float16", "float32"),
@@ -55,6 +57,22 @@ def test_offload_builds_a_wmma_kernel(cuda_mma, case):
         assert out.verification.passed is None and "built for CUDA" in out.verification.reason
         if cuda_toolchain.toolchain() is not None:  # and compiled on to tensor-core machine code
             assert "machine code with tensor-core " in out.verification.reason, out.verification.reason
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_no_loop_nest_is_left_on_the_host(case):
+    # an unbound nest runs in the host function over device pointers: the process dies on a GPU
+    out = offloaded(case)
+    assert gpu_threads.bind_unbound_nests(out.func)[1] == []
+
+
+def test_unbound_copies_get_gpu_threads():
+    func = offloaded("f16 100x200x300 (padded)").func
+    steps = [str(s) for s in tirbyoc.offload(CASES["f16 100x200x300 (padded)"](), "cuda_mma").blocks[0].steps]
+    assert "A_pad, B_pad, C_pad on the GPU (256 threads per block)" in steps
+    source = cuda_source(build(func, tirbyoc.get_template("cuda_mma").tvm_target()))
+    kernels = set(re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", source))
+    assert len(kernels) == 4, kernels  # the two pads, the MMA kernel, the un-pad
 
 
 ARCHES = ("sm_80", "sm_90")  # Ampere (the template's target) and Hopper

@@ -1,5 +1,6 @@
 """The steps an offload takes on the whole rewritten function, after its blocks are rewritten:
-staging copies that move nothing read in place, a simulated template's scratchpads accounted
+staging copies that move nothing read in place, the nests a CUDA kernel left on the host
+bound to GPU threads, a simulated template's scratchpads accounted
 (and their tiles double-buffered), a note added to every offloaded block's steps. Each takes
 the function, the template, the rewrites and the blocks' outcomes and returns the function
 and the outcomes; `FUNCTION_STEPS` lists them in the order `finish` runs them - a new
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tirbyoc.rewrite.double_buffer import plan_double_buffering
+from tirbyoc.rewrite.gpu_threads import THREADS, bind_unbound_nests
 from tirbyoc.rewrite.in_place import in_place_note, read_in_place
 from tirbyoc.rewrite.scratchpad import scratchpad_usage
 from tirbyoc.rewrite.steps import Step, StepKind
@@ -54,11 +56,24 @@ def account_scratchpads(func, template, rewrites, outcomes):
     return sim.annotate(func, used), noted
 
 
+def bind_to_gpu(func, template, rewrites, outcomes):
+    """For a CUDA template: (the function with the loop nests its kernels left unbound - the
+    padding and staging copies around them - bound to GPU threads (`tirbyoc.rewrite.gpu_threads`:
+    unbound, they would run on the host over device memory), ``outcomes`` saying so)."""
+    if str(template.target.get("kind")) != "cuda" or not rewrites:
+        return func, outcomes
+    func, bound = bind_unbound_nests(func)
+    if not bound:
+        return func, outcomes
+    step = Step(StepKind.SCHEDULE, f"{', '.join(bound)} on the GPU ({THREADS} threads per block)")
+    return func, [replace(o, steps=tuple(o.steps) + (step,)) if o.offloaded else o for o in outcomes]
+
+
 def _in_place_step(func, template, rewrites, outcomes):
     return in_place(func, rewrites, outcomes)
 
 
-FUNCTION_STEPS = (_in_place_step, account_scratchpads)  # in order, each (func, template, rewrites, outcomes)
+FUNCTION_STEPS = (_in_place_step, bind_to_gpu, account_scratchpads)  # in order, each (func, template, rewrites, outcomes)
 
 
 def finish(func, template, rewrites, outcomes):
@@ -68,4 +83,4 @@ def finish(func, template, rewrites, outcomes):
     return func, outcomes
 
 
-__all__ = ["FUNCTION_STEPS", "account_scratchpads", "finish", "in_place", "with_step"]
+__all__ = ["FUNCTION_STEPS", "account_scratchpads", "bind_to_gpu", "finish", "in_place", "with_step"]
