@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from tirbyoc.app.cli import main
+from tirbyoc.errors import TirbyocError
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "gemm_workloads.py"
 
@@ -91,3 +92,39 @@ def test_python_file_errors(capsys, tmp_path):
 def test_unknown_template(capsys):
     rc, _, err = run(capsys, "match", str(EXAMPLE), "-t", "tpu")
     assert rc == 2 and "tpu" in err
+
+
+def test_one_loader_takes_every_model_spec_by_its_frontend():
+    from tirbyoc.app import frontends
+
+    assert [f.name for f in frontends.FRONTENDS][:3] == ["builtin", "onnx", "python"]
+    assert frontends.frontend_for("builtin:mlp").name == "builtin"
+    assert frontends.frontend_for("model.onnx").name == "onnx"
+    assert frontends.frontend_for("workloads.py").name == "python"
+    with pytest.raises(TirbyocError, match="model 'model.tflite': give builtin:NAME .*, an .onnx file or a .py file"):
+        frontends.frontend_for("model.tflite")
+    spec, mod = frontends.load_model(None)
+    assert spec == "builtin:mlp" and mod.get_global_vars()
+    assert frontends.is_float_model("builtin:resnet18") is True
+    assert frontends.is_float_model("builtin:resnet18_int8") is False
+    assert frontends.is_float_model("notes.txt") is None
+
+
+def test_a_new_frontend_is_registered_not_coded_in(tmp_path):
+    from tirbyoc.app import frontends
+
+    path = tmp_path / "kernel.tir"
+    path.write_text("unused")
+    taken = []
+
+    def load(spec, templates, obj, input_shapes):
+        taken.append(spec)
+        return frontends.load_model("builtin:mlp")[1]
+
+    added = frontends.register_frontend(frontends.Frontend("tir file", ".tir", "a .tir file", load))
+    try:
+        assert frontends.load_model(str(path))[0] == str(path) and taken == [str(path)]
+        with pytest.raises(TirbyocError, match="'.tir' is taken by 'tir file'"):
+            frontends.register_frontend(frontends.Frontend("again", ".tir", "x", load))
+    finally:
+        frontends.FRONTENDS.remove(added)

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")
 
 from tirbyoc._tvm import host_target, relax_vm, tvm  # noqa: E402
-from tirbyoc.app.loaders import load_model_file  # noqa: E402
+from tirbyoc.app.frontends import load_model  # noqa: E402
 from tirbyoc.app.run import run_model  # noqa: E402
 from tirbyoc.relax.quantized import quantized_to_integer  # noqa: E402
 
@@ -63,7 +63,7 @@ def test_pt2e_graph_imports_as_qdq_and_becomes_integer(pt2e_file):
     """The imported graph computes what PyTorch's converted model computes; its three chains
     (two convs with float biases and ReLU, the float classifier) become integer cores that
     agree with it to float32 rounding."""
-    mod = load_model_file(str(pt2e_file))
+    mod = load_model(str(pt2e_file))[1]
     x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype("float32")
     namespace = runpy.run_path(str(pt2e_file))
     want = namespace["model"](torch.from_numpy(x)).detach().numpy()

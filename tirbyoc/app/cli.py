@@ -16,7 +16,8 @@ from tirbyoc.app.loaders import legalize
 from tirbyoc.app.model_inputs import load_inputs
 from tirbyoc.app.options import RunOptions, from_flags
 from tirbyoc.app.preparation import integer_module
-from tirbyoc.app.legalize import importing, legalized_model, load_model
+from tirbyoc.app.frontends import load_model
+from tirbyoc.app.legalize import importing, legalized_model
 from tirbyoc.app.run import Progress, default_templates, run_model
 from tirbyoc.app.sweep import parse_params, plot, sweep, table
 from tirbyoc.decl.registry import get_template, template_names

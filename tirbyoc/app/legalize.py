@@ -1,4 +1,4 @@
-"""A model as tirbyoc offloads it: loaded (a built-in, an ONNX or a ``.py`` file), made integer
+"""A model as tirbyoc offloads it: loaded (`tirbyoc.app.frontends.load_model`), made integer
 where it is quantized, optionally given fast math, legalized, and its inputs drawn.
 
 `run`, `build`, `sweep` and the benchmarks all start here, so that they offload the same
@@ -9,15 +9,13 @@ from __future__ import annotations
 
 from tvm import relax
 
-from tirbyoc.app.loaders import load_model_file
+from tirbyoc.app.frontends import load_model
 from tirbyoc.app.model_inputs import model_inputs
-from tirbyoc.app.models import CALIBRATION_SEEDS, MODELS, build_model
+from tirbyoc.app.models import CALIBRATION_SEEDS, MODELS
 from tirbyoc.app.preparation import (
-    activation_dtype,
     fuses_epilogues,
     integer_module,
     reduction_tile,
-    requantize_mode,
     wants_channels_last,
     with_constant_weights,
 )
@@ -26,54 +24,6 @@ from tirbyoc.relax.bridge import fuse
 from tirbyoc.relax.fast_math import FastMathReport, fast_math_of
 from tirbyoc.relax.layout import LayoutReport, channels_last
 from tirbyoc.relax.quantized import QuantizedReport, qdq_output_step
-
-
-def load_model(spec: str | None, templates, obj: str | None = None,
-               input_shapes: dict | None = None):
-    """A Relax IRModule from ``builtin:NAME`` (default: an MLP, quantized to the activation
-    dtype of an int8 template), an ``.onnx`` file or a ``.py`` file
-    (`tirbyoc.app.loaders.load_model_file`; ``obj`` picks an object of the file, ``input_shapes``
-    fixes an ONNX model's dynamic dimensions)."""
-
-    if spec in (None, "", "builtin"):
-        spec = "builtin:" + ("mlp_int8" if activation_dtype(templates) else "mlp")
-    if not spec.startswith("builtin:"):
-        if spec.endswith((".onnx", ".py")):
-            return spec, load_model_file(spec, obj, input_shapes=input_shapes)
-        raise TirbyocError(f"model {spec!r}: give builtin:NAME (NAME one of {sorted(MODELS)}), "
-                           "an .onnx file or a .py file")
-    if obj is not None or input_shapes:
-        raise TirbyocError("--object and --input-shape apply to model files, not built-in models")
-    name = spec.split(":", 1)[1]
-    if name not in MODELS:
-        raise TirbyocError(f"unknown built-in model {name!r}; known: {sorted(MODELS)}")
-    return spec, build_model(name, activation_dtype(templates), requantize_mode(templates))
-
-
-QUANTIZED_ONNX_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul",
-                                 "ConvInteger", "MatMulInteger", "DynamicQuantizeLinear"})
-
-
-def is_float_model(spec: str | None) -> bool | None:
-    """Whether the model ``spec`` names is known to compute in float only: a built-in without
-    an integer variant of itself (``mlp``, ``resnet18``, not ``resnet18_int8``), or an ONNX
-    file without quantization operators (read without its weights). None where that is not
-    known before importing it (the default model, a ``.py`` file)."""
-    if not spec:
-        return None
-    if spec.startswith("builtin:"):
-        builder = MODELS.get(spec.split(":", 1)[1])
-        return None if builder is None else not getattr(builder, "quantized", False)
-    if spec.endswith(".onnx"):
-        try:
-            import onnx  # deferred: an optional dependency (the reference extra), needed only for .onnx files
-
-            proto = onnx.load(spec, load_external_data=False)
-        except Exception:  # the loader reports a missing package or a bad file with context
-            return None
-        ops = {n.op_type for n in proto.graph.node} | {n.op_type for f in proto.functions for n in f.node}
-        return not ops & QUANTIZED_ONNX_OPS
-    return None
 
 
 def importing(model: str | None) -> str:
@@ -146,4 +96,4 @@ def entry_function(mod) -> str:
     raise TirbyocError(f"the model has Relax functions {sorted(names)}; name the entry forward or main")
 
 
-__all__ = ["QUANTIZED_ONNX_OPS", "entry_function", "importing", "is_float_model", "legalized_model", "load_model"]
+__all__ = ["entry_function", "importing", "legalized_model"]

@@ -1,7 +1,7 @@
-"""Load the workloads a user points tirbyoc at: TVMScript Python files and ONNX models.
+"""The file loaders behind `tirbyoc.app.frontends`: ONNX models and Python files.
 
-Each loader returns an IRModule of schedulable PrimFuncs (a Relax module is legalized with
-TVM's ``LegalizeOps`` first), or raises `LoadError` saying what is wrong with which file.
+Each returns an IRModule (a Relax module, or TensorIR), or raises `LoadError` saying what is
+wrong with which file; `legalize` turns a Relax module's operators into PrimFuncs.
 """
 
 from __future__ import annotations
@@ -160,10 +160,8 @@ _PREFERENCE = ("Relax module", "torch.nn.Module", "relax.frontend.nn.Module", "R
                "TensorIR module", "PrimFunc")
 
 
-def load_model_file(path: str | Path, obj: str | None = None, *, input_shapes: dict | None = None):
-    """An IRModule (not legalized) from a model or workload file - the one loader behind every
-    command's ``--model`` and ``tirbyoc match``: ``.onnx`` (``input_shapes`` fixes dynamic
-    dimensions), or a ``.py`` file defining
+def load_python_file(path: Path, obj: str | None = None):
+    """An IRModule (not legalized) from a ``.py`` file defining
 
     * a Relax ``IRModule`` (TVMScript ``@I.ir_module`` with an ``@R.function``),
     * a ``torch.nn.Module`` instance plus ``example_inputs`` (a tuple of tensors), imported
@@ -173,22 +171,9 @@ def load_model_file(path: str | Path, obj: str | None = None, *, input_shapes: d
 
     ``obj`` names the object to take when the file defines several, or one function inside a
     module (``--object dense_int8`` of a module of workloads); without it, a file with several
-    candidates of the same kind is refused with their names.
+    candidates of the same kind is refused with their names. `tirbyoc.app.frontends` calls it
+    for a ``.py`` model.
     """
-    path = Path(path)
-    if not path.exists():
-        raise LoadError(f"{path}: no such file")
-    if path.suffix == ".onnx":
-        if obj is not None:
-            raise LoadError(f"{path}: --object picks an object of a .py file; an ONNX file holds one model")
-        return import_onnx(path, shapes=input_shapes)
-    if path.suffix != ".py":
-        raise LoadError(f"{path}: unsupported model file {path.suffix!r}; give an .onnx file or a "
-                        ".py file defining a Relax IRModule, a torch.nn.Module, a relax nn.Module "
-                        "or TensorIR PrimFuncs")
-    if input_shapes:
-        raise LoadError("--input-shape applies to ONNX models; a .py model declares its shapes "
-                        "(example_inputs, spec or the TVMScript signature)")
     namespace = _run_python_file(path, "__tirbyoc_model__")
     public = {k: v for k, v in namespace.items() if not k.startswith("_")}
     torch = __import__("sys").modules.get("torch")

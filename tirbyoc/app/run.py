@@ -18,7 +18,8 @@ from dataclasses import field as dataclass_field
 import numpy as np
 
 from tirbyoc._tvm import is_host_target, relax_vm, tirx, tvm
-from tirbyoc.app.legalize import importing, is_float_model, legalized_model
+from tirbyoc.app.frontends import is_float_model
+from tirbyoc.app.legalize import importing, legalized_model
 from tirbyoc.app.options import RunOptions, options_of
 from tirbyoc.app.profiling import profile_functions
 from tirbyoc.app.reference import onnxruntime_reference, output_step

@@ -1,0 +1,156 @@
+"""Where a model comes from: one registry of frontends and one function that loads any model.
+
+A model is named by a spec: ``builtin:NAME`` (a built-in model, random weights), or a file
+whose suffix says which frontend reads it (``.onnx``: TVM's ONNX importer; ``.py``: a Python
+file defining a Relax module, a torch module, a ``relax.frontend.nn`` module or TensorIR).
+`FRONTENDS` lists them; `load_model` finds the one that takes a spec and loads it, for every
+command (`run`, `build`, `sweep`, `tune`, `match`); `is_float_model` asks it whether the
+model computes in float only, before importing it (which template `tirbyoc run` picks).
+
+**A new way in** (a TFLite file, a saved ``.pt2`` program) is a `Frontend` given to
+`register_frontend`: the spec it takes (a ``prefix:`` or a ``.suffix``), how an error names
+it, and its loader, which returns an IRModule that is not legalized yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from tirbyoc.app.loaders import LoadError, import_onnx, load_python_file
+from tirbyoc.app.models import MODELS, build_model
+from tirbyoc.app.preparation import activation_dtype, requantize_mode
+from tirbyoc.errors import TirbyocError
+
+QUANTIZED_ONNX_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul",
+                                 "ConvInteger", "MatMulInteger", "DynamicQuantizeLinear"})
+
+
+def _unknown(spec: str) -> bool | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Frontend:
+    """One way in. ``takes``: a spec prefix ending in ``:`` or a file suffix starting with
+    ``.``; ``what``: how an error message names what it takes; ``load(spec, templates, obj,
+    input_shapes)``: the model as an IRModule (not legalized); ``is_float(spec)``: True / False
+    where the model is known to compute in float only (or not) without importing it, else None."""
+
+    name: str
+    takes: str
+    what: str
+    load: Callable
+    is_float: Callable[[str], "bool | None"] = _unknown
+
+    def accepts(self, spec: str) -> bool:
+        return spec.startswith(self.takes) if self.takes.endswith(":") else spec.endswith(self.takes)
+
+
+def _builtin(spec: str, templates, obj, input_shapes):
+    if obj is not None or input_shapes:
+        raise TirbyocError("--object and --input-shape apply to model files, not built-in models")
+    name = spec.split(":", 1)[1]
+    if name not in MODELS:
+        raise TirbyocError(f"unknown built-in model {name!r}; known: {sorted(MODELS)}")
+    return build_model(name, activation_dtype(templates), requantize_mode(templates))
+
+
+def _builtin_is_float(spec: str) -> bool | None:
+    """A built-in without an integer variant of itself (``mlp``, ``resnet18``, not
+    ``resnet18_int8``) is float."""
+    builder = MODELS.get(spec.split(":", 1)[1])
+    return None if builder is None else not getattr(builder, "quantized", False)
+
+
+def _existing(spec: str) -> Path:
+    path = Path(spec)
+    if not path.exists():
+        raise LoadError(f"{path}: no such file")
+    return path
+
+
+def _onnx(spec: str, templates, obj, input_shapes):
+    path = _existing(spec)
+    if obj is not None:
+        raise LoadError(f"{path}: --object picks an object of a .py file; an ONNX file holds one model")
+    return import_onnx(path, shapes=input_shapes)
+
+
+def _onnx_is_float(spec: str) -> bool | None:
+    """An ONNX file without quantization operators is float (read without its weights)."""
+    try:
+        import onnx  # deferred: an optional dependency (the reference extra), needed only for .onnx files
+
+        proto = onnx.load(spec, load_external_data=False)
+    except Exception:  # the loader reports a missing package or a bad file with context
+        return None
+    ops = {n.op_type for n in proto.graph.node} | {n.op_type for f in proto.functions for n in f.node}
+    return not ops & QUANTIZED_ONNX_OPS
+
+
+def _python(spec: str, templates, obj, input_shapes):
+    path = _existing(spec)
+    if input_shapes:
+        raise LoadError("--input-shape applies to ONNX models; a .py model declares its shapes "
+                        "(example_inputs, spec or the TVMScript signature)")
+    return load_python_file(path, obj)
+
+
+FRONTENDS: list[Frontend] = [
+    Frontend("builtin", "builtin:", f"builtin:NAME (NAME one of {sorted(MODELS)})", _builtin, _builtin_is_float),
+    Frontend("onnx", ".onnx", "an .onnx file", _onnx, _onnx_is_float),
+    Frontend("python", ".py", "a .py file (a Relax IRModule, a torch.nn.Module, a relax nn.Module "
+             "or TensorIR PrimFuncs)", _python),
+]
+
+
+def register_frontend(frontend: Frontend) -> Frontend:
+    """Add a way in (see the module's docstring); a frontend taking the same spec as one
+    registered before it is refused."""
+    clash = [f.name for f in FRONTENDS if f.takes == frontend.takes]
+    if clash:
+        raise TirbyocError(f"frontend {frontend.name!r}: {frontend.takes!r} is taken by {clash[0]!r}")
+    FRONTENDS.append(frontend)
+    return frontend
+
+
+def frontend_for(spec: str) -> Frontend:
+    """The frontend that takes ``spec``, or a usage error listing what each one takes."""
+    for frontend in FRONTENDS:
+        if frontend.accepts(spec):
+            return frontend
+    whats = [f.what for f in FRONTENDS]
+    raise TirbyocError(f"model {spec!r}: give {', '.join(whats[:-1])} or {whats[-1]}")
+
+
+def default_model(templates) -> str:
+    """The model a command runs without one: the built-in MLP, quantized to the activation
+    dtype of an int8 template."""
+    return "builtin:" + ("mlp_int8" if activation_dtype(templates) else "mlp")
+
+
+def load_model(spec: str | None, templates=(), obj: str | None = None,
+               input_shapes: dict | None = None):
+    """(the spec, the model as a Relax or TensorIR IRModule, not legalized) for ``spec`` (see
+    the module's docstring; None or "builtin": `default_model`). ``obj`` picks an object of a
+    ``.py`` file; ``input_shapes`` fixes an ONNX model's dynamic dimensions."""
+    if spec in (None, "", "builtin"):
+        spec = default_model(templates)
+    return spec, frontend_for(spec).load(spec, templates, obj, input_shapes)
+
+
+def is_float_model(spec: str | None) -> bool | None:
+    """Whether the model ``spec`` names is known to compute in float only, before importing
+    it; None where that is not known (the default model, a ``.py`` file)."""
+    if not spec:
+        return None
+    try:
+        return frontend_for(spec).is_float(spec)
+    except TirbyocError:
+        return None
+
+
+__all__ = ["FRONTENDS", "QUANTIZED_ONNX_OPS", "Frontend", "default_model", "frontend_for", "is_float_model",
+           "load_model", "register_frontend"]
