@@ -179,3 +179,24 @@ def test_templates_use_only_the_public_api():
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tirbyoc."):
                 assert public.match(node.module), f"{path.name}: imports {node.module}"
                 assert not any(a.name.startswith("_") for a in node.names), path.name
+
+
+# The passes on a whole offloaded function and the module that runs them, in order, for the
+# rewrite engine's result and a tuned schedule's alike (issue: a second, unnamed pipeline).
+FUNCTION_PASSES = {"read_in_place", "bind_unbound_nests", "plan_double_buffering"}
+
+
+def test_function_level_passes_run_only_through_the_named_steps():
+    callers = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in FUNCTION_PASSES:
+                callers.add(path.relative_to(PACKAGE).as_posix())
+    assert callers == {"offloading/function_steps.py"}, callers
+
+
+def test_the_stage_order_is_written_in_one_place():
+    # every stage module registers by a name from pipeline.ORDER; no module orders stages itself
+    for path in sorted((PACKAGE / "rewrite").glob("*.py")):
+        text = path.read_text()
+        assert "after=" not in text and "before=" not in text.replace("before=list", ""), path.name

@@ -2,9 +2,10 @@
 staging copies that move nothing read in place, the nests a CUDA kernel left on the host
 bound to GPU threads, a simulated template's scratchpads accounted
 (and their tiles double-buffered), a note added to every offloaded block's steps. Each takes
-the function, the template, the rewrites and the blocks' outcomes and returns the function
-and the outcomes; `FUNCTION_STEPS` lists them in the order `finish` runs them - a new
-function-level step is a function of that shape and a place in that list."""
+the function, the template, the offloaded blocks' operands and the blocks' outcomes and
+returns the function and the outcomes; `FUNCTION_STEPS` lists them in the order `finish` runs
+them, for the rewrite engine's result and a tuned schedule's alike - a new function-level step
+is a function of that shape and a place in that list."""
 
 from __future__ import annotations
 
@@ -23,64 +24,90 @@ def with_step(off, step):
     return replace(off, blocks=blocks)
 
 
-def in_place(func, rewrites, outcomes):
+def owners_of(rewrites) -> dict:
+    """Each rewritten block -> the buffers its intrinsic's operands read and write (what a
+    function step attributes its changes by)."""
+    return {rw.match.block: frozenset(op.buffer for op in rw.match.operands) for rw in rewrites}
+
+
+def tuned_owners(blocks) -> dict:
+    """Each block a tuned schedule offloads -> None: which buffers it reads is not known."""
+    return dict.fromkeys(blocks)
+
+
+def _noted(outcomes, owners, step_of):
+    """``outcomes`` with ``step_of(operand buffers or None)`` (a Step or None) added to each
+    offloaded block's steps that ``owners`` names."""
+    def note(o):
+        step = step_of(owners[o.block]) if o.offloaded and o.block in owners else None
+        return replace(o, steps=tuple(o.steps) + (step,)) if step is not None else o
+    return [note(o) for o in outcomes]
+
+
+def in_place(func, template, owners, outcomes):
     """(``func`` with the staging copies that move nothing replaced by views of its
     parameters (`tirbyoc.rewrite.in_place`), ``outcomes`` with that among the steps of the
     offloaded blocks whose operands they were)."""
-    if not rewrites:
+    if not owners:
         return func, outcomes
     func, done = read_in_place(func)
     if not done:
         return func, outcomes
-    operands = {rw.match.block: {op.buffer for op in rw.match.operands} for rw in rewrites}
 
-    def noted(o):
-        mine = [d for d in done if d.param in operands.get(o.block, ())]
-        return replace(o, steps=tuple(o.steps) + (Step(StepKind.IN_PLACE, in_place_note(mine)),)) if mine else o
+    def step_of(buffers):
+        mine = done if buffers is None else [d for d in done if d.param in buffers]
+        return Step(StepKind.IN_PLACE, in_place_note(mine)) if mine else None
 
-    return func, [noted(o) if o.offloaded else o for o in outcomes]
-
-
-def account_scratchpads(func, template, rewrites, outcomes):
-    """For a simulated template: (the function with the scratchpad tiles that have room for
-    two versions marked for double buffering (`tirbyoc.rewrite.double_buffer`) and telling the
-    simulator what it allocates, ``outcomes`` with that decision among the offloaded blocks'
-    steps)."""
-    sim = getattr(template, "simulator", None)
-    if sim is None or not rewrites:
-        return func, outcomes
-    used = scratchpad_usage(func, list(sim.config.scopes))  # measured once: marking keeps it
-    func, notes = plan_double_buffering(func, template, used)
-    noted = [replace(o, steps=tuple(o.steps) + tuple(Step(StepKind.DOUBLE_BUFFER, n) for n in notes))
-             if o.offloaded else o for o in outcomes]
-    return sim.annotate(func, used), noted
+    return func, _noted(outcomes, owners, step_of)
 
 
-def bind_to_gpu(func, template, rewrites, outcomes):
+def bind_to_gpu(func, template, owners, outcomes):
     """For a CUDA template: (the function with the loop nests its kernels left unbound - the
     padding and staging copies around them - bound to GPU threads (`tirbyoc.rewrite.gpu_threads`:
     unbound, they would run on the host over device memory), ``outcomes`` saying so)."""
-    if str(template.target.get("kind")) != "cuda" or not rewrites:
+    if str(template.target.get("kind")) != "cuda" or not owners:
         return func, outcomes
     func, bound = bind_unbound_nests(func)
     if not bound:
         return func, outcomes
     step = Step(StepKind.SCHEDULE, f"{', '.join(bound)} on the GPU ({THREADS} threads per block)")
-    return func, [replace(o, steps=tuple(o.steps) + (step,)) if o.offloaded else o for o in outcomes]
+    return func, _noted(outcomes, owners, lambda _: step)
 
 
-def _in_place_step(func, template, rewrites, outcomes):
-    return in_place(func, rewrites, outcomes)
+def plan_scratchpads(func, template):
+    """For a simulated template: (``func`` with the scratchpad tiles that have room for two
+    versions marked for double buffering (`tirbyoc.rewrite.double_buffer`) and telling the
+    simulator what it allocates, the decisions as sentences); ``func`` and none otherwise.
+    MetaSchedule's candidates go through it too (`offloader.prepare_for_simulator`)."""
+    sim = getattr(template, "simulator", None)
+    if sim is None:
+        return func, []
+    used = scratchpad_usage(func, list(sim.config.scopes))  # measured once: marking keeps it
+    func, notes = plan_double_buffering(func, template, used)
+    return sim.annotate(func, used), notes
 
 
-FUNCTION_STEPS = (_in_place_step, bind_to_gpu, account_scratchpads)  # in order, each (func, template, rewrites, outcomes)
+def account_scratchpads(func, template, owners, outcomes):
+    """`plan_scratchpads` on an offloaded function, its decisions among the offloaded blocks' steps."""
+    if not owners:
+        return func, outcomes
+    func, notes = plan_scratchpads(func, template)
+    noted = [replace(o, steps=tuple(o.steps) + tuple(Step(StepKind.DOUBLE_BUFFER, n) for n in notes))
+             if o.offloaded else o for o in outcomes]
+    return func, noted
 
 
-def finish(func, template, rewrites, outcomes):
+# in order, each (func, template, owners, outcomes) -> (func, outcomes); owners: each offloaded
+# block -> its operand buffers (`owners_of`), or None where not known (`tuned_owners`)
+FUNCTION_STEPS = (in_place, bind_to_gpu, account_scratchpads)
+
+
+def finish(func, template, owners, outcomes):
     """(``func``, ``outcomes``) after every step of `FUNCTION_STEPS`, in order."""
     for step in FUNCTION_STEPS:
-        func, outcomes = step(func, template, rewrites, outcomes)
-    return func, outcomes
+        func, outcomes = step(func, template, owners, outcomes)
+    return func, list(outcomes)
 
 
-__all__ = ["FUNCTION_STEPS", "account_scratchpads", "bind_to_gpu", "finish", "in_place", "with_step"]
+__all__ = ["FUNCTION_STEPS", "account_scratchpads", "bind_to_gpu", "finish", "in_place", "owners_of",
+           "plan_scratchpads", "tuned_owners", "with_step"]

@@ -28,8 +28,7 @@ from tirbyoc.matching.results import Match, Mismatch
 from tirbyoc.offloading.table import render
 from tirbyoc.offloading.verification import Verification
 from tirbyoc.offloading.verification import verify as run_verify
-from tirbyoc.offloading.function_steps import account_scratchpads, finish, with_step
-from tirbyoc.rewrite.in_place import in_place_note, read_in_place
+from tirbyoc.offloading.function_steps import finish, owners_of, plan_scratchpads, tuned_owners, with_step
 from tirbyoc.rewrite.steps import DECISIONS, Step, StepKind
 from tirbyoc.rewrite.tensorize import Rewritten, tensorize
 from tirbyoc.rewrite.vector_math import vector_math_for, vector_math_step
@@ -198,22 +197,46 @@ def offload(func, template, policy="first", *, verify: bool = True, target=None,
     """
 
     tmpl = as_template(template)
-    choose = _policy(policy)
     target = target if target is not None else tmpl.target
-    name = getattr(tmpl, "name", str(template))
     # matched and rewritten with every buffer named apart and indices simplified
     simplified, erfs = vector_math_for(simplify_indices(unique_buffer_names(func)), make_target(target))
-    results = explain(simplified, tmpl)
+    plan = _Plan(func, simplified, explain(simplified, tmpl), _policy(policy), target, schedule, tmpl,
+                 getattr(tmpl, "name", str(template)), verify)
 
     def untuned():
-        off = _untuned(func, simplified, results, choose, target, schedule, tmpl, name, verify)
+        off = _untuned(plan)
         return with_step(off, vector_math_step(erfs)) if erfs and off.rewrites else off
 
     if tuned is not None:
-        hit = _from_tuned(func, tmpl, name, results, tuned, target, verify)
+        hit = _from_tuned(plan, tuned)
         if hit is not None:
             return _faster_in_simulator(hit, untuned, tmpl)
     return untuned()
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What one `offload` works from, shared by its tuned and untuned paths: the function as
+    given (``func``, what the result is verified against) and as matched (``simplified``), the
+    matcher's ``results`` per block, the policy's ``choose``, where it runs (``target``), whether
+    the target's schedule applies (``schedule``), the ``template`` and its ``name``, and
+    whether to ``verify``."""
+
+    func: object
+    simplified: object
+    results: tuple
+    choose: Callable
+    target: object
+    schedule: object
+    template: object
+    name: str
+    verify: bool
+
+    def runtime_missing(self) -> str | None:
+        """Why the template's code cannot run where verification would run it (this CPU), or
+        None. Device code (CUDA) is left to verify, which still builds what it cannot run."""
+        missing = self.template.unavailable_reason() if isinstance(self.template, Template) else None
+        return missing if missing and is_host_target(self.target) else None
 
 
 def _faster_in_simulator(tuned: Offloaded, untuned, template) -> Offloaded:
@@ -235,30 +258,31 @@ def _faster_in_simulator(tuned: Offloaded, untuned, template) -> Offloaded:
     return with_step(other, note)
 
 
-def _untuned(func, simplified, results, choose, target, schedule, tmpl, name, verify) -> Offloaded:
+def _untuned(plan: _Plan) -> Offloaded:
     """`offload`'s result from the rewrite engine (no tuned schedule)."""
-    current, outcomes, rewrites = _apply(simplified, results, choose, target, schedule, tmpl,
-                                         check_each=False)
-    current = current if rewrites else func  # verified against the function as given
-    current, outcomes = finish(current, tmpl, rewrites, outcomes)
+    current, outcomes, rewrites = _rewritten(plan, check_each=False)
     verification = None
-    unavailable = tmpl.unavailable_reason() if isinstance(tmpl, Template) else None
-    if verify and rewrites and unavailable and is_host_target(target):
-        # verify would run this on the CPU, but the template's runtime is missing (e.g. a
-        # simulator not there yet): the IR is the result. Device code (CUDA) is left to
-        # verify, which still builds what it cannot run.
-        verification = Verification(None, float("nan"), reason=f"template {name} cannot run here: "
-                                                               f"{unavailable}")
-    elif verify and rewrites:
-        verification = _verify_on(tmpl, func, current, target)
+    missing = plan.runtime_missing()
+    if plan.verify and rewrites and missing:
+        # the IR is the result: verify would run it on the CPU without the template's runtime
+        # (e.g. a simulator not there yet)
+        verification = Verification(None, float("nan"), reason=f"template {plan.name} cannot run here: {missing}")
+    elif plan.verify and rewrites:
+        verification = _verify_on(plan.template, plan.func, current, plan.target)
         if verification.passed is False:
             # Find the culprit: redo block by block, keeping only rewrites that verify.
-            current, outcomes, rewrites = _apply(simplified, results, choose, target, schedule, tmpl,
-                                                 check_each=True)
-            current = current if rewrites else func
-            current, outcomes = finish(current, tmpl, rewrites, outcomes)
-            verification = _verify_on(tmpl, func, current, target) if rewrites else None
-    return Offloaded(current, func, name, tuple(outcomes), verification, tuple(rewrites))
+            current, outcomes, rewrites = _rewritten(plan, check_each=True)
+            verification = _verify_on(plan.template, plan.func, current, plan.target) if rewrites else None
+    return Offloaded(current, plan.func, plan.name, tuple(outcomes), verification, tuple(rewrites))
+
+
+def _rewritten(plan: _Plan, *, check_each: bool):
+    """(the function with every chosen rewrite applied and `FUNCTION_STEPS` run on it - the
+    function as given when nothing was rewritten -, the outcomes, the rewrites)."""
+    current, outcomes, rewrites = _apply(plan, check_each=check_each)
+    current = current if rewrites else plan.func  # verified against the function as given
+    current, outcomes = finish(current, plan.template, owners_of(rewrites), outcomes)
+    return current, outcomes, rewrites
 
 
 def _verify_on(template, original, new, target):
@@ -275,26 +299,24 @@ def _verify_on(template, original, new, target):
 TUNED_STEP = Step(StepKind.TUNED, "tuned schedule (MetaSchedule database)")
 
 
-def _from_tuned(func, tmpl, name, results, tuned, target, verify):
+def _from_tuned(plan: _Plan, tuned):
     """`offload`'s result from a tuned schedule, or None (no record, or it did not verify)."""
 
-    found = tuned(func, tmpl)
+    found = tuned(plan.func, plan.template)
     if found is None or not found[1]:
         return None
     new, blocks = found
-    new, viewed = read_in_place(new)
-    new, _ = account_scratchpads(new, tmpl, blocks, [])
+    outcomes = [BlockOutcome(r.block, r.macs, blocks.get(r.block),
+                             None if r.block in blocks else (r.reason or "not in the tuned schedule"),
+                             (TUNED_STEP,) if r.block in blocks else ())
+                for r in plan.results]
+    new, outcomes = finish(new, plan.template, tuned_owners(blocks), outcomes)
     verification = None
-    if verify and not (tmpl.unavailable_reason() and is_host_target(target)):
-        verification = _verify_on(tmpl, func, new, target)
+    if plan.verify and not plan.runtime_missing():
+        verification = _verify_on(plan.template, plan.func, new, plan.target)
         if verification.passed is False:
             return None
-    steps = (TUNED_STEP,) + ((Step(StepKind.IN_PLACE, in_place_note(viewed)),) if viewed else ())
-    outcomes = tuple(BlockOutcome(r.block, r.macs, blocks.get(r.block),
-                                  None if r.block in blocks else (r.reason or "not in the tuned schedule"),
-                                  steps if r.block in blocks else ())
-                     for r in results)
-    return Offloaded(new, func, name, outcomes, verification)
+    return Offloaded(new, plan.func, plan.name, tuple(outcomes), verification)
 
 
 def prepare_for_simulator(func, template):
@@ -302,18 +324,19 @@ def prepare_for_simulator(func, template):
     marked for double buffering where they fit twice, its scratchpad footprint reported to the
     simulator. MetaSchedule's candidates go through it too, so the cycles a tuning measures are
     those of the code `offload` gives."""
-    return account_scratchpads(func, template, True, [])[0]
+    return plan_scratchpads(func, template)[0]
 
 
 MAX_FALLBACK_MATCHES = 3
 
 
-def _apply(func, results, choose, target, schedule, template, *, check_each: bool):
-    current = func
+def _apply(plan: _Plan, *, check_each: bool):
+    """(the function with each block's chosen rewrite applied, one outcome per block, the rewrites)."""
+    current, target, template = plan.simplified, plan.target, plan.template
     outcomes: list[BlockOutcome] = []
     rewrites: list[Rewritten] = []
     fused_into: dict[str, tuple] = {}  # epilogue block -> (core whose tiles it runs on, unit)
-    for result in results:
+    for result in plan.results:
         if result.block in fused_into:
             core, unit = fused_into[result.block]
             outcomes.append(BlockOutcome(
@@ -326,14 +349,14 @@ def _apply(func, results, choose, target, schedule, template, *, check_each: boo
                                          result.reason or "no compute intrinsic matches",
                                          mismatch=result.mismatch))
             continue
-        chosen = choose(compute)
+        chosen = plan.choose(compute)
         rw, failures = None, []
         # the policy's choice first; if TVM refuses that rewrite, the next candidates in the
         # matcher's order (a GEMV where a batched GEMM lacks an axis), a few at most
         for candidate in [chosen] + [m for m in compute if m is not chosen][:MAX_FALLBACK_MATCHES]:
             try:
                 candidate = exact_size(current, candidate, target_cores(target))
-                rw = tensorize(current, candidate, target=target, schedule=schedule,
+                rw = tensorize(current, candidate, target=target, schedule=plan.schedule,
                                template=template if isinstance(template, Template) else None)
                 chosen = candidate
                 break
