@@ -200,3 +200,36 @@ def test_the_stage_order_is_written_in_one_place():
     for path in sorted((PACKAGE / "rewrite").glob("*.py")):
         text = path.read_text()
         assert "after=" not in text and "before=" not in text.replace("before=list", ""), path.name
+
+
+# Where a target's code runs, how it runs here and how it is timed and deployed are the device
+# records' (tirbyoc/offloading/devices.py); the layers from offloading up ask them.
+DEVICE_LAYERS = ("offloading", "sim", "relax", "tuning", "app", "testing")
+DEVICE_MODULES = {"offloading/devices.py", "offloading/hexagon.py", "offloading/cuda_toolchain.py"}
+KIND_LITERALS = {"cuda", "hexagon"}
+
+
+def _kind_branches(tree) -> list[int]:
+    """Lines that call is_hexagon or compare something with a device kind's name."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "is_hexagon":
+            lines.append(node.lineno)
+        if isinstance(node, ast.Compare) and any(
+                isinstance(c, ast.Constant) and c.value in KIND_LITERALS for c in [node.left, *node.comparators]):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_target_kind_branch_outside_the_device_records():
+    found = {}
+    for layer in DEVICE_LAYERS:
+        for path in sorted((PACKAGE / layer).rglob("*.py")):
+            rel = path.relative_to(PACKAGE).as_posix()
+            if rel not in DEVICE_MODULES and (lines := _kind_branches(ast.parse(path.read_text()))):
+                found[rel] = lines
+    assert not found, found
+
+
+def test_a_planted_kind_branch_is_caught():
+    assert _kind_branches(ast.parse("if is_hexagon(t):\n    pass\nx = kind == 'cuda'\n")) == [1, 3]

@@ -27,11 +27,12 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
+from typing import Callable
 from pathlib import Path
 
 import numpy as np
 
-from tirbyoc._tvm import PrimCall, StringImm, is_host_target, make_target, relax, tirx, tvm, tvm_ffi
+from tirbyoc._tvm import PrimCall, StringImm, make_target, relax, tirx, tvm, tvm_ffi
 from tirbyoc.app.deploy_hexagon import FORMATS as HEXAGON_FORMATS
 from tirbyoc.app.deploy_hexagon import HexagonArtifact, check_deployable, export_hexagon
 from tirbyoc.app.jsonout import dumps
@@ -40,7 +41,7 @@ from tirbyoc.app.options import RunOptions, options_of
 from tirbyoc.app.run import Progress, build_and_time, templates_and_target
 from tirbyoc.decl.extern import ExternLibrary, c_compiler
 from tirbyoc.errors import TirbyocError
-from tirbyoc.offloading.hexagon import is_hexagon
+from tirbyoc.offloading.devices import CPU, device_of
 from tirbyoc.offloading.lowering import PIPELINE
 from tirbyoc.relax.bridge import offload_module
 from tirbyoc.relax.fast_math import FastMathReport
@@ -224,18 +225,46 @@ def _cpu_only(target) -> None:
     """Refuse, before any work, a target whose code this machine's linker cannot link into a
     library it loads: another kind, or an ``llvm`` target for another architecture (Hexagon,
     which `build_library` writes with `tirbyoc.app.deploy_hexagon` instead)."""
-    kind = str(target.kind.name)
-    if kind != "llvm" or not is_host_target(target):
+    if device_of(target) is not CPU:
+        kind = str(target.kind.name)
         what = f"{kind} with mtriple={target.attrs.get('mtriple')}" if kind == "llvm" else kind
         raise TirbyocError(f"target {what}: export_module links libraries for this CPU (kind llvm, "
                            "no foreign mtriple); tirbyoc build writes Hexagon libraries (PATH.so or "
-                           "PATH.tar), and not yet CUDA ones (no GPU here to check them on)")
+                           "PATH.tar), and not yet CUDA ones")
 
 
-def _check_target(target) -> None:
-    """Refuse, before any work, a target tirbyoc build cannot write a library for."""
-    if not is_hexagon(target):
-        _cpu_only(target)
+@dataclass(frozen=True)
+class Exporter:
+    """How `build_library` writes one device's library: the file suffixes it takes (suffix ->
+    what the file is) and ``export(offloaded, templates, target, output)`` -> (a cross-built
+    artifact or None, the shared libraries shipped beside it, the extern libraries linked in)."""
+
+    suffixes: dict
+    export: Callable
+
+
+def _export_cpu(offloaded, tmpls, tgt, output):
+    shipped, libs = export_module(offloaded, tmpls, output, tgt)
+    return None, shipped, libs
+
+
+def _export_hexagon(offloaded, tmpls, tgt, output):
+    check_deployable(offloaded, [lib.name for lib, _ in needed_libraries(offloaded, tmpls)])
+    return export_hexagon(offloaded, tgt, output), [], []
+
+
+# device name (`tirbyoc.offloading.devices`) -> how tirbyoc build writes its library; a device
+# without a row has none written yet (CUDA)
+EXPORTERS = {"cpu": Exporter({".so": "shared object"}, _export_cpu),
+             "hexagon": Exporter(HEXAGON_FORMATS, _export_hexagon)}
+
+
+def _exporter(target) -> Exporter:
+    """The exporter of ``target``'s device, or (before any work) a usage error."""
+    exporter = EXPORTERS.get(device_of(target).name)
+    if exporter is None:
+        _cpu_only(target)  # says what is written
+    return exporter
 
 
 def build_library(model: str | None, templates=None, options: RunOptions | None = None, *, output,
@@ -253,12 +282,12 @@ def build_library(model: str | None, templates=None, options: RunOptions | None 
     progress = progress or Progress(enabled=False)
     output = Path(output)
     if opts.target is not None:
-        _check_target(make_target(opts.target))
+        _exporter(make_target(opts.target))
     tmpls, tgt = templates_and_target(templates, opts.target, model)
-    _check_target(tgt)
-    if output.suffix != ".so" and not (is_hexagon(tgt) and output.suffix in HEXAGON_FORMATS):
-        raise TirbyocError(f"{output}: the library is a shared object; name it PATH.so"
-                           + (" or PATH.tar" if is_hexagon(tgt) else ""))
+    exporter = _exporter(tgt)
+    if output.suffix not in exporter.suffixes:
+        raise TirbyocError(f"{output}: the library is a shared object; name it "
+                           + " or ".join(f"PATH{s}" for s in exporter.suffixes))
     progress.phase(importing(model))
     fast = FastMathReport() if opts.fast_math else None
     spec, mod, entry, arrays = legalized_model(model, tmpls, opts.seed, opts.inputs, obj=opts.obj,
@@ -271,12 +300,7 @@ def build_library(model: str | None, templates=None, options: RunOptions | None 
     offloaded, _ = pack_constant_weights(offloaded)
     offloaded, _ = schedule_rest_of(offloaded, tgt)
     progress.phase("compiling and linking")
-    cross = None
-    if is_hexagon(tgt):
-        check_deployable(offloaded, [lib.name for lib, _ in needed_libraries(offloaded, tmpls)])
-        cross, shipped, libs = export_hexagon(offloaded, tgt, output), [], []
-    else:
-        shipped, libs = export_module(offloaded, tmpls, output, tgt)
+    cross, shipped, libs = exporter.export(offloaded, tmpls, tgt, output)
     params = offloaded[entry].params
     built = Built(path=output, shipped=shipped, model=spec, templates=[t.name for t in tmpls],
                   target=json.loads(str(tgt)), entry=entry,

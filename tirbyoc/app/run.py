@@ -38,7 +38,7 @@ from tirbyoc.decl.registry import as_template, get_template
 from tirbyoc.errors import ModelError, TirbyocError, last_line
 from tirbyoc.offloading.lowering import PIPELINE
 from tirbyoc.offloading.verification import compare_arrays
-from tirbyoc.offloading.hexagon import is_hexagon
+from tirbyoc.offloading.devices import device_of
 from tirbyoc.relax.bridge import offload_module
 from tirbyoc.relax.emulated import EmulatedRuns, emulate_offloaded
 from tirbyoc.relax.fast_math import FastMathReport
@@ -197,7 +197,7 @@ def run_offloaded(mod, tmpls, target, entry, arrays, ref_out, *, repeat: int = 1
                                            "TVM's build again, so it was not built"])
     offloaded, report.rest = schedule_rest_of(offloaded, model_target(target))
     emulated = None
-    if is_hexagon(check_target(target)):
+    if device_of(check_target(target)).emulated:
         capacities = {s.name: s.capacity for t in tmpls for s in t.scopes if s.capacity}
         offloaded, emulated = emulate_offloaded(offloaded, [f.name for f in report.functions
                                                             if f.offloaded and not f.extern],
@@ -276,7 +276,7 @@ def run_model(model: str | None = None, templates: list | None = None, options: 
     if all(t.runs_here() for t in tmpls):
         t0 = time.perf_counter()
         progress.phase("building and running TVM's build of the untouched model")
-        timed = opts.time_baseline and not is_hexagon(tgt)
+        timed = opts.time_baseline and not device_of(tgt).emulated  # an emulator's time is not the device's
         ref_out, latency = _references(model, mod, as_given[0], model_target(tgt), entry, arrays,
                                        opts.repeat, opts.baseline, timed, quantized)
         seconds["baseline"] = time.perf_counter() - t0

@@ -13,10 +13,10 @@ import os
 
 from tvm.s_tir import dlight as dl
 
-from tirbyoc._tvm import cuda_available, host_target, isa_features, make_target
+from tirbyoc._tvm import host_target, isa_features, make_target
 from tirbyoc.decl.template import Runtime
 from tirbyoc.errors import TirbyocError, last_line
-from tirbyoc.offloading.hexagon import is_hexagon
+from tirbyoc.offloading.devices import device_of
 
 
 def complete_target(target):
@@ -71,13 +71,10 @@ def check_templates_on_target(tmpls, tgt) -> None:
     target without a CUDA device, or an LLVM target whose CPU lacks instructions a template's
     intrinsics emit (LLVM would abort the process, not raise)."""
     kind = str(tgt.kind.name)
-    if kind == "cuda" and not cuda_available():
-        raise TirbyocError(
-            "--target cuda: this machine has no CUDA device, and tirbyoc run builds, runs and "
-            "compares both builds. Without a GPU, `tirbyoc match` shows what offloads to "
-            "cuda_mma, and tirbyoc.offload(func, 'cuda_mma') builds the kernels and compiles them "
-            "to GPU machine code (NVRTC from `pip install 'tirbyoc[cuda]'`, or a toolkit's nvcc) "
-            "without running them")
+    device = device_of(tgt)
+    if not device.on_this_cpu and device.unavailable(tgt):
+        raise TirbyocError(f"--target {kind}: {device.unavailable(tgt)}, and tirbyoc run builds, runs "
+                           f"and compares both builds. {device.advice}".rstrip())
     if kind != "llvm" or tgt.attrs.get("mtriple"):
         return
     have = isa_features(tgt)
@@ -98,7 +95,7 @@ def model_target(target):
     """Where the model itself is built and run for ``target``: the target, or this CPU when
     the offloaded code runs in an emulator (Hexagon: each offloaded PrimFunc under
     qemu-hexagon, everything else here)."""
-    if is_hexagon(make_target(target)):
+    if device_of(target).emulated:
         return check_target(complete_target({"kind": "llvm"}))
     return make_target(target)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from tirbyoc.offloading.devices import CUDA, device_of
 from tirbyoc.rewrite.double_buffer import plan_double_buffering
 from tirbyoc.rewrite.gpu_threads import THREADS, bind_unbound_nests
 from tirbyoc.rewrite.in_place import in_place_note, read_in_place
@@ -65,7 +66,7 @@ def bind_to_gpu(func, template, owners, outcomes):
     """For a CUDA template: (the function with the loop nests its kernels left unbound - the
     padding and staging copies around them - bound to GPU threads (`tirbyoc.rewrite.gpu_threads`:
     unbound, they would run on the host over device memory), ``outcomes`` saying so)."""
-    if str(template.target.get("kind")) != "cuda" or not owners:
+    if device_of(dict(template.target)) is not CUDA or not owners:
         return func, outcomes
     func, bound = bind_unbound_nests(func)
     if not bound:

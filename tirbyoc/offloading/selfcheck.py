@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tirbyoc._tvm import Schedule, build
+from tirbyoc._tvm import Schedule, build, make_target
 from tirbyoc.decl.intrinsic_check import leaf_block, param_buffers
 from tirbyoc.ir.domains import random_array
 from tirbyoc.errors import VerificationError
-from tirbyoc.offloading import hexagon
+from tirbyoc.offloading.devices import device_of
 from tirbyoc.offloading.verification import compare_arrays, reduction_length, run_executable
 
 
@@ -40,22 +40,24 @@ class SelfCheck:
 
 
 def self_check(intrin, target=None, seed: int = 0, trials: int = 3) -> SelfCheck:
-    """Run description and implementation on random data and compare every buffer. For a
-    Hexagon ``target`` the implementation runs under qemu-hexagon and the description on
-    this CPU."""
+    """Run description and implementation on random data and compare every buffer. For an
+    emulated device's ``target`` (Hexagon) the implementation runs in its emulator
+    (qemu-hexagon) and the description on this CPU."""
 
     desc, impl = intrin.desc, intrin.impl
     target = target or {"kind": "llvm"}
     rng = np.random.default_rng(seed)
     # Build each function once; the trials only draw new data.
-    if hexagon.is_hexagon(target):
-        reason = hexagon.cannot_run(target)
+    device = device_of(target)
+    if device.emulated:  # the description on this CPU, the implementation in the emulator
+        reason = device.unavailable(make_target(target))
         if reason is not None:
             raise VerificationError(f"{intrin.name}: cannot run its implementation: {reason}")
-        run_desc = compile_prim_func(desc, {"kind": "llvm"})
+        run_desc = compile_prim_func(desc, device.model_target(target))
 
-        def run_impl(*arrays):  # one run under QEMU; results written back like a TVM call
-            for arr, out in zip(arrays, hexagon.run(impl, target, [a.numpy() for a in arrays]).arrays):
+        def run_impl(*arrays):  # one emulated run; results written back like a TVM call
+            outs, _ = device.run(impl, make_target(target), [a.numpy() for a in arrays], None)
+            for arr, out in zip(arrays, outs):
                 arr.copyfrom(out)
     else:
         run_desc, run_impl = compile_prim_func(desc, target), compile_prim_func(impl, target)

@@ -13,33 +13,15 @@ with itself on the same inputs is never blamed on the rewrite.
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from tirbyoc._tvm import (
-    REDUCE,
-    build,
-    cuda_available,
-    cuda_source,
-    host_cpu_features,
-    host_target,
-    is_host_target,
-    isa_features,
-    iter_blocks,
-    make_target,
-    tirx,
-    to_tensor,
-    tvm,
-)
-from tirbyoc.decl.extern import check_loaded
+from tirbyoc._tvm import REDUCE, host_target, iter_blocks, make_target, tirx, tvm
 from tirbyoc.dtypes import is_float
-from tirbyoc.errors import TirbyocError, VerificationError, last_line
+from tirbyoc.errors import VerificationError
 from tirbyoc.ir.domains import buffer_domains, draw
-from tirbyoc.offloading.lowering import PIPELINE
-from tirbyoc.offloading import cuda_toolchain, hexagon
+from tirbyoc.offloading.devices import EmulatedRunError, compile_func, device_of, run_executable
 
 # Relative tolerance per float dtype, scaled by sqrt(reduction length) in `tolerance`.
 _FLOAT_RTOL = {"float16": 2e-3, "bfloat16": 1e-2, "float32": 2e-6, "float64": 1e-13}
@@ -214,89 +196,6 @@ def reduction_length(func) -> int:
     return longest
 
 
-def compile_func(func, target, what: str):
-    """TVM's build of ``func`` for ``target``; a `VerificationError` that says which build
-    failed."""
-    if func.attrs is None or "global_symbol" not in func.attrs:
-        func = func.with_attr("global_symbol", "main")  # e.g. a private PrimFunc from Relax
-    if is_host_target(target):
-        try:
-            check_loaded(func, f"the {what} function")
-        except TirbyocError as err:
-            raise VerificationError(str(err)) from None
-    try:
-        return build(func, target, PIPELINE)
-    except Exception as err:  # TVM raises many types; say which build failed
-        raise VerificationError(f"building the {what} function for {target} failed: "
-                                f"{last_line(err)}") from err
-
-
-def run_executable(executable, arrays, device=None):
-    """Run a built function once on copies of ``arrays`` (on ``device``, default the CPU);
-    return them all afterwards (outputs included)."""
-    tensors = [to_tensor(a, device) for a in arrays]
-    executable(*tensors)
-    return [t.numpy() for t in tensors]
-
-
-def _cannot_run_here(rewritten, target) -> str | None:
-    """Why code for ``target`` cannot run on this machine (built first where building is
-    safe, so a build error still shows), or None."""
-    kind = str(target.kind.name)
-    if hexagon.is_hexagon(target):
-        return _hexagon_built_only(rewritten, target)
-    if kind == "cuda" and not cuda_available():
-        built = compile_func(rewritten, target, "rewritten")
-        return f"built for CUDA{_cuda_machine_code(built, target)}; no GPU here to run it"
-    if kind not in ("llvm", "cuda", "c"):
-        # Not even built here: cross-compiling some device intrinsics aborts LLVM in-process
-        # (Hexagon vrmpy), which no exception handler can catch.
-        return f"{kind} code cannot run on this machine"
-    if kind == "llvm":
-        mcpu = target.attrs.get("mcpu")
-        if mcpu is not None and str(mcpu) != str(host_target().attrs.get("mcpu")):
-            missing = _missing_features(target)
-            if missing:
-                compile_func(rewritten, target, "rewritten")
-                return f"built for {mcpu}; this CPU lacks {', '.join(missing)}"
-    return None
-
-
-def _cuda_machine_code(built, target) -> str:
-    """A CUDA build carried on to GPU machine code where a compiler is here (see
-    `cuda_toolchain.machine_code_note`); a source the CUDA compiler rejects fails the check."""
-    try:
-        return cuda_toolchain.machine_code_note(cuda_source(built), target)
-    except RuntimeError as err:
-        raise VerificationError(f"the rewritten function's CUDA C does not compile: {last_line(err)}") from err
-
-
-def _hexagon_built_only(rewritten, target) -> str | None:
-    """Why Hexagon code for ``target`` cannot run here (after building it where that is
-    safe), or None when it runs under qemu-hexagon."""
-    reason = hexagon.cannot_run(target)
-    if reason is None:
-        return None
-    if str(target.kind.name) != "llvm":
-        # Not built: this TVM's `hexagon` kind aborts LLVM on vrmpy, which no handler catches.
-        return f"not built: {reason}"
-    with tempfile.TemporaryDirectory() as tmp:
-        hexagon.build_object(rewritten, target, Path(tmp) / "kernel.o")
-    return f"built for Hexagon only: {reason}"
-
-
-def _run_rewritten(rewritten, target, arrays, capacities):
-    """(the rewritten function's arrays after one run, where it ran) on ``target``; a
-    `hexagon.HexagonRunError` when an emulated run did not finish."""
-    if hexagon.is_hexagon(target):
-        vtcm = (capacities or {}).get(hexagon.VTCM) or hexagon.DEFAULT_VTCM_BYTES
-        done = hexagon.run(rewritten, target, arrays, vtcm)  # reads them, writes files
-        return done.arrays, done.emulator
-    device = tvm.cuda(0) if str(target.kind.name) == "cuda" else tvm.cpu()
-    exe = compile_func(rewritten, target, "rewritten")
-    return run_executable(exe, [a.copy() for a in arrays], device), None
-
-
 def verify(original, rewritten, target=None, inputs=None, *, seed: int = 0,
            reference_target=None, capacities: dict | None = None) -> Verification:
     """Build ``original`` and ``rewritten`` (PrimFuncs with the same signature), run both on
@@ -321,17 +220,18 @@ def verify(original, rewritten, target=None, inputs=None, *, seed: int = 0,
             "the function's parameters")
     target = make_target(target) if target is not None else host_target()
     reference_target = make_target(reference_target) if reference_target is not None else host_target()
-    cannot_run = _cannot_run_here(rewritten, target)
+    device = device_of(target)
+    cannot_run = device.cannot_run(rewritten, target)
     if cannot_run is not None:
         return Verification(None, float("nan"), reason=cannot_run)
     arrays = make_inputs(original, params, inputs, seed)
     ref_exe = compile_func(original, reference_target, "original")
     ref_out = run_executable(ref_exe, [a.copy() for a in arrays], tvm.cpu())
     try:
-        new_out, ran_on = _run_rewritten(rewritten, target, arrays, capacities)
-    except hexagon.HexagonRunError as err:  # a crash is a failure; missing tools are not
+        new_out, ran_on = device.run(rewritten, target, arrays, capacities)
+    except EmulatedRunError as err:  # a crash is a failure; missing tools are not
         return Verification(False if err.crashed else None, float("inf") if err.crashed else float("nan"),
-                            reason=str(err), ran_on=hexagon.emulator_name(target))
+                            reason=str(err), ran_on=err.emulator)
     notes = ["checked with " + ", ".join(f"{k}={v}" for k, v in bound.items())] if bound else []
     return _judge(original, params, ref_out, new_out, notes, ran_on,
                   lambda: run_executable(ref_exe, [a.copy() for a in arrays], tvm.cpu()))
@@ -389,11 +289,5 @@ def make_inputs(func, params, inputs, seed: int) -> list[np.ndarray]:
     return arrays
 
 
-def _missing_features(target) -> list[str]:
-    """CPU features ``target`` assumes that this CPU lacks (empty if it can run here)."""
-
-    return sorted(isa_features(target) - host_cpu_features())
-
-
-__all__ = ["Comparison", "Verification", "compare_arrays", "degenerate", "make_inputs",
-           "tolerance", "verify"]
+__all__ = ["Comparison", "Verification", "compare_arrays", "compile_func", "degenerate", "make_inputs",
+           "run_executable", "tolerance", "verify"]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from tirbyoc._tvm import make_target, relax, tvm
 from tirbyoc.errors import TirbyocError
 from tirbyoc.offloading import hexagon
+from tirbyoc.offloading.devices import HEXAGON, device_of
 from tirbyoc.relax.bridge import replace_call_tir
 
 PREFIX = "tirbyoc.emulated."
@@ -61,7 +62,7 @@ def emulate_offloaded(mod, names, target, capacities: dict | None = None):
     """(``mod`` with the PrimFuncs ``names`` run under the emulator for ``target``, the
     `EmulatedRuns` that fills in as the model runs). A PrimFunc called with symbolic shape
     arguments cannot be emulated: a `TirbyocError` says which."""
-    if not hexagon.is_hexagon(target):
+    if device_of(target) is not HEXAGON:  # the one emulated device whose runs it counts (VTCM, seconds)
         raise TirbyocError(f"no emulator runs code for {target}; tirbyoc emulates Hexagon only")
     runs = EmulatedRuns(hexagon.emulator_name(target), json.loads(str(make_target(target))))
     symbols = {gv: _register(gv.name_hint, mod[gv], target, capacities or {}, runs)

@@ -32,11 +32,11 @@ from pathlib import Path
 import numpy as np
 from tvm import relax
 
-from tirbyoc._tvm import is_host_target, tirx
+from tirbyoc._tvm import tirx
 from tirbyoc.app.jsonout import dumps, finite
 from tirbyoc.decl.registry import get_template, templates
 from tirbyoc.matching.results import MatchStage, Mismatch
-from tirbyoc.offloading.hexagon import is_hexagon
+from tirbyoc.offloading.devices import device_of
 from tirbyoc.offloading.offloader import BlockOutcome, offload
 from tirbyoc.offloading.table import render
 from tirbyoc.offloading.verification import verify
@@ -259,9 +259,8 @@ def out_target(template: str):
 
 
 def runnable_templates() -> list[str]:
-    """The templates whose code runs here: on this CPU, or (Hexagon) under qemu-hexagon."""
-    return [t.name for t in templates() if t.runs_here()
-            and (is_host_target(dict(t.target)) or is_hexagon(dict(t.target)))]
+    """The templates whose code runs here: on this CPU, natively or (Hexagon) emulated."""
+    return [t.name for t in templates() if t.runs_here() and device_of(dict(t.target)).on_this_cpu]
 
 
 @dataclass

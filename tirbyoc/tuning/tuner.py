@@ -32,7 +32,7 @@ from tvm.s_tir.meta_schedule.runner import LocalRunner, RPCConfig, RPCRunner
 
 from tirbyoc.decl.registry import as_template
 from tirbyoc.errors import TirbyocError
-from tirbyoc.offloading.hexagon import is_hexagon
+from tirbyoc.offloading.devices import device_of
 from tirbyoc.offloading.table import render
 from tirbyoc.tuning.apply import write_manifest
 from tirbyoc.tuning.build import SimulatorBuilder, local_builder, tuning_target
@@ -295,10 +295,11 @@ def tune(mod, template, *, trials: int, work_dir: str, runner=None, builder=None
         return result
 
     tgt = tuning_target(template, target)
-    if runner is None and is_hexagon(tgt):
+    device = device_of(tgt)
+    if runner is None and device.emulated:
         raise TirbyocError(f"tuning {template.name} measures candidates where its code runs: this "
-                           "machine runs Hexagon code only under qemu-hexagon, which does not time "
-                           "it; give a runner for a Hexagon board (--rpc-tracker, --rpc-key)")
+                           f"machine runs {device.name} code only in {device.emulator_name(tgt)}, "
+                           f"which does not time it; give a runner for a {device.name} board (--rpc-tracker, --rpc-key)")
     write_manifest(work_dir, template)
     runner, result.unit = _runner(template, runner)
     scale = 1.0
