@@ -1,5 +1,6 @@
-"""Every Python snippet in README.md runs as written (in a fresh process, outside the
-checkout), so what a newcomer copies works."""
+"""Every Python snippet in README.md and docs/*.md runs as written (in a fresh process, outside
+the checkout), so what a newcomer copies works; README stays a short tour with the two set-up
+commands first."""
 
 import re
 import subprocess
@@ -8,18 +9,32 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-SNIPPETS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+SNIPPETS = [(page.relative_to(ROOT).as_posix(), code) for page in PAGES
+            for code in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)]
 
 
-def test_readme_has_snippets():
-    assert len(SNIPPETS) >= 5
+def test_readme_and_docs_have_snippets():
+    assert len(SNIPPETS) >= 7 and any(page == "README.md" for page, _ in SNIPPETS)
 
 
-@pytest.mark.parametrize("n", range(len(SNIPPETS)), ids=lambda n: f"snippet{n + 1}")
-def test_readme_snippet_runs_as_written(n, tmp_path):
+def test_readme_is_a_short_tour_with_the_two_setup_commands_first():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 250
+    first_block = re.search(r"```sh\n(.*?)```", text, flags=re.S).group(1).strip().splitlines()
+    assert first_block == ['python3 -m venv .venv && .venv/bin/pip install -e ".[test]" && .venv/bin/tirbyoc run',
+                           ".venv/bin/python -m pytest"]
+    for link in re.findall(r"\]\((docs/[\w.]+\.md)", text):
+        assert (ROOT / link).exists(), link
+
+
+@pytest.mark.parametrize("n", range(len(SNIPPETS)), ids=lambda n: f"{SNIPPETS[n][0]}-{n + 1}")
+def test_snippet_runs_as_written(n, tmp_path):
+    page, code = SNIPPETS[n]
     path = tmp_path / f"snippet{n + 1}.py"
-    path.write_text(SNIPPETS[n])
+    path.write_text(code)
     done = subprocess.run([sys.executable, str(path)], cwd=tmp_path, capture_output=True, text=True,
                           timeout=600)
-    assert done.returncode == 0, f"README snippet {n + 1} failed:\n{SNIPPETS[n]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, f"{page} snippet failed:\n{code}\n{done.stderr[-3000:]}"
