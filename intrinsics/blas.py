@@ -179,16 +179,12 @@ def batched_gemm(batch: int, m: int, n: int, k: int, trans_b: bool = False) -> I
         return desc, impl
 
     return Intrinsic(
-        f"{NAME}.sgemm_batched_{batch}x{m}x{n}x{k}_{'nt' if trans_b else 'nn'}",
-        Role.COMPUTE,
-        [Operand("A", (batch, m, k), "float32", layout=STRIDED),
-         Operand("B", bshape, "float32", layout=STRIDED),
+        f"{NAME}.sgemm_batched_{batch}x{m}x{n}x{k}_{'nt' if trans_b else 'nn'}", Role.COMPUTE,
+        [Operand("A", (batch, m, k), "float32", layout=STRIDED), Operand("B", bshape, "float32", layout=STRIDED),
          Operand("C", (batch, m, n), "float32", layout=STRIDED)],
-        [("b", batch, "S"), ("i", m, "S"), ("j", n, "S"), ("k", k, "R")],
-        build,
+        [("b", batch, "S"), ("i", m, "S"), ("j", n, "S"), ("k", k, "R")], build,
         cost=Cost(cycles=max(1.0, batch * m * n * k / 32.0)),
-        doc=f"{batch} x cblas_sgemm: C[b,{m},{n}] += A[b,{m},{k}] @ B[b]{'^T' if trans_b else ''}",
-    )
+        doc=f"{batch} x cblas_sgemm: C[b,{m},{n}] += A[b,{m},{k}] @ B[b]{'^T' if trans_b else ''}")
 
 
 @cache

@@ -13,20 +13,8 @@ from functools import cache, partial
 from typing import Optional
 
 from tirbyoc.sim import Simulator, config_for
-from tirbyoc import (
-    DENSE,
-    BlockALU,
-    BlockDMA,
-    Cost,
-    Intrinsic,
-    IntrinsicGroup,
-    Layout,
-    Operand,
-    Role,
-    Runtime,
-    Scope,
-    Template,
-)
+from tirbyoc import (DENSE, BlockALU, BlockDMA, Cost, Intrinsic, IntrinsicGroup, Layout, Operand, Role, Runtime,
+                     Scope, Template)
 
 NAME = "vta"
 INP, WGT, ACC = "local.inp_buffer", "local.wgt_buffer", "local.acc_buffer"
@@ -337,15 +325,7 @@ def make_template(batch: int = 1, block_in: int = 16, block_out: int = 16,
     ``fused_epilogue``: the ALU runs the elementwise blocks after a core (bias, requantization,
     ReLU) on the accumulator tile and the store narrows, as VTA does (needs block DMA)."""
     params = dict(locals())  # the generator parameters, as the template records them
-    for pname in ("batch", "block_in", "block_out", "inp_kib", "wgt_kib", "acc_kib",
-                  "dma_bytes_per_cycle", "clock_mhz"):
-        if isinstance(params[pname], bool) or not isinstance(params[pname], int) or params[pname] <= 0:
-            raise ValueError(f"vta parameter {pname} must be a positive int, got {params[pname]!r}")
-    if isinstance(dma_latency, bool) or not isinstance(dma_latency, int) or dma_latency < 0:
-        raise ValueError(f"vta parameter dma_latency must be a non-negative int, got {dma_latency!r}")
-    for pname in ("block_dma", "double_buffer", "fused_epilogue"):
-        if not isinstance(params[pname], bool):
-            raise ValueError(f"vta parameter {pname} must be true or false, got {params[pname]!r}")
+    _check(params)
     core = gemm(batch, block_in, block_out, in_dtype, wgt_dtype, acc_dtype, prefix=name)
     group = IntrinsicGroup(
         "gemm",
@@ -387,6 +367,18 @@ def make_template(batch: int = 1, block_in: int = 16, block_out: int = 16,
         factory=make_template,
         params=params,
     )
+
+
+def _check(params: dict) -> None:
+    for pname, least in [(p, 1) for p in ("batch", "block_in", "block_out", "inp_kib", "wgt_kib", "acc_kib",
+                                          "dma_bytes_per_cycle", "clock_mhz")] + [("dma_latency", 0)]:
+        value = params[pname]
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            kind = "positive" if least else "non-negative"
+            raise ValueError(f"vta parameter {pname} must be a {kind} int, got {value!r}")
+    for pname in ("block_dma", "double_buffer", "fused_epilogue"):
+        if not isinstance(params[pname], bool):
+            raise ValueError(f"vta parameter {pname} must be true or false, got {params[pname]!r}")
 
 
 def _requires() -> Optional[str]:

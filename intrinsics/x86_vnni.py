@@ -81,16 +81,11 @@ def dot_product(lanes: int = 16, k: int = 4, emulated: bool = False) -> Intrinsi
 
         return desc, impl
 
-    return Intrinsic(
-        f"{name}.dot_16x4_u8i8i32",
-        Role.COMPUTE,
-        [Operand("A", (4,), "uint8"), Operand("B", (16, 4), "int8"), Operand("C", (16,), "int32")],
-        [("i", 16, "S"), ("k", 4, "R")],
-        build,
-        cost=Cost(cycles=1),
-        doc=("vpdpbusd zmm" + (" emulated" if emulated else "")
-             + ": C[16] += u8 A[4] . i8 B[16,4] (B packed [N/16, K/4, 16, 4])"),
-    )
+    return Intrinsic(f"{name}.dot_16x4_u8i8i32", Role.COMPUTE,
+                     [Operand("A", (4,), "uint8"), Operand("B", (16, 4), "int8"), Operand("C", (16,), "int32")],
+                     [("i", 16, "S"), ("k", 4, "R")], build, cost=Cost(cycles=1),
+                     doc=("vpdpbusd zmm" + (" emulated" if emulated else "")
+                          + ": C[16] += u8 A[4] . i8 B[16,4] (B packed [N/16, K/4, 16, 4])"))
 
 
 @cache

@@ -233,3 +233,17 @@ def test_no_target_kind_branch_outside_the_device_records():
 
 def test_a_planted_kind_branch_is_caught():
     assert _kind_branches(ast.parse("if is_hexagon(t):\n    pass\nx = kind == 'cuda'\n")) == [1, 3]
+
+
+def test_template_modules_stay_small():
+    # intrinsics/ declares templates as data on the public API: the package's size limits hold there too
+    problems = []
+    for path in sorted((ROOT / "intrinsics").glob("*.py")):
+        lines = path.read_text().splitlines()
+        if len(lines) > MAX_FILE_LINES:
+            problems.append(f"{path.name}: {len(lines)} lines > {MAX_FILE_LINES}")
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                    node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES:
+                problems.append(f"{path.name}:{node.lineno}: {node.name} > {MAX_FUNCTION_LINES} lines")
+    assert not problems, problems
