@@ -1,5 +1,7 @@
 """The matcher: each flexibility with a positive case and a near miss with its reason."""
 
+from pathlib import Path
+
 import pytest
 from workloads import conv2d, matmul, parse, symbolic_matmul
 
@@ -287,3 +289,15 @@ def test_two_buffers_with_one_name_offload():
     out = tirbyoc.offload(f, "vta")
     assert out.blocks[0].offloaded, out.blocks[0].reason
     assert out.verification.passed is True
+
+
+def test_the_matcher_has_one_failure_protocol():
+    # a failed check raises Refused; only the loops over alternatives record it (Refusals)
+    from tirbyoc.matching.results import MatchStage, Refusals, refuse
+
+    refusals = Refusals()
+    for stage in (MatchStage.OPERATION, MatchStage.DTYPE, MatchStage.DTYPE):
+        refusals.record(refuse(stage, f"{stage.name} {len(refusals.reasons)}"))
+    assert refusals.most_specific(None).message == "DTYPE 1"  # the latest stage, the first of equals
+    source = "".join(p.read_text() for p in (Path(tirbyoc.__file__).parent / "matching").glob("*.py"))
+    assert ".append(Mismatch(" not in source and "failures" not in source

@@ -34,20 +34,8 @@ from tirbyoc.decl.intrinsic import Intrinsic, Role
 from tirbyoc.ir.pattern import Access, BlockPattern, block_macs, function_blocks
 from tirbyoc.matching.candidates import Candidate, candidates, intrinsic_pattern
 from tirbyoc.matching.operands import operand_map
-from tirbyoc.matching.results import AxisMap, BlockResult, Match, MatchStage, Mismatch
+from tirbyoc.matching.results import AxisMap, BlockResult, Match, MatchStage, Mismatch, Refusals, Refused, refuse
 from tirbyoc.matching.unify import bindings
-
-
-class _Refused(Exception):
-    """Raised inside `_PairMatcher` to abandon one binding; never leaves this module."""
-
-    def __init__(self, mismatch: Mismatch):
-        super().__init__(mismatch.message)
-        self.mismatch = mismatch
-
-
-def _refuse(stage: MatchStage, message: str, **fields) -> _Refused:
-    return _Refused(Mismatch(stage, message, **fields))
 
 
 # ------------------------------------------------------------------ one pair
@@ -60,7 +48,7 @@ def _intrinsic_dims(intrin: Intrinsic, acc: Access) -> tuple[str | None, ...]:
         elif form is not None and len(form.terms) == 1 and form.terms[0][1] == 1 and form.const == 0:
             dims.append(form.terms[0][0])
         else:
-            raise _refuse(MatchStage.STRUCTURE, f"intrinsic {intrin.name} indexes {acc.text}; the "
+            raise refuse(MatchStage.STRUCTURE, f"intrinsic {intrin.name} indexes {acc.text}; the "
                                             "matcher needs one axis or a constant per dimension")
     return tuple(dims)
 
@@ -92,47 +80,42 @@ class _PairMatcher:
         tmpl = cand.template
         self.allow_padding = getattr(tmpl, "allow_padding", True)
 
-    def run(self, failures: list[Mismatch]) -> Match | None:
+    def run(self, refusals: Refusals) -> Match | None:
+        """The best match over every binding (raises `Refused` when the block cannot match
+        at all; why each binding failed goes to ``refusals``)."""
         ipat, wpat = self.ipat, self.wpat
         if wpat.problem:
-            failures.append(Mismatch(MatchStage.STRUCTURE, f"block {wpat.name!r}: {wpat.problem}"))
-            return None
+            raise refuse(MatchStage.STRUCTURE, f"block {wpat.name!r}: {wpat.problem}")
         if ipat.is_reduction and not wpat.is_reduction:
-            failures.append(Mismatch(
-                MatchStage.OPERATION, f"block {wpat.name!r} is not a reduction; intrinsic reduces over "
-                f"{', '.join(it.name for it in ipat.iters if it.kind == 'R')}"))
-            return None
+            raise refuse(MatchStage.OPERATION, f"block {wpat.name!r} is not a reduction; intrinsic reduces "
+                                               f"over {', '.join(it.name for it in ipat.iters if it.kind == 'R')}")
         best = None
-        for binding in bindings(ipat, wpat, failures):
-            if self.intrin.role is not Role.COMPUTE and not self.as_epilogue:
-                wrong = self._scope_mismatch(binding)
-                if wrong:
-                    failures.append(wrong)
-                    continue
-            try:
+        for binding in bindings(ipat, wpat, refusals):
+            try:  # a branch point: a binding that fails is recorded, the next tried
+                if self.intrin.role is not Role.COMPUTE and not self.as_epilogue:
+                    self._check_scopes(binding)
                 m = self.build(binding)
-            except _Refused as err:
-                failures.append(err.mismatch)
+            except Refused as err:
+                refusals.record(err)
                 continue
             if best is None or m.score() < best.score():
                 best = m
         return best
 
-    def _scope_mismatch(self, binding) -> Mismatch | None:
+    def _check_scopes(self, binding) -> None:
         """Data-movement, init and ALU intrinsics work on fixed scopes: they apply to the
         staging blocks a rewrite creates, never to a workload block in other scopes. (Only
         a compute intrinsic's operands may be staged into its scopes.)"""
         for op in self.intrin.operands:
             wacc = binding[op.name]
             if wacc.scope != op.scope:
-                return Mismatch(MatchStage.OPERATION, f"block {self.wpat.name!r}: {wacc.buffer} is in scope "
-                                             f"{wacc.scope!r}; this {self.intrin.role.value} intrinsic "
-                                             f"works on {op.scope!r} (operand {op.name})")
-        return None
+                raise refuse(MatchStage.OPERATION, f"block {self.wpat.name!r}: {wacc.buffer} is in scope "
+                                                   f"{wacc.scope!r}; this {self.intrin.role.value} intrinsic "
+                                                   f"works on {op.scope!r} (operand {op.name})")
 
     # -- step 2: iterators --------------------------------------------------------------
     def build(self, binding: dict[str, Access]) -> Match:
-        """The match for one binding (raises `_Refused` with the reason it fails)."""
+        """The match for one binding (raises `Refused` with the reason it fails)."""
         intrin, ipat, wpat = self.intrin, self.ipat, self.wpat
         iaccess: dict[str, Access] = {ipat.store.buffer: ipat.store}
         for acc in ipat.loads:
@@ -182,7 +165,7 @@ class _PairMatcher:
                 if not chosen[a]:
                     self._check_absent(a, kind, sig, wsig)
         if not any(chosen.values()):
-            raise _refuse(MatchStage.ITERATORS, f"block {wpat.name!r}: no iterator plays the role of "
+            raise refuse(MatchStage.ITERATORS, f"block {wpat.name!r}: no iterator plays the role of "
                                                 f"any intrinsic axis ({self._roles(wsig)})")
         return chosen
 
@@ -196,7 +179,7 @@ class _PairMatcher:
             names = chosen[it.name]
             sym = [n for n in names if extents[n] is None]
             if sym:
-                raise _refuse(MatchStage.EXTENT, f"block {wpat.name!r}: iterator {sym[0]} (axis {it.name}) "
+                raise refuse(MatchStage.EXTENT, f"block {wpat.name!r}: iterator {sym[0]} (axis {it.name}) "
                                                  "has a symbolic extent; intrinsic axes need static extents",
                               iterator=sym[0], expected="a static extent", found="symbolic")
             extent = prod(extents[n] for n in names) if names else 1
@@ -204,7 +187,7 @@ class _PairMatcher:
             if amap.padding and not self.allow_padding:
                 what = "reduction" if it.kind == "R" else "spatial"
                 rel = f"< {it.extent}" if extent < it.extent else f"is not a multiple of {it.extent}"
-                raise _refuse(MatchStage.EXTENT, f"block {wpat.name!r}: {what} axis {it.name} "
+                raise refuse(MatchStage.EXTENT, f"block {wpat.name!r}: {what} axis {it.name} "
                                                  f"({'*'.join(names) or 'absent'}) has extent {extent} {rel} "
                                                  "and the template forbids padding",
                               iterator=it.name, expected=f"a multiple of {it.extent}", found=str(extent))
@@ -214,7 +197,7 @@ class _PairMatcher:
             # The rewrite would need a broadcast dimension in the operands that TVM's reindex
             # cannot add; reporting this as a match would promise an offload that never comes.
             a = absent[0]
-            raise _refuse(MatchStage.ITERATORS, f"block {wpat.name!r}: no iterator plays the role of "
+            raise refuse(MatchStage.ITERATORS, f"block {wpat.name!r}: no iterator plays the role of "
                                                 f"intrinsic axis {a.axis} (size {a.size}; e.g. a GEMV "
                                                 "under a GEMM intrinsic); it cannot be padded from "
                                                 "nothing - declare an intrinsic without that axis",
@@ -249,10 +232,10 @@ class _PairMatcher:
     def _check_absent(self, axis: str, kind: str, sig: frozenset, wsig: dict) -> None:
         wpat = self.wpat
         if kind == "R" and not wpat.is_reduction:
-            raise _refuse(MatchStage.ITERATORS, f"block {wpat.name!r} has no reduction for axis {axis}",
+            raise refuse(MatchStage.ITERATORS, f"block {wpat.name!r} has no reduction for axis {axis}",
                           iterator=axis)
         if not self.allow_padding:
-            raise _refuse(MatchStage.ITERATORS, f"block {wpat.name!r}: no iterator plays the role of "
+            raise refuse(MatchStage.ITERATORS, f"block {wpat.name!r}: no iterator plays the role of "
                                             f"{'reduction' if kind == 'R' else 'spatial'} axis {axis} "
                                             f"(used by {', '.join(sorted(sig))}); {self._roles(wsig)}")
 
@@ -296,13 +279,15 @@ def match_block(candidate: Candidate, block: BlockPattern, function: str, *,
     `tirbyoc.ir.pattern.function_blocks`), or the most specific reason it does not match.
     Never raises on a workload. ``as_epilogue``: the block is an epilogue step run on the
     staged accumulator (scopes are not checked)."""
-    failures: list[Mismatch] = []
-    found = _PairMatcher(candidate, block, function, as_epilogue=as_epilogue).run(failures)
+    refusals = Refusals()
+    try:
+        found = _PairMatcher(candidate, block, function, as_epilogue=as_epilogue).run(refusals)
+    except Refused as err:
+        refusals.record(err)
+        found = None
     if found is not None:
         return found
-    if failures:
-        return max(failures, key=lambda f: f.stage)
-    return Mismatch(MatchStage.NONE, f"block {block.name!r} does not match")
+    return refusals.most_specific(Mismatch(MatchStage.NONE, f"block {block.name!r} does not match"))
 
 
 def explain(func_or_mod, targets) -> list[BlockResult]:

@@ -58,6 +58,37 @@ class Mismatch:
                 "expected": self.expected, "found": self.found}
 
 
+class Refused(Exception):
+    """The matcher's one failure protocol: a check that fails raises `Refused` with its reason
+    (a `Mismatch`) where it fails; the loop over alternatives (operand orders, sub-bindings,
+    bindings) records it in `Refusals` and tries the next; `match_block` answers with the best
+    match or the most specific reason recorded."""
+
+    def __init__(self, mismatch: Mismatch):
+        super().__init__(mismatch.message)
+        self.mismatch = mismatch
+
+
+def refuse(stage: MatchStage, message: str, **fields) -> Refused:
+    """The exception a failed check raises (``raise refuse(stage, message, ...)``)."""
+    return Refused(Mismatch(stage, message, **fields))
+
+
+class Refusals:
+    """The reasons the alternatives tried so far failed."""
+
+    def __init__(self):
+        self.reasons: list[Mismatch] = []
+
+    def record(self, err: Refused) -> None:
+        self.reasons.append(err.mismatch)
+
+    def most_specific(self, default: Mismatch) -> Mismatch:
+        """The reason from the latest stage (a dtype that differs says more than an
+        operation), the first of equals; ``default`` when nothing was recorded."""
+        return max(self.reasons, key=lambda f: f.stage) if self.reasons else default
+
+
 class Staging(str, enum.Enum):
     """What the rewrite must do to an operand before the intrinsic can read it (besides a
     copy into the intrinsic's scope, recorded as ``copy to SCOPE``)."""
@@ -268,4 +299,5 @@ class BlockResult:
         return None if top is None else f"{top.intrinsic}: {top.message}"
 
 
-__all__ = ["AxisMap", "BlockResult", "Match", "MatchStage", "Mismatch", "OperandMap", "Staging"]
+__all__ = ["AxisMap", "BlockResult", "Match", "MatchStage", "Mismatch", "OperandMap", "Refusals", "Refused",
+           "Staging", "refuse"]
