@@ -365,8 +365,8 @@ def _apply(plan: _Plan, *, check_each: bool):
         if rw is None:
             outcomes.append(BlockOutcome(result.block, result.macs, None, failures[0], refused=True))
             continue
-        if check_each:
-            check = _verify_on(template, current, rw.func, target)
+        if check_each:  # this block's rewrite alone, as finish() would hand it over
+            check = _verify_on(template, current, finish(rw.func, template, owners_of([rw]), [])[0], target)
             if check.passed is False:
                 outcomes.append(BlockOutcome(
                     result.block, result.macs, None,
