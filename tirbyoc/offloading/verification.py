@@ -13,11 +13,11 @@ with itself on the same inputs is never blamed on the rewrite.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from tirbyoc._tvm import REDUCE, host_target, iter_blocks, make_target, tirx, tvm
+from tirbyoc._tvm import REDUCE, expr_dtype, host_target, iter_blocks, make_target, tirx, tvm
 from tirbyoc.dtypes import is_float
 from tirbyoc.errors import VerificationError
 from tirbyoc.ir.domains import buffer_domains, draw
@@ -146,19 +146,21 @@ def concrete_params(func):
     return out
 
 
-SYMBOLIC_EXTENT = 17  # what a symbolic extent is bound to for a check: prime, off every tile
+# What each symbolic extent is bound to for a check, one check per value: 1, below a tile of
+# 16, a multiple of 16, one past it, and a large size off every power of two - the paths a
+# rewrite takes for a runtime size (a tail, a whole tile, padding, many tiles).
+SYMBOLIC_SIZES = (1, 7, 16, 17, 131)
 
 
-def _specialize_symbolic(funcs):
-    """``funcs`` with every symbolic extent of their parameters (a bare size variable, as
-    ``T.int32()`` or a Relax ``n`` makes) bound to `SYMBOLIC_EXTENT` by name, and the bindings;
-    functions without symbolic parameters come back as they are."""
+def symbolic_names(funcs) -> list[str]:
+    """The size variables of the functions' parameter shapes (``T.int32()``, a Relax ``n``)."""
+    return sorted({str(d.name) for f in funcs for p in f.params
+                   for d in getattr(p, "shape", ()) if isinstance(d, tirx.Var)})
 
-    names = sorted({str(d.name) for f in funcs for p in f.params
-                    for d in getattr(p, "shape", ()) if isinstance(d, tirx.Var)})
-    if not names:
-        return list(funcs), {}
-    values = dict.fromkeys(names, SYMBOLIC_EXTENT)
+
+def specialize_symbolic(funcs, values: dict):
+    """``funcs`` with every symbolic extent of their parameters (a bare size variable) bound
+    to ``values[name]``; functions without symbolic parameters come back as they are."""
     out = []
     for f in funcs:
         binds = {}
@@ -169,10 +171,12 @@ def _specialize_symbolic(funcs):
             if any(not isinstance(d, (tirx.Var, tirx.IntImm)) for d in shape):
                 raise VerificationError(f"buffer {p.name} has shape {shape}; only extents that are a "
                                         "single size variable can be bound for a check")
-            concrete = [values[str(d.name)] if isinstance(d, tirx.Var) else int(d) for d in shape]
+            # each extent keeps its dtype (a Relax model's are int64): specialize matches them
+            concrete = [tirx.IntImm(expr_dtype(d), values[str(d.name)]) if isinstance(d, tirx.Var) else d
+                        for d in shape]
             binds[p] = tirx.decl_buffer(concrete, str(p.dtype), str(p.name))
         out.append(f.specialize(binds) if binds else f)
-    return out, values
+    return out
 
 
 def _written(func) -> set[str]:
@@ -208,10 +212,25 @@ def verify(original, rewritten, target=None, inputs=None, *, seed: int = 0,
     an emulator which models them (VTCM under qemu-hexagon).
     """
 
-    if inputs is None:  # symbolic extents: check at a concrete size (named in the result)
-        (original, rewritten), bound = _specialize_symbolic([original, rewritten])
-    else:
-        bound = {}
+    names = symbolic_names([original, rewritten]) if inputs is None else []
+    if not names:
+        return _verify_once(original, rewritten, target, inputs, seed, reference_target, capacities, {})
+    checks = []  # symbolic extents: one check per size, every size variable bound to it
+    for size in SYMBOLIC_SIZES:
+        bound = dict.fromkeys(names, size)
+        check = _verify_once(*specialize_symbolic([original, rewritten], bound), target, None, seed,
+                             reference_target, capacities, bound)
+        if check.passed is not True:
+            return check  # the first size that fails (or cannot be checked) says so
+        checks.append(check)
+    worst = max(checks, key=lambda c: c.max_rel_err)
+    said = [f"checked with {' = '.join(names)} = {', '.join(map(str, SYMBOLIC_SIZES))}"]
+    said += [n for n in (worst.reason or "").split("; ") if n and not n.startswith("checked with ")]
+    return replace(worst, reason="; ".join(said))
+
+
+def _verify_once(original, rewritten, target, inputs, seed, reference_target, capacities, bound) -> Verification:
+    """`verify` of two functions with static shapes (``bound``: the sizes they were given)."""
     params = concrete_params(original)
     other = concrete_params(rewritten)
     if [(s, d) for _, s, d in params] != [(s, d) for _, s, d in other]:

@@ -1,0 +1,67 @@
+"""Sizes known only at run time: functions with symbolic extents offloaded and checked at
+several sizes, from Relax models whose shapes are named (a sequence length, a batch)."""
+
+import numpy as np
+import pytest
+from tvm import relax
+from tvm.relax.frontend import nn
+
+import tirbyoc
+from tirbyoc._tvm import tirx
+from tirbyoc.offloading.verification import SYMBOLIC_SIZES, specialize_symbolic, symbolic_names
+from tirbyoc.relax.bridge import offload_module
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        self.fc1 = nn.Linear(64, 128)
+        self.fc2 = nn.Linear(128, 32)
+
+    def forward(self, x):
+        return self.fc2(nn.relu(self.fc1(x)))
+
+
+@pytest.fixture(scope="module")
+def dynamic_mlp():
+    """A relax.frontend.nn MLP whose row count is the name ``n``, legalized (int64 shapes)."""
+    mod, _ = MLP().export_tvm({"forward": {"x": nn.spec.Tensor(("n", 64), "float32")}})
+    return relax.transform.LegalizeOps()(mod)
+
+
+def test_the_sizes_a_symbolic_extent_is_checked_at_take_every_path():
+    assert SYMBOLIC_SIZES[0] == 1 and any(s % 16 == 0 for s in SYMBOLIC_SIZES)
+    assert any(s % 16 == 1 and s > 1 for s in SYMBOLIC_SIZES) and max(SYMBOLIC_SIZES) > 128
+
+
+def test_a_relax_models_int64_sizes_are_bound_for_a_check(dynamic_mlp):
+    func = dynamic_mlp["matmul"]
+    assert symbolic_names([func]) == ["n"]
+    (bound,) = specialize_symbolic([func], {"n": 7})
+    shapes = [[int(d) for d in p.shape] for p in bound.params]
+    assert shapes == [[7, 64], [64, 128], [7, 128]]
+    assert all(str(d.ty.dtype) == "int64" for d in bound.params[0].shape if isinstance(d, tirx.IntImm))
+
+
+def test_a_dynamic_relax_models_matmuls_offload_and_verify_at_every_size(dynamic_mlp):
+    out, report = offload_module(dynamic_mlp, ["blas"])
+    matmuls = {f.name: f for f in report.functions if f.name.startswith("matmul")}
+    assert set(matmuls) == {"matmul", "matmul1"}
+    assert all(f.template == "blas" and f.verified for f in matmuls.values()), matmuls
+    check = tirbyoc.offload(dynamic_mlp["matmul"], "blas").verification
+    assert check.passed and check.reason == "checked with n = " + ", ".join(map(str, SYMBOLIC_SIZES))
+
+
+def test_a_dynamic_model_offloaded_runs_at_every_size(dynamic_mlp):
+    import tvm
+
+    offloaded, _ = offload_module(dynamic_mlp, ["blas"])
+    build = lambda mod: relax.VirtualMachine(tvm.compile(mod, "llvm", tir_pipeline=tirbyoc.PIPELINE), tvm.cpu())  # noqa: E731
+    ours, reference = build(offloaded), build(dynamic_mlp)
+    rng = np.random.default_rng(0)
+    weights = [rng.uniform(-0.1, 0.1, tuple(int(d) for d in p.ty.shape.values)).astype("float32")
+               for p in dynamic_mlp["forward"].params[1:]]
+    for n in (1, 17, 128):  # one build serves every length
+        x = rng.uniform(-1, 1, (n, 64)).astype("float32")
+        args = [tvm.runtime.tensor(a) for a in (x, *weights)]
+        got, want = ours["forward"](*args).numpy(), reference["forward"](*args).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
