@@ -47,8 +47,24 @@ def test_a_dynamic_relax_models_matmuls_offload_and_verify_at_every_size(dynamic
     matmuls = {f.name: f for f in report.functions if f.name.startswith("matmul")}
     assert set(matmuls) == {"matmul", "matmul1"}
     assert all(f.template == "blas" and f.verified for f in matmuls.values()), matmuls
-    check = tirbyoc.offload(dynamic_mlp["matmul"], "blas").verification
-    assert check.passed and check.reason == "checked with n = " + ", ".join(map(str, SYMBOLIC_SIZES))
+    # one GEMM call of n rows each (the kernel reads n from its arguments), not a GEMV per row
+    assert all(f.extern == "tirbyoc_blas_matmul_nn" for f in matmuls.values())
+    assert "tirbyoc_blas_matmul_nn" in out["forward"].script()
+    inside = tirbyoc.offload(dynamic_mlp["matmul"], "blas")  # inside a PrimFunc: a GEMV per row
+    assert inside.verification.passed
+    assert inside.verification.reason == "checked with n = " + ", ".join(map(str, SYMBOLIC_SIZES))
+
+
+def test_a_library_kernel_takes_a_size_known_at_run_time(dynamic_mlp):
+    from tirbyoc.offloading.whole_function import find_whole_call, verify_whole_call
+
+    func = dynamic_mlp["matmul"]
+    best = tirbyoc.explain(func, "blas")[0].best
+    assert best.runtime_axes == ("vi",) and "vi=v_i0 (size at run time)" in best.describe()
+    call, why = find_whole_call(func, tirbyoc.match(func, [tirbyoc.get_template("blas")]))
+    assert why is None and call.symbol == "tirbyoc_blas_matmul_nn"
+    check = verify_whole_call(func, call)
+    assert check.passed and check.reason.startswith("checked with n = 1, 7")
 
 
 def test_a_dynamic_model_offloaded_runs_at_every_size(dynamic_mlp):

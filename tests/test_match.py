@@ -234,12 +234,14 @@ def main(A: T.Buffer((16,), "float32"), B: T.Buffer((16,), "float32")):
         explain(lowered, "blas")
 
 
-def test_symbolic_extent_on_an_intrinsic_axis_is_a_reason():
-    """GEMMs need vi's extent (a reason says so); a GEMV leaves the symbolic vi as a loop."""
+def test_symbolic_extent_on_an_intrinsic_axis():
+    """A library GEMM takes vi's size at run time; a GEMV leaves the symbolic vi as a loop; a
+    fixed-size tile intrinsic needs vi's extent, and a reason says so."""
     r = best(symbolic_matmul(), "blas")
-    gemm_reasons = [text for intrin, text, _, _ in r.reasons if ".sgemm_" in intrin]
-    assert gemm_reasons and all("iterator vi (axis vi) has a symbolic extent" in t for t in gemm_reasons)
-    assert r.best.intrinsic.name.startswith("blas.sgemv_") and r.best.outer == ("vi",)
+    assert r.best.intrinsic.name.startswith("blas.sgemm_") and r.best.runtime_axes == ("vi",)
+    assert any(m.intrinsic.name.startswith("blas.sgemv_") and m.outer == ("vi",) for m in r.matches)
+    tile = best(symbolic_matmul("float16", "float32"), "cuda_mma")
+    assert tile.best is None and "iterator vi (axis vi) has a symbolic extent" in tile.reason
 
 
 # ------------------------------------------------------------- relax, fused, index maps

@@ -178,6 +178,9 @@ class _PairMatcher:
         for it in self.ipat.iters:
             names = chosen[it.name]
             sym = [n for n in names if extents[n] is None]
+            if sym and self._takes_any_size() and len(names) == 1:  # the kernel reads it at run time
+                axes_out.append(AxisMap(it.name, it.kind, it.extent, names, None))
+                continue
             if sym:
                 raise refuse(MatchStage.EXTENT, f"block {wpat.name!r}: iterator {sym[0]} (axis {it.name}) "
                                                  "has a symbolic extent; intrinsic axes need static extents",
@@ -203,6 +206,12 @@ class _PairMatcher:
                                                 "nothing - declare an intrinsic without that axis",
                           iterator=a.axis)
         return axes_out
+
+    def _takes_any_size(self) -> bool:
+        """Whether the intrinsic is a library kernel re-declared for any size (``resize``),
+        which reads its extents from its arguments at run time."""
+        group = self.cand.group
+        return group is not None and group.resize is not None and self.intrin is group.compute
 
     def _reference(self, sig: frozenset) -> str:
         """The operand whose dimension order decides among iterators of one role."""

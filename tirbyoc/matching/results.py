@@ -110,15 +110,16 @@ class AxisMap:
     kind: str  # "S" or "R"
     size: int  # the intrinsic's extent
     iters: tuple[str, ...]  # workload iterators fused into it, outer to inner; () if absent
-    extent: int  # their combined extent (1 when absent)
+    extent: int | None  # their combined extent (1 when absent; None: known only at run time,
+    #                     which only a library kernel that takes any size accepts)
 
     @property
-    def padded(self) -> int:
-        return -(-self.extent // self.size) * self.size
+    def padded(self) -> int | None:
+        return None if self.extent is None else -(-self.extent // self.size) * self.size
 
     @property
     def padding(self) -> int:
-        return self.padded - self.extent
+        return 0 if self.extent is None else self.padded - self.extent
 
     @property
     def fused(self) -> bool:
@@ -127,7 +128,7 @@ class AxisMap:
     def describe(self) -> str:
         src = "*".join(self.iters) if self.iters else "(none)"
         pad = f" pad {self.extent}->{self.padded}" if self.padding else ""
-        return f"{self.axis}={src}{pad}"
+        return f"{self.axis}={src}{pad}" + (" (size at run time)" if self.extent is None else "")
 
 
 @dataclass(frozen=True)
@@ -201,9 +202,16 @@ class Match:
         return all(o.direct for o in self.operands)
 
     @property
+    def runtime_axes(self) -> tuple[str, ...]:
+        """The intrinsic axes whose size is known only at run time (an any-size library
+        kernel's, which takes it from its arguments)."""
+        return tuple(a.axis for a in self.axes if a.extent is None)
+
+    @property
     def calls(self) -> int:
+        """Intrinsic calls (an axis of run-time size is one call's: the kernel takes it whole)."""
         outer = prod(e for n, e in zip(self.iters, self.iter_extents) if n in self.outer and e)
-        return outer * prod(a.padded // a.size for a in self.axes)
+        return outer * prod(a.padded // a.size for a in self.axes if a.extent is not None)
 
     @property
     def padded_macs(self) -> int:

@@ -164,6 +164,9 @@ def exact_size(func, m: Match, cores: int = 1) -> Match:
     group = m.group
     if group is None or group.resize is None or m.intrinsic is not group.compute:
         return m
+    if m.runtime_axes:
+        raise RewriteError(f"{m.function}/{m.block}: axis {m.runtime_axes[0]} has a size known only at run "
+                           f"time; {group.name} takes it only as a whole-function library call")
     extents = split_for_cores(m.axes, cores)
     if all(not a.padding and extents[a.axis] == a.size for a in m.axes):
         return m

@@ -12,7 +12,7 @@ padding: the kernel reads the real extents from its arguments.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from tirbyoc._tvm import host_target, iter_blocks, prim_expr, root_block, tirx, to_tensor, tvm
@@ -20,6 +20,7 @@ from tirbyoc.decl.extern import PackedFunction
 from tirbyoc.ir.pattern import static_int
 from tirbyoc.matching.results import Match, Staging
 from tirbyoc.offloading.verification import (
+    SYMBOLIC_SIZES,
     Verification,
     compare_arrays,
     compile_func,
@@ -27,6 +28,8 @@ from tirbyoc.offloading.verification import (
     make_inputs,
     reduction_length,
     run_executable,
+    specialize_symbolic,
+    symbolic_names,
 )
 
 
@@ -69,6 +72,10 @@ def whole_function_call(func, match: Match) -> tuple[WholeCall | None, str | Non
     if match.padding and not any_size:
         return None, f"axes need padding {match.padding}"
     extents = {a.axis: a.extent for a in match.axes}
+    # an axis of run-time size: the size variable its iterator runs over, which must be the
+    # buffer's own dimension (the kernel takes the tensor's whole extent there)
+    doms = {str(iv.var.name): iv.dom.extent for iv in blocks[0].iter_vars}
+    extents.update({a.axis: _var_name(doms.get(a.iters[0])) for a in match.axes if a.extent is None})
     if match.outer:
         return None, f"iterators {', '.join(match.outer)} would stay loops around the call"
     params = [p for p in func.params]
@@ -85,7 +92,7 @@ def whole_function_call(func, match: Match) -> tuple[WholeCall | None, str | Non
         index = by_name.get(op.buffer)
         if index is None:
             return None, f"operand {op.operand} reads {op.buffer}, not a parameter"
-        shape = tuple(static_int(s) for s in params[index].shape)
+        shape = tuple(static_int(s) if static_int(s) is not None else _var_name(s) for s in params[index].shape)
         view = tuple(extents.get(a, 1) for a in op.view_axes)
         if shape != view:
             return None, (f"operand {op.operand} addresses a {list(view)} view of "
@@ -97,6 +104,11 @@ def whole_function_call(func, match: Match) -> tuple[WholeCall | None, str | Non
     if output != len(params) - 1:
         return None, "the destination is not the function's last parameter"
     return WholeCall(match.function, group.packed, tuple(inputs), output, match), None
+
+
+def _var_name(extent) -> str | None:
+    """A symbolic extent's size variable, by name ("n"); None for anything else."""
+    return str(extent.name) if isinstance(extent, tirx.Var) else None
 
 
 def find_whole_call(func, matches: Sequence[Match]) -> tuple[WholeCall | None, str | None]:
@@ -112,8 +124,20 @@ def find_whole_call(func, matches: Sequence[Match]) -> tuple[WholeCall | None, s
 
 def verify_whole_call(func, call: WholeCall, *, seed: int = 0):
     """Run the packed kernel and TVM's build of ``func`` on the same seeded inputs and compare
-    the destination (a `Verification`)."""
+    the destination (a `Verification`); a function of symbolic extents at each of
+    `SYMBOLIC_SIZES` (the first size that fails says so)."""
+    names = symbolic_names([func])
+    if not names:
+        return _verify_whole_once(func, call, seed)
+    for size in SYMBOLIC_SIZES:
+        check = _verify_whole_once(specialize_symbolic([func], dict.fromkeys(names, size))[0], call, seed)
+        if check.passed is not True:
+            return replace(check, reason="; ".join(filter(None, [f"with {' = '.join(names)} = {size}",
+                                                                 check.reason])))
+    return replace(check, reason=f"checked with {' = '.join(names)} = {', '.join(map(str, SYMBOLIC_SIZES))}")
 
+
+def _verify_whole_once(func, call: WholeCall, seed: int):
     params = concrete_params(func)
     arrays = make_inputs(func, params, None, seed)
     ref = run_executable(compile_func(func, host_target(), "original"), [a.copy() for a in arrays], tvm.cpu())

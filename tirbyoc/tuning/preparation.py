@@ -29,7 +29,8 @@ def best_matches(func, template) -> dict:
 
     out = {}
     for result in explain(func, template):
-        compute = [m for m in result.matches if m.intrinsic.role is Role.COMPUTE]
+        # an axis of run-time size is a whole-function library call's, not a schedule's
+        compute = [m for m in result.matches if m.intrinsic.role is Role.COMPUTE and not m.runtime_axes]
         if compute:
             out[result.block] = compute[0]
     return out
