@@ -81,3 +81,61 @@ def test_a_dynamic_model_offloaded_runs_at_every_size(dynamic_mlp):
         args = [tvm.runtime.tensor(a) for a in (x, *weights)]
         got, want = ours["forward"](*args).numpy(), reference["forward"](*args).numpy()
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+MODEL = '''from tvm.relax.frontend import nn
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        self.fc1 = nn.Linear(64, 128)
+        self.fc2 = nn.Linear(128, 32)
+
+    def forward(self, x):
+        return self.fc2(nn.relu(self.fc1(x)))
+
+
+model = MLP()
+spec = {"forward": {"x": nn.spec.Tensor(("n", 64), "float32")}}
+'''
+
+
+def test_run_binds_a_named_size_to_several_values_from_one_build(tmp_path, capsys):
+    import json
+
+    from tirbyoc.app.cli import main
+
+    path = tmp_path / "mlp.py"
+    path.write_text(MODEL)
+    assert main(["run", "-q", "-m", str(path), "-t", "blas", "--size", "n=1,17,128", "--repeat", "1",
+                 "--json"]) == 0
+    sizes = json.loads(capsys.readouterr().out)["sizes"]
+    assert [s["sizes"] for s in sizes] == [{"n": 1}, {"n": 17}, {"n": 128}]
+    for s in sizes:  # every matmul MAC offloaded at every length, the outputs compared at each
+        assert s["total_macs"] == s["sizes"]["n"] * (64 * 128 + 128 * 32)
+        assert s["coverage"] == 1.0 and s["verified"] is True
+    assert main(["run", "-q", "-m", str(path), "-t", "blas", "--size", "n=1,17", "--repeat", "1"]) == 0
+    table = capsys.readouterr().out
+    assert "MAC coverage: 100.0% at n=1 (12,288 of 12,288); each size below" in table
+    assert "n=17   208,896  100.0%     match" in table
+
+
+def test_a_named_size_without_values_says_how_to_give_them(tmp_path, capsys):
+    from tirbyoc.app.cli import main
+
+    path = tmp_path / "mlp.py"
+    path.write_text(MODEL)
+    assert main(["run", "-q", "-m", str(path), "-t", "blas"]) == 2
+    assert "give its sizes with --size n=V1,V2,..." in capsys.readouterr().err
+    assert main(["run", "-q", "-m", str(path), "-t", "blas", "--size", "n=0,4"]) == 2
+    assert "--size 'n=0,4': write NAME=V1,V2,... with positive integers" in capsys.readouterr().err
+
+
+def test_sizes_are_taken_together_position_by_position():
+    from tirbyoc.app.sizes import bindings
+    from tirbyoc.errors import TirbyocError
+
+    assert bindings(None) == [None]
+    assert bindings({"n": (1, 8), "b": (2,)}) == [{"n": 1, "b": 2}, {"n": 8, "b": 2}]
+    with pytest.raises(TirbyocError, match="give each name one value or as many as the others"):
+        bindings({"n": (1, 8, 9), "b": (2, 3)})

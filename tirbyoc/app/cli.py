@@ -16,6 +16,7 @@ from tirbyoc.app.loaders import legalize
 from tirbyoc.app.model_inputs import load_inputs
 from tirbyoc.app.options import RunOptions, from_flags
 from tirbyoc.app.preparation import integer_module
+from tirbyoc.app.sizes import parse_sizes
 from tirbyoc.app.frontends import load_model
 from tirbyoc.app.legalize import importing, legalized_model
 from tirbyoc.app.run import Progress, default_templates, run_model
@@ -181,7 +182,7 @@ def cmd_run(args) -> int:
 
     options = _options(args, inputs=load_inputs(args.inputs) if args.inputs else None, database=args.database,
                        baseline=args.baseline, repeat=args.repeat, time_baseline=not args.no_baseline,
-                       profile=args.profile, reference=args.reference)
+                       profile=args.profile, reference=args.reference, sizes=parse_sizes(args.size))
     result = run_model(args.model, args.template, options, progress=Progress(enabled=not args.quiet))
     if args.json:
         print(dumps(result.to_json()))

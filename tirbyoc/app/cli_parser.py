@@ -135,6 +135,9 @@ def _add_run(sub, common) -> None:
     p.add_argument("--profile", action="store_true",
                    help="also time each offloaded PrimFunc alone, TVM's build and the offloaded one "
                         "(ms per call, a column of the table)")
+    p.add_argument("--size", action="append", metavar="NAME=V1,V2,...",
+                   help="a named (symbolic) dimension of the model's inputs and the sizes to run it "
+                        "at, from one build (repeatable; e.g. n=1,17,128)")
     p.add_argument("--fast-math", action="store_true", help=FAST_MATH_HELP)
 
 

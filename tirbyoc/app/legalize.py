@@ -40,7 +40,7 @@ def legalized_model(model: str | None, templates, seed: int, inputs: dict | None
                     obj: str | None = None, input_shapes: dict | None = None,
                     quantized: QuantizedReport | None = None, as_given: list | None = None,
                     constant_weights: bool = False, fast_math: FastMathReport | None = None,
-                    layout: LayoutReport | None = None):
+                    layout: LayoutReport | None = None, sizes: dict | None = None):
     """(spec, legalized module, entry function, inputs) of a model for ``templates``: the
     user's ``inputs`` (name -> array) where given, else seeded data in each input's domain
     (`tirbyoc.app.model_inputs`). A quantized model's chains are made integer first
@@ -53,7 +53,8 @@ def legalized_model(model: str | None, templates, seed: int, inputs: dict | None
     approximations (`tirbyoc.relax.fast_math`), in this module and in ``as_given`` alike, and
     the report is filled in. For a template whose convolutions read NHWC the module is
     converted to NHWC once (`tirbyoc.relax.layout`; ``layout`` collects what it did), while
-    ``as_given`` keeps the model's own layout."""
+    ``as_given`` keeps the model's own layout. ``sizes``: the size of each named dimension of
+    the inputs drawn (``{"n": 17}``)."""
     spec, loaded = load_model(model, templates, obj, input_shapes)
     converted = integer_module(loaded, templates, quantized)
     if quantized is not None and converted is not loaded:
@@ -70,7 +71,7 @@ def legalized_model(model: str | None, templates, seed: int, inputs: dict | None
     if fuses_epilogues(templates):
         mod = fuse(mod)
     entry = entry_function(mod)
-    arrays = model_inputs(mod, entry, seed, inputs)
+    arrays = model_inputs(mod, entry, seed, inputs, sizes)
     if constant_weights:
         given = as_given[-1] if as_given else None
         bound, arrays_left = with_constant_weights(mod, entry, arrays)

@@ -31,13 +31,20 @@ def _shape(param) -> tuple[int, ...] | None:
         return None
 
 
-def _static_shape(param) -> tuple[int, ...]:
+def _static_shape(param, sizes: dict | None = None) -> tuple[int, ...]:
+    """A parameter's shape, its named dimensions given by ``sizes`` (``{"n": 17}``)."""
     shape = _shape(param)
-    if shape is None:
-        raise TirbyocError(
-            f"model input {param.name!r} has no static shape ({param.ty}); give its shape "
-            "(--input-shape NAME=D0,D1,...) or its values (--inputs FILE.npz)")
-    return shape
+    if shape is not None:
+        return shape
+    dims = list(param.ty.shape.values) if getattr(param.ty, "shape", None) is not None else []
+    named = [str(d.name) for d in dims if isinstance(d, tirx.Var)]
+    if dims and len(named) == sum(1 for d in dims if not isinstance(d, tirx.IntImm)) and \
+            all(n in (sizes or {}) for n in named):
+        return tuple(sizes[str(d.name)] if isinstance(d, tirx.Var) else int(d) for d in dims)
+    how = f"--size {named[0]}=V1,V2,... (runs the model at each), " if named else ""
+    raise TirbyocError(
+        f"model input {param.name!r} has no static shape ({param.ty}); give its sizes with {how}"
+        "its shape (--input-shape NAME=D0,D1,...) or its values (--inputs FILE.npz)")
 
 
 def call_tir_domains(mod, func) -> dict[str, Domain]:
@@ -90,9 +97,11 @@ def weight_bound(name: str, shapes: dict[str, tuple]) -> Domain | None:
     return None
 
 
-def model_inputs(mod, entry: str, seed: int, given: dict | None = None) -> list[np.ndarray]:
+def model_inputs(mod, entry: str, seed: int, given: dict | None = None,
+                 sizes: dict | None = None) -> list[np.ndarray]:
     """One array per parameter of ``mod[entry]``: ``given[name]`` where the user gave it, else
-    seeded data in the parameter's domain (see the module's docstring)."""
+    seeded data in the parameter's domain (see the module's docstring), a named dimension
+    (``n``) of the size ``sizes`` gives it."""
     func = mod[entry]
     params = list(func.params)
     given = dict(given or {})
@@ -103,7 +112,7 @@ def model_inputs(mod, entry: str, seed: int, given: dict | None = None) -> list[
         raise TirbyocError(f"--inputs names {unknown}, which the model's {entry} does not take; "
                            f"its inputs are {[p.name for p in params]}")
     domains = call_tir_domains(mod, func)
-    shapes = {p.name: (_static_shape(p) if p.name not in given else None) for p in params}
+    shapes = {p.name: (_static_shape(p, sizes) if p.name not in given else None) for p in params}
     rng = np.random.default_rng(seed)
     arrays = []
     for p in params:

@@ -27,6 +27,7 @@ class RunOptions:
     time_baseline: bool = True  # False: the baseline is built and run for the check, untimed
     profile: bool = False  # also time each offloaded PrimFunc alone
     reference: str | None = None  # "onnxruntime": also run an ONNX model there
+    sizes: dict | None = None  # named dimensions -> the sizes to run the model at ({"n": (1, 17, 128)})
 
     @classmethod
     def names(cls) -> list[str]:

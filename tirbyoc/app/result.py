@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tirbyoc.app.reference import Reference
+from tirbyoc.app.sizes import table as size_table
 from tirbyoc.app.targets import BASELINES
 from tirbyoc.offloading.table import group_repeats, render
 from tirbyoc.relax.bridge import OffloadReport
@@ -34,6 +35,7 @@ class RunResult:
     fast_math: FastMathReport | None = None  # --fast-math: what was approximated, in both builds
     emulates: dict = field(default_factory=dict)  # template -> the instruction it emulates (untimed)
     layout: LayoutReport | None = None  # the model converted to NHWC once (a channels-last template)
+    sizes: list | None = None  # --size: the model at each binding of its named dimensions (SizeRun)
 
     def to_json(self) -> dict:
         r = self.report
@@ -59,6 +61,7 @@ class RunResult:
             "fast_math": self.fast_math.to_json() if self.fast_math is not None else None,
             "emulates": self.emulates,
             "layout": self.layout.to_json() if self.layout is not None else None,
+            "sizes": None if self.sizes is None else [s.to_json() for s in self.sizes],
         }
 
     def outcome(self) -> str:
@@ -85,7 +88,7 @@ class RunResult:
             text += "\n\n" + "\n".join(notes)
         text += (f"\n\n{len(r.functions)} PrimFuncs ({r.others} without multiply-accumulates, "
                  "left to TVM)"
-                 f"\nMAC coverage: {r.coverage:.1%} ({r.offloaded_macs:,} of {r.total_macs:,})"
+                 f"\nMAC coverage: {self._coverage()}"
                  f"\n{self._where()}"
                  f"\noutputs: {self.outcome()}")
         if r.packed is not None and r.packed.tensors:
@@ -109,10 +112,22 @@ class RunResult:
                      f"{sum(st.load_bytes.values()):,} B, out {st.store_bytes:,} B, "
                      f"{st.tile_ops:,} tile operations, scratchpad high-water "
                      + " / ".join(f"{k} {v:,} B" for k, v in st.high_water.items()))
+        if self.sizes:
+            text += ("\n\nat each size (one build of each; the rows above: the first size; a function "
+                     "of symbolic sizes shows 0 MACs there)\n" + size_table(self.sizes))
         if self.not_run:
             text += f"\nnot run: {self.not_run}"
         return text
 
+
+    def _coverage(self) -> str:
+        """The share of the MACs offloaded (with --size: at the first size; each size below)."""
+        r = self.report
+        if not self.sizes:
+            return f"{r.coverage:.1%} ({r.offloaded_macs:,} of {r.total_macs:,})"
+        s = self.sizes[0]
+        at = ", ".join(f"{k}={v}" for k, v in s.sizes.items())
+        return f"{s.coverage:.1%} at {at} ({s.offloaded_macs:,} of {s.total_macs:,}); each size below"
 
     def _where(self) -> str:
         """Latency and what each build ran on."""

@@ -20,10 +20,13 @@ import numpy as np
 from tirbyoc._tvm import is_host_target, relax_vm, tirx, tvm
 from tirbyoc.app.frontends import is_float_model
 from tirbyoc.app.legalize import importing, legalized_model
+from tirbyoc.app.model_inputs import model_inputs
 from tirbyoc.app.options import RunOptions, options_of
 from tirbyoc.app.profiling import profile_functions
 from tirbyoc.app.reference import onnxruntime_reference, output_step
 from tirbyoc.app.result import RunResult
+from tirbyoc.app.sizes import SizeRun, coverage_at
+from tirbyoc.app.sizes import bindings as size_bindings
 from tirbyoc.app.targets import (
     BASELINES,
     baseline_module,
@@ -112,16 +115,22 @@ def model_output(value) -> np.ndarray:
 
 
 def build_and_time(mod, target, entry, arrays, repeat: int, simulators=(), *, twice: bool = False,
-                    timed: bool = True):
+                    timed: bool = True, builds: dict | None = None):
     """(output, latency in ms or None when not ``timed``, simulator stats of the first run).
     ``twice``: run once more and return None for the output if the two runs disagree (a build
-    that reads outside its inputs' domain gives what memory held)."""
+    that reads outside its inputs' domain gives what memory held). ``builds``: compiled
+    modules kept by module, so a model run at several sizes is built once."""
 
-    if is_host_target(target):
-        for gv, func in mod.functions.items():
-            if isinstance(func, tirx.PrimFunc):
-                check_loaded(func, f"PrimFunc {gv.name_hint}")
-    exe = tvm.compile(mod, target=target, tir_pipeline=PIPELINE)
+    key = (id(mod), str(target))
+    exe = (builds or {}).get(key)
+    if exe is None:
+        if is_host_target(target):
+            for gv, func in mod.functions.items():
+                if isinstance(func, tirx.PrimFunc):
+                    check_loaded(func, f"PrimFunc {gv.name_hint}")
+        exe = tvm.compile(mod, target=target, tir_pipeline=PIPELINE)
+        if builds is not None:
+            builds[key] = exe
     dev = tvm.cpu()
     vm = relax_vm(exe, dev)
     args = [tvm.runtime.tensor(a, dev) for a in arrays]
@@ -138,13 +147,14 @@ def build_and_time(mod, target, entry, arrays, repeat: int, simulators=(), *, tw
     return out, ms, stats
 
 
-def build_reference(mod, tgt, entry, arrays, repeat: int, baseline: str, timed: bool = True):
+def build_reference(mod, tgt, entry, arrays, repeat: int, baseline: str, timed: bool = True,
+                    builds: dict | None = None):
     """TVM's build of the untouched model, run (twice: it must agree with itself) and timed.
     A failure here is TVM's own, before any offload: `ModelError`, with its last line."""
 
     try:
         return build_and_time(baseline_module(mod, tgt, baseline), tgt, entry, arrays, repeat,
-                               twice=True, timed=timed)
+                               twice=True, timed=timed, builds=builds)
     except TirbyocError:
         raise
     except Exception as err:  # noqa: BLE001 - TVM raises many types; say whose failure it is
@@ -176,10 +186,11 @@ class OffloadRun:
     missing: list = dataclass_field(default_factory=list)
     output: np.ndarray | None = None
     emulated: EmulatedRuns | None = None
+    module: object = None  # the offloaded module as built (None when it was not)
 
 
 def run_offloaded(mod, tmpls, target, entry, arrays, ref_out, *, repeat: int = 10, progress=None,
-                  tuned=None, profile: bool = False) -> OffloadRun:
+                  tuned=None, profile: bool = False, builds: dict | None = None) -> OffloadRun:
     """Offload ``mod`` (legalized) to ``tmpls`` (``tuned``: schedules to prefer, see
     `offload`), build, run once (simulators measuring that run), time, compare with
     ``ref_out``. Code for an emulated target (Hexagon) runs PrimFunc by PrimFunc under the
@@ -205,11 +216,11 @@ def run_offloaded(mod, tmpls, target, entry, arrays, ref_out, *, repeat: int = 1
     sims = {t.name: t.simulator for t in tmpls if t.simulator is not None}
     timed = emulated is None and not any(t.emulates for t in tmpls)  # else not the hardware's times
     new_out, ms, stats = build_and_time(offloaded, model_target(target), entry, arrays, repeat,
-                                         list(sims.values()), timed=timed)
+                                         list(sims.values()), timed=timed, builds=builds)
     if profile and timed:
         profile_functions(mod, offloaded, report, target, repeat, progress=progress)
     return OffloadRun(report, compare(new_out, ref_out), ms, dict(zip(sims, stats)), missing,
-                      new_out, emulated)
+                      new_out, emulated, offloaded)
 
 
 def templates_and_target(templates, target, model: str | None = None):
@@ -222,23 +233,47 @@ def templates_and_target(templates, target, model: str | None = None):
 
 
 def _references(model, mod, untouched, tgt, entry, arrays, repeat, baseline, time_baseline,
-                quantized: QuantizedReport):
+                quantized: QuantizedReport, builds: dict | None = None):
     """(the output the offloaded model must give, latencies). The baseline is TVM's build of
     the model as given, timed. For a QDQ model made integer, the offload is checked against
     TVM's build of the integer model (exact), and the integer model against the float QDQ
     graph, in output quantization steps (``quantized.float_max_abs_diff``, ``.step``):
     integers are exact where the float graph rounds its sums, so a value on a rounding
     boundary can land one step apart."""
-    out, ms, _ = build_reference(untouched, tgt, entry, arrays, repeat, baseline, time_baseline)
+    out, ms, _ = build_reference(untouched, tgt, entry, arrays, repeat, baseline, time_baseline, builds)
     latency = {"baseline": ms} if ms is not None else {}
     if quantized.integer and out is not None:
-        integer_out, _, _ = build_reference(mod, tgt, entry, arrays, repeat, baseline, timed=False)
+        integer_out, _, _ = build_reference(mod, tgt, entry, arrays, repeat, baseline, timed=False,
+                                            builds=builds)
         if integer_out is not None:
             quantized.float_max_abs_diff = float(np.abs(integer_out.astype(np.float64) - out).max(initial=0.0))
             if quantized.step is None and str(model or "").endswith(".onnx"):
                 quantized.step = output_step(model)
         out = integer_out
     return out, latency
+
+
+def _at_sizes(model, mod, untouched, tgt, entry, opts, quantized, done, runs, builds, first) -> list[SizeRun]:
+    """The model at each binding of its sizes (`tirbyoc.app.sizes`), both builds made once and
+    run again with inputs of those sizes; ``first``: the first binding's (comparison, latency)."""
+    target, out = model_target(tgt), []
+    timed = opts.time_baseline and not device_of(tgt).emulated
+    for i, binding in enumerate(runs):
+        comparison, latency = first
+        if i:
+            arrays = model_inputs(mod, entry, opts.seed, opts.inputs, binding)
+            ref_out, latency = _references(model, mod, untouched, target, entry, arrays, opts.repeat,
+                                           opts.baseline, timed, quantized, builds)
+            comparison = None
+            if done.module is not None and ref_out is not None:
+                new_out, ms, _ = build_and_time(done.module, target, entry, arrays, opts.repeat,
+                                                timed=done.ms is not None, builds=builds)
+                comparison = compare(new_out, ref_out)
+                latency.update({"offloaded": ms} if ms is not None else {})
+        offloaded, total = coverage_at(mod, done.report, binding)
+        out.append(SizeRun(binding, offloaded, total, None if comparison is None else comparison.passed,
+                           float("nan") if comparison is None else comparison.abs_err, latency))
+    return out
 
 
 def _check_reference(reference: str | None, model: str | None) -> None:
@@ -266,11 +301,11 @@ def run_model(model: str | None = None, templates: list | None = None, options: 
     t0 = time.perf_counter()
     progress.phase(importing(model))
     quantized, fast, layout = QuantizedReport(), (FastMathReport() if opts.fast_math else None), LayoutReport()
-    as_given = []
+    as_given, runs, builds = [], size_bindings(opts.sizes), {}
     spec, mod, entry, arrays = legalized_model(model, tmpls, opts.seed, opts.inputs, obj=opts.obj,
                                                quantized=quantized, input_shapes=opts.input_shapes,
                                                as_given=as_given, constant_weights=True, fast_math=fast,
-                                               layout=layout)
+                                               layout=layout, sizes=runs[0])
     seconds["import"] = time.perf_counter() - t0
     ref_out, latency = None, {}
     if all(t.runs_here() for t in tmpls):
@@ -278,13 +313,13 @@ def run_model(model: str | None = None, templates: list | None = None, options: 
         progress.phase("building and running TVM's build of the untouched model")
         timed = opts.time_baseline and not device_of(tgt).emulated  # an emulator's time is not the device's
         ref_out, latency = _references(model, mod, as_given[0], model_target(tgt), entry, arrays,
-                                       opts.repeat, opts.baseline, timed, quantized)
+                                       opts.repeat, opts.baseline, timed, quantized, builds)
         seconds["baseline"] = time.perf_counter() - t0
     unstable = "baseline" in seconds and ref_out is None
     t0 = time.perf_counter()
     progress.phase(f"offloading to {', '.join(names)}, building and running")
     done = run_offloaded(mod, tmpls, tgt, entry, arrays, ref_out, repeat=opts.repeat,
-                         progress=progress.step, tuned=tuned, profile=opts.profile)
+                         progress=progress.step, tuned=tuned, profile=opts.profile, builds=builds)
     comparison, missing = done.comparison, done.missing + ([UNSTABLE] if unstable else [])
     if done.ms is not None:
         latency["offloaded"] = done.ms
@@ -293,6 +328,11 @@ def run_model(model: str | None = None, templates: list | None = None, options: 
     if opts.reference == "onnxruntime" and done.output is not None:
         progress.phase("running the model in ONNX Runtime")
         ref = onnxruntime_reference(model, arrays, done.output, opts.repeat)
+    sized = None
+    if opts.sizes:
+        progress.phase(f"running both builds at {len(runs)} sizes")
+        sized = _at_sizes(model, mod, as_given[0], tgt, entry, opts, quantized, done, runs, builds,
+                          (comparison, dict(latency)))
     target_json = json.loads(str(model_target(tgt)))  # the target both builds really used
     return RunResult(model=spec, templates=names, target=target_json, report=done.report,
                      verified=None if comparison is None else comparison.passed,
@@ -302,7 +342,7 @@ def run_model(model: str | None = None, templates: list | None = None, options: 
                      quantized=quantized if quantized.integer or quantized.kept else None, reference=ref,
                      emulated=done.emulated, fast_math=fast,
                      emulates={t.name: t.emulates for t in tmpls if t.emulates},
-                     layout=layout if layout.convolutions else None)
+                     layout=layout if layout.convolutions else None, sizes=sized)
 
 
 __all__ = ["BASELINES", "OffloadRun", "Progress", "RunResult", "baseline_module", "check_target", "compare",

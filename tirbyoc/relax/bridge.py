@@ -64,6 +64,7 @@ class FunctionReport:
     check_note: str | None = None  # why verified is None (not run here, not meaningfully checked)
     ms: dict | None = None  # `tirbyoc run --profile`: ms per call, {"tvm": .., "offloaded": ..}
     epilogue: tuple = ()  # the steps saying where the elementwise work after its cores runs
+    offloaded_blocks: tuple[str, ...] = ()  # its multiply-accumulate blocks that were offloaded
 
     def to_json(self) -> dict:
         return {"name": self.name, "calls": self.calls, "macs": self.macs,
@@ -282,7 +283,7 @@ def _call_packed_instead(mod, calls: dict):
 def _offload_function(name: str, func, templates, policy, verify: bool, tuned):
     """(the function offloaded block by block, template after template; its report)."""
     current, intrinsics, used, reasons, verified, was_tuned = func, [], None, [], None, False
-    check_note, epilogue = None, []
+    check_note, epilogue, blocks_done = None, [], []
     reductions = mac_blocks(func)
     total, done = sum(reductions.values()), 0
     for tmpl in templates:
@@ -295,6 +296,7 @@ def _offload_function(name: str, func, templates, policy, verify: bool, tuned):
             current, used = out.func, tmpl.name
             intrinsics += [b.intrinsic for b in out.offloaded]
             done += sum(reductions.get(b.block, 0) for b in out.offloaded)
+            blocks_done += [b.block for b in out.offloaded if b.block in reductions]
             v = out.verification
             verified = None if v is None else v.passed
             check_note = v.describe() if v is not None and v.passed is None else None
@@ -310,7 +312,7 @@ def _offload_function(name: str, func, templates, policy, verify: bool, tuned):
         name, total, done, used, tuple(intrinsics),
         None if not total or done == total else "; ".join(dict.fromkeys(reasons)) or None,
         verified, tuned=was_tuned, check_note=check_note,
-        epilogue=tuple(dict.fromkeys(epilogue)))
+        epilogue=tuple(dict.fromkeys(epilogue)), offloaded_blocks=tuple(dict.fromkeys(blocks_done)))
 
 
 def offload_module(mod, templates: Sequence, *, policy="first", verify: bool = True,
@@ -342,7 +344,8 @@ def offload_module(mod, templates: Sequence, *, policy="first", verify: bool = T
             log.debug("%s: the library kernel %s, called whole (call_dps_packed)", name, wc.symbol)
             report.functions.append(FunctionReport(name, macs, macs, tmpl.name, (wc.symbol,),
                                                    None, verified, extern=wc.symbol,
-                                                   calls=counts.get(name, 1)))
+                                                   calls=counts.get(name, 1),
+                                                   offloaded_blocks=tuple(mac_blocks(func))))
             continue
         # a tuning database holds the functions as they were tuned, without the mark
         marked = with_layout_free(func, constants.get(name, set())) if tuned is None else func
