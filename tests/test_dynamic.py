@@ -139,3 +139,58 @@ def test_sizes_are_taken_together_position_by_position():
     assert bindings({"n": (1, 8), "b": (2,)}) == [{"n": 1, "b": 2}, {"n": 8, "b": 2}]
     with pytest.raises(TirbyocError, match="give each name one value or as many as the others"):
         bindings({"n": (1, 8, 9), "b": (2, 3)})
+
+
+def test_one_library_serves_every_size_in_a_fresh_process(tmp_path):
+    import subprocess
+    import sys
+
+    import tvm
+
+    from tirbyoc.app.deploy import build_library
+    from tirbyoc.app.legalize import legalized_model
+
+    path = tmp_path / "mlp.py"
+    path.write_text(MODEL)
+    built = build_library(str(path), ["blas"], output=tmp_path / "lib" / "mlp.so", sizes={"n": (4,)})
+    assert built.inputs == [{"name": "x", "shape": ["n", 64], "dtype": "float32"}]
+    assert all(f.verified for f in built.report.functions if f.offloaded)
+    # TVM's build of the untouched model with the same weights (the same seed binds the same)
+    _, mod, entry, _ = legalized_model(str(path), [tirbyoc.get_template("blas")], 0, constant_weights=True,
+                                       sizes={"n": 4})
+    reference = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
+    rng = np.random.default_rng(1)
+    for n in (3, 9):
+        x = rng.uniform(-1, 1, (n, 64)).astype("float32")
+        np.save(tmp_path / "x.npy", x)
+        done = subprocess.run([sys.executable, "-m", "tirbyoc.app.runner", str(built.path), "--input",
+                               str(tmp_path / "x.npy"), "--output", str(tmp_path / "y.npy")],
+                              capture_output=True, text=True, cwd=tmp_path, timeout=300)
+        assert done.returncode == 0, done.stderr
+        want = reference[entry](tvm.runtime.tensor(x)).numpy()
+        np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=1e-5, atol=1e-5)
+
+
+def test_an_onnx_models_dim_param_is_a_size_to_run_at(tmp_path, capsys):
+    import json
+
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tirbyoc.app.cli import main
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.uniform(-0.1, 0.1, s).astype("float32"), n)
+               for n, s in (("w1", (64, 128)), ("w2", (128, 32)))]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+         helper.make_node("MatMul", ["r", "w2"], ["y"])], "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 32])], weights)
+    path = tmp_path / "mlp.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    assert main(["run", "-q", "-m", str(path), "-t", "blas", "--size", "batch=1,3", "--repeat", "1",
+                 "--json"]) == 0
+    sizes = json.loads(capsys.readouterr().out)["sizes"]
+    assert [(s["sizes"], s["coverage"], s["verified"]) for s in sizes] == [
+        ({"batch": 1}, 1.0, True), ({"batch": 3}, 1.0, True)]

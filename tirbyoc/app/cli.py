@@ -249,7 +249,8 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_build(args) -> int:
-    built = build_library(args.model, args.template, _options(args, database=args.database), output=args.output,
+    options = _options(args, database=args.database, sizes=parse_sizes(args.size))
+    built = build_library(args.model, args.template, options, output=args.output,
                           whole_calls=not args.no_whole_calls, progress=Progress(enabled=not args.quiet),
                           run_check=False)
     if args.json:
@@ -259,7 +260,10 @@ def cmd_build(args) -> int:
     inputs = ", ".join(f"{i['name']}: {i['dtype']}{i['shape']}" for i in built.inputs)
     done = [f for f in r.functions if f.offloaded]
     verified = sum(1 for f in done if f.verified is True)
-    print(f"{built.model} on {', '.join(built.templates)}: {r.offloaded_macs:,} of {r.total_macs:,} MACs "
+    s = built.sized
+    macs = (f"{s.offloaded_macs:,} of {s.total_macs:,} MACs at {', '.join(f'{k}={v}' for k, v in s.sizes.items())}"
+            if s is not None else f"{r.offloaded_macs:,} of {r.total_macs:,} MACs")
+    print(f"{built.model} on {', '.join(built.templates)}: {macs} "
           f"offloaded; {verified} of {len(done)} offloaded functions verified on this machine")
     for f in done:
         if f.verified is not True:

@@ -190,6 +190,9 @@ def _add_build(sub, common) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the weights a built-in model is built with")
     p.add_argument("--no-whole-calls", action="store_true",
                    help="call library kernels from inside PrimFuncs, never as whole Relax calls")
+    p.add_argument("--size", action="append", metavar="NAME=V",
+                   help="a named (symbolic) dimension's size for the sample inputs the library is checked "
+                        "on; the library itself takes every size (repeatable)")
     p.add_argument("--fast-math", action="store_true", help=FAST_MATH_HELP)
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
 

@@ -38,6 +38,8 @@ from tirbyoc.app.deploy_hexagon import HexagonArtifact, check_deployable, export
 from tirbyoc.app.jsonout import dumps
 from tirbyoc.app.legalize import importing, legalized_model
 from tirbyoc.app.options import RunOptions, options_of
+from tirbyoc.app.sizes import SizeRun, coverage_at
+from tirbyoc.app.sizes import bindings as size_bindings
 from tirbyoc.app.run import Progress, build_and_time, templates_and_target
 from tirbyoc.decl.extern import ExternLibrary, c_compiler
 from tirbyoc.errors import TirbyocError
@@ -69,6 +71,7 @@ class Built:
     cross: HexagonArtifact | None = None  # for a Hexagon target: what was written, how to link
     fast_math: FastMathReport | None = None  # --fast-math: what the library approximates
     emulates: dict = field(default_factory=dict)  # template -> the instruction its code emulates
+    sized: object = None  # a model of named sizes: its MACs at the sample inputs' sizes (SizeRun)
 
     @property
     def kind(self) -> str:
@@ -84,7 +87,7 @@ class Built:
                 "offloaded_macs": self.report.offloaded_macs, "macs": self.report.total_macs,
                 "functions": [f.to_json() for f in self.report.functions],
                 "fast_math": self.fast_math.to_json() if self.fast_math is not None else None,
-                "emulates": self.emulates}
+                "emulates": self.emulates, "sized": self.sized.to_json() if self.sized is not None else None}
 
 
 def _templates_libraries(tmpls) -> tuple[dict, dict]:
@@ -267,6 +270,19 @@ def _exporter(target) -> Exporter:
     return exporter
 
 
+def _sized(mod, report, binding):
+    """The MACs of a model of named sizes at ``binding`` (None without sizes)."""
+    if not binding:
+        return None
+    done, total = coverage_at(mod, report, binding)
+    return SizeRun(binding, done, total, None, float("nan"))
+
+
+def _dim(extent):
+    """A manifest's dimension: its size, or the name of a size given at run time ("n")."""
+    return str(extent.name) if isinstance(extent, tirx.Var) else int(extent)
+
+
 def build_library(model: str | None, templates=None, options: RunOptions | None = None, *, output,
                   progress: Progress | None = None, run_check: bool = True, whole_calls: bool = True,
                   **changes) -> Built:
@@ -292,7 +308,7 @@ def build_library(model: str | None, templates=None, options: RunOptions | None 
     fast = FastMathReport() if opts.fast_math else None
     spec, mod, entry, arrays = legalized_model(model, tmpls, opts.seed, opts.inputs, obj=opts.obj,
                                                input_shapes=opts.input_shapes, constant_weights=True,
-                                               fast_math=fast)
+                                               fast_math=fast, sizes=size_bindings(opts.sizes)[0])
     progress.phase(f"offloading to {', '.join(t.name for t in tmpls)}")
     tuned = tuned_schedules(opts.database) if opts.database is not None else None
     offloaded, report = offload_module(mod, tmpls, progress=progress.step, tuned=tuned,
@@ -304,9 +320,10 @@ def build_library(model: str | None, templates=None, options: RunOptions | None 
     params = offloaded[entry].params
     built = Built(path=output, shipped=shipped, model=spec, templates=[t.name for t in tmpls],
                   target=json.loads(str(tgt)), entry=entry,
-                  inputs=[{"name": p.name, "shape": [int(d) for d in p.ty.shape.values], "dtype": str(p.ty.dtype)}
+                  inputs=[{"name": p.name, "shape": [_dim(d) for d in p.ty.shape.values], "dtype": str(p.ty.dtype)}
                           for p in params],
                   report=report, linked=libs, sample_inputs=arrays, cross=cross, fast_math=fast,
+                  sized=_sized(mod, report, size_bindings(opts.sizes)[0]),
                   emulates={t.name: t.emulates for t in tmpls if t.emulates})
     if run_check and cross is None and all(t.runs_here() for t in tmpls):
         sims = [t.simulator for t in tmpls if t.simulator is not None]
