@@ -120,6 +120,7 @@ def case(seed: int, index: int, templates) -> Case:
                       init=str(_pick(rng, ("inside", "outside"))), swap_mul=bool(rng.integers(2)))
         if kind == "batch_matmul":
             params["batch"] = int(_pick(rng, (1, 2, 3, 4)))
+        params["symbolic"] = bool(rng.random() < 0.25)  # rows known only at run time; drawn last
     elif kind in ("conv2d", "depthwise"):
         a, b, c = _dtypes(rng, template, CONV_DTYPES)
         k = int(_pick(rng, (1, 3, 5)))
@@ -168,7 +169,7 @@ def workload(c: Case):
     if c.kind in ("matmul", "batch_matmul"):
         return matmul(p["m"], p["n"], p["k"], p["a"], p["b"], p["c"], trans_a=p["trans_a"],
                       trans_b=p["trans_b"], order=p["order"], init=p["init"], swap_mul=p["swap_mul"],
-                      batch=p.get("batch"))
+                      batch=p.get("batch"), symbolic=p.get("symbolic", False))
 
     def var(name, shape, dtype):
         return relax.Var(name, relax.TensorType(list(shape), dtype))

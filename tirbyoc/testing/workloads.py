@@ -16,8 +16,11 @@ def _cast(expr: str, to: str, frm: str) -> str:
 
 
 def matmul(m, n, k, a="float32", b="float32", c="float32", *, trans_a=False, trans_b=False,
-           order="ijk", init="inside", swap_mul=False, batch=None):
-    """C[(b,) m, n] (+)= A[(b,) m, k] * B[(b,) k, n]; options move layouts, loops and init."""
+           order="ijk", init="inside", swap_mul=False, batch=None, symbolic=False):
+    """C[(b,) m, n] (+)= A[(b,) m, k] * B[(b,) k, n]; options move layouts, loops and init.
+    ``symbolic``: the row count is the size variable ``rows`` (known at run time), ``m`` unused."""
+    if symbolic:
+        m = "rows"
     pre = "vb, " if batch else ""
     lead = (batch,) if batch else ()
     ashape = lead + ((k, m) if trans_a else (m, k))
@@ -42,9 +45,16 @@ def matmul(m, n, k, a="float32", b="float32", c="float32", *, trans_a=False, tra
                     f"            with T.sblock(\"C_init\"):\n"
                     f"                {ivars.replace('u', 'w')} = T.axis.remap(\"{'S' * len(cshape)}\", [{ivars}])\n"
                     f"                C[{ivars.replace('u', 'w')}] = T.cast(0, \"{c}\")\n")
+    shape = lambda dims: "(" + ", ".join(map(str, dims)) + ("," if len(dims) == 1 else "") + ")"  # noqa: E731
+    head = (f'''def main(a: T.handle, B: T.Buffer({shape(bshape)}, "{b}"), c: T.handle):
+    rows = T.int32()
+    A = T.match_buffer(a, {shape(ashape)}, "{a}")
+    C = T.match_buffer(c, {shape(cshape)}, "{c}")''' if symbolic else
+            f'def main(A: T.Buffer({shape(ashape)}, "{a}"), B: T.Buffer({shape(bshape)}, "{b}"), '
+            f'C: T.Buffer({shape(cshape)}, "{c}")):')
     src = f'''
 @T.prim_func(s_tir=True)
-def main(A: T.Buffer({ashape}, "{a}"), B: T.Buffer({bshape}, "{b}"), C: T.Buffer({cshape}, "{c}")):
+{head}
     with T.sblock("root"):
 {init_out}        for {names} in T.grid({", ".join(str(ext[x]) for x in loops)}):
             with T.sblock("C"):
