@@ -194,3 +194,17 @@ def test_an_onnx_models_dim_param_is_a_size_to_run_at(tmp_path, capsys):
     sizes = json.loads(capsys.readouterr().out)["sizes"]
     assert [(s["sizes"], s["coverage"], s["verified"]) for s in sizes] == [
         ({"batch": 1}, 1.0, True), ({"batch": 3}, 1.0, True)]
+
+
+def test_a_llama_layer_offloads_every_matmul_mac_at_every_length(capsys):
+    import json
+
+    from tirbyoc.app.cli import main
+
+    assert main(["run", "-q", "-m", "builtin:llama_layer", "-t", "blas", "--repeat", "1", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    runs = result["sizes"]  # the built-in's own lengths: 1, 17, 128 from one build
+    assert [r["sizes"]["seq"] for r in runs] == [1, 17, 128]
+    assert all(r["coverage"] == 1.0 and r["verified"] is True for r in runs), runs
+    calls = {f["name"]: f["extern"] for f in result["functions"] if f["template"]}
+    assert sum(1 for e in calls.values() if e == "tirbyoc_blas_matmul_nn") == 2  # q.k^T and p.v, whole

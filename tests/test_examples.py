@@ -57,3 +57,9 @@ def test_new_accelerator_runs_in_the_simulator():
     convs = [f for f in result.report.functions if f.name.startswith("conv2d")]
     assert len(convs) == 3 and all(f.offloaded and f.verified for f in convs)
     assert result.simulation["npu8"].cycles > 0 and result.simulation["npu8"].config.clock_mhz == 400
+
+
+def test_a_llama_decoder_at_several_lengths():
+    result = load_example("llama_decoder").main(lengths=(1, 9))
+    assert [r.sizes["seq"] for r in result.sizes] == [1, 9]
+    assert all(r.coverage == 1.0 and r.verified for r in result.sizes)

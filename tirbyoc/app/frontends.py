@@ -36,13 +36,15 @@ class Frontend:
     """One way in. ``takes``: a spec prefix ending in ``:`` or a file suffix starting with
     ``.``; ``what``: how an error message names what it takes; ``load(spec, templates, obj,
     input_shapes)``: the model as an IRModule (not legalized); ``is_float(spec)``: True / False
-    where the model is known to compute in float only (or not) without importing it, else None."""
+    where the model is known to compute in float only (or not) without importing it, else None;
+    ``sizes(spec)``: the sizes of its named dimensions to run it at without ``--size``, or None."""
 
     name: str
     takes: str
     what: str
     load: Callable
     is_float: Callable[[str], "bool | None"] = _unknown
+    sizes: Callable[[str], "dict | None"] = _unknown  # the sizes a model of named dimensions runs at by default
 
     def accepts(self, spec: str) -> bool:
         return spec.startswith(self.takes) if self.takes.endswith(":") else spec.endswith(self.takes)
@@ -62,6 +64,11 @@ def _builtin_is_float(spec: str) -> bool | None:
     ``resnet18_int8``) is float."""
     builder = MODELS.get(spec.split(":", 1)[1])
     return None if builder is None else not getattr(builder, "quantized", False)
+
+
+def _builtin_sizes(spec: str) -> dict | None:
+    """A built-in of named dimensions (``llama_layer``'s ``seq``) runs at its own sizes."""
+    return getattr(MODELS.get(spec.split(":", 1)[1]), "sizes", None)
 
 
 def _existing(spec: str) -> Path:
@@ -99,7 +106,8 @@ def _python(spec: str, templates, obj, input_shapes):
 
 
 FRONTENDS: list[Frontend] = [
-    Frontend("builtin", "builtin:", f"builtin:NAME (NAME one of {sorted(MODELS)})", _builtin, _builtin_is_float),
+    Frontend("builtin", "builtin:", f"builtin:NAME (NAME one of {sorted(MODELS)})", _builtin, _builtin_is_float,
+             _builtin_sizes),
     Frontend("onnx", ".onnx", "an .onnx file", _onnx, _onnx_is_float),
     Frontend("python", ".py", "a .py file (a Relax IRModule, a torch.nn.Module, a relax nn.Module "
              "or TensorIR PrimFuncs)", _python),
@@ -141,6 +149,14 @@ def load_model(spec: str | None, templates=(), obj: str | None = None,
     return spec, frontend_for(spec).load(spec, templates, obj, input_shapes)
 
 
+def default_sizes(spec: str | None) -> dict | None:
+    """The sizes the model ``spec`` names runs at without ``--size`` (None: none of its own)."""
+    try:
+        return frontend_for(spec).sizes(spec) if spec else None
+    except TirbyocError:
+        return None
+
+
 def is_float_model(spec: str | None) -> bool | None:
     """Whether the model ``spec`` names is known to compute in float only, before importing
     it; None where that is not known (the default model, a ``.py`` file)."""
@@ -152,5 +168,5 @@ def is_float_model(spec: str | None) -> bool | None:
         return None
 
 
-__all__ = ["FRONTENDS", "QUANTIZED_ONNX_OPS", "Frontend", "default_model", "frontend_for", "is_float_model",
+__all__ = ["FRONTENDS", "QUANTIZED_ONNX_OPS", "Frontend", "default_model", "default_sizes", "frontend_for", "is_float_model",
            "load_model", "register_frontend"]

@@ -15,6 +15,7 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend import nn
 
+from tirbyoc.app.llm import llama_layer
 from tirbyoc.app.model_inputs import model_inputs
 from tirbyoc.app.preparation import with_constant_weights
 from tirbyoc.relax.calibration import quantize_static
@@ -350,6 +351,7 @@ MODELS: dict[str, Callable] = {
     "resnet50": resnet50, "resnet50_int8": _int8(resnet50),
     "mobilenet_v2": mobilenet_v2, "mobilenet_v2_int8": _int8(mobilenet_v2),
     "bert_base": bert_base, "bert_base_int8": _int8(bert_base),
+    "llama_layer": llama_layer,
 }
 
 

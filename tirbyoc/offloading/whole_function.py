@@ -81,6 +81,8 @@ def whole_function_call(func, match: Match) -> tuple[WholeCall | None, str | Non
     params = [p for p in func.params]
     if not all(isinstance(p, tirx.Buffer) for p in params):
         return None, "a parameter is not a buffer"
+    if len({len(p.shape) for p in params}) != 1:  # the kernel batches leading dimensions alike
+        return None, "the operands have different ranks; the kernel takes tensors of one rank"
     by_name = {str(p.name): i for i, p in enumerate(params)}
     if len(by_name) != len(params) or len(params) != len(match.operands):
         return None, "the function's parameters are not exactly the kernel's operands"
@@ -94,7 +96,7 @@ def whole_function_call(func, match: Match) -> tuple[WholeCall | None, str | Non
             return None, f"operand {op.operand} reads {op.buffer}, not a parameter"
         shape = tuple(static_int(s) if static_int(s) is not None else _var_name(s) for s in params[index].shape)
         view = tuple(extents.get(a, 1) for a in op.view_axes)
-        if shape != view:
+        if _sized(shape) != _sized(view):  # a unit dimension is whole either way (the kernel batches leading ones)
             return None, (f"operand {op.operand} addresses a {list(view)} view of "
                           f"{op.buffer} {list(shape)}, not the whole buffer")
         if op.is_output:
@@ -104,6 +106,10 @@ def whole_function_call(func, match: Match) -> tuple[WholeCall | None, str | Non
     if output != len(params) - 1:
         return None, "the destination is not the function's last parameter"
     return WholeCall(match.function, group.packed, tuple(inputs), output, match), None
+
+
+def _sized(dims) -> tuple:
+    return tuple(d for d in dims if d != 1)
 
 
 def _var_name(extent) -> str | None:
@@ -142,7 +148,10 @@ def _verify_whole_once(func, call: WholeCall, seed: int):
     arrays = make_inputs(func, params, None, seed)
     ref = run_executable(compile_func(func, host_target(), "original"), [a.copy() for a in arrays], tvm.cpu())
     tensors = [to_tensor(a.copy(), tvm.cpu()) for a in arrays]
-    call.packed.function()(*[tensors[i] for i in call.inputs], tensors[call.output])
+    try:
+        call.packed.function()(*[tensors[i] for i in call.inputs], tensors[call.output])
+    except Exception as err:  # noqa: BLE001 - the kernel refusing its arguments: not this call
+        return Verification(None, float("nan"), reason=f"{call.symbol} refused the arguments: {err}")
     name, _, dtype = params[call.output]
     c = compare_arrays(ref[call.output], tensors[call.output].numpy(), dtype, reduction_length(func))
     return Verification(c.passed, c.abs_err, {name: c.abs_err}, {name: c.tolerance},

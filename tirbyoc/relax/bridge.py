@@ -310,7 +310,7 @@ def _offload_function(name: str, func, templates, policy, verify: bool, tuned):
               f"kept ({'; '.join(dict.fromkeys(reasons)) or 'no multiply-accumulates'})")
     return current, FunctionReport(
         name, total, done, used, tuple(intrinsics),
-        None if not total or done == total else "; ".join(dict.fromkeys(reasons)) or None,
+        None if set(blocks_done) >= set(reductions) else "; ".join(dict.fromkeys(reasons)) or None,
         verified, tuned=was_tuned, check_note=check_note,
         epilogue=tuple(dict.fromkeys(epilogue)), offloaded_blocks=tuple(dict.fromkeys(blocks_done)))
 
