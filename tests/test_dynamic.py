@@ -208,3 +208,34 @@ def test_a_llama_layer_offloads_every_matmul_mac_at_every_length(capsys):
     assert all(r["coverage"] == 1.0 and r["verified"] is True for r in runs), runs
     calls = {f["name"]: f["extern"] for f in result["functions"] if f["template"]}
     assert sum(1 for e in calls.values() if e == "tirbyoc_blas_matmul_nn") == 2  # q.k^T and p.v, whole
+
+
+def test_the_llama_layer_library_serves_two_lengths_in_a_fresh_process(tmp_path):
+    """Tensorized GEMVs and whole-call GEMMs in one library: blas's shim linked once."""
+    import subprocess
+    import sys
+
+    import tvm
+
+    from tirbyoc.app.deploy import build_library
+    from tirbyoc.app.legalize import legalized_model
+
+    built = build_library("builtin:llama_layer", ["blas"], output=tmp_path / "llama.so")
+    assert [i["shape"] for i in built.inputs] == [[1, "seq", 256], ["seq", 32], ["seq", 32]]
+    _, mod, entry, _ = legalized_model("builtin:llama_layer", [tirbyoc.get_template("blas")], 0,
+                                       constant_weights=True, sizes={"seq": 1})
+    reference = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
+    rng = np.random.default_rng(2)
+    for n in (5, 40):
+        arrays = {"x": (1, n, 256), "cos": (n, 32), "sin": (n, 32)}
+        arrays = {k: rng.uniform(-1, 1, s).astype("float32") for k, s in arrays.items()}
+        args = []
+        for k, a in arrays.items():
+            np.save(tmp_path / f"{k}.npy", a)
+            args += ["--input", f"{k}={tmp_path / f'{k}.npy'}"]
+        done = subprocess.run([sys.executable, "-m", "tirbyoc.app.runner", str(built.path), *args,
+                               "--output", str(tmp_path / "y.npy")], capture_output=True, text=True,
+                              cwd=tmp_path, timeout=300)
+        assert done.returncode == 0, done.stderr
+        want = reference[entry](*[tvm.runtime.tensor(a) for a in arrays.values()]).numpy()
+        np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=1e-4, atol=1e-5)

@@ -26,7 +26,7 @@ import json
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 from pathlib import Path
 
@@ -35,6 +35,7 @@ import numpy as np
 from tirbyoc._tvm import PrimCall, StringImm, make_target, relax, tirx, tvm, tvm_ffi
 from tirbyoc.app.deploy_hexagon import FORMATS as HEXAGON_FORMATS
 from tirbyoc.app.deploy_hexagon import HexagonArtifact, check_deployable, export_hexagon
+from tirbyoc.app.frontends import default_sizes
 from tirbyoc.app.jsonout import dumps
 from tirbyoc.app.legalize import importing, legalized_model
 from tirbyoc.app.options import RunOptions, options_of
@@ -165,8 +166,14 @@ def link_inputs(libs, workdir: Path, out_dir: Path) -> tuple[list[str], list[str
     inside a deployed library."""
     objects, options, shipped = [], [], []
     ffi_libs = [lib for lib, _ in libs if lib.ffi]
+    # (source, defines): a C file two libraries share (blas's shim, in its GEMM library and in
+    # its whole-call kernels) is linked once, not twice with the same symbols
+    compiled = set()
     for lib, defines in libs:
-        objects += [str(o) for o in lib.objects(workdir, defines)]
+        keys = {s: (Path(s).resolve(), tuple(defines)) for s in lib.sources}
+        fresh = [s for s in lib.sources if keys[s] not in compiled]
+        compiled |= {keys[s] for s in fresh}
+        objects += [str(o) for o in lib.objects(workdir, defines, fresh)]
         for dep in lib.dependencies():
             target = out_dir / dep.name
             if not target.exists() or target.stat().st_size != dep.stat().st_size:
@@ -295,6 +302,8 @@ def build_library(model: str | None, templates=None, options: RunOptions | None 
     artifact must reproduce. ``whole_calls``: as `offload_module`'s (False: library kernels
     are called from inside PrimFuncs, never whole)."""
     opts = options_of(options, changes, "build_library")
+    if opts.sizes is None and default_sizes(model):  # a built-in of named sizes: its own sample sizes
+        opts = replace(opts, sizes=default_sizes(model))
     progress = progress or Progress(enabled=False)
     output = Path(output)
     if opts.target is not None:

@@ -111,12 +111,13 @@ class ExternLibrary:
             includes += [str(Path(__file__).parent / "include"), *ffi_build_paths()[0]]
         return opts + [f"-I{self._existing_dir(d)}" for d in includes]
 
-    def objects(self, workdir: Path, defines: Sequence[str] = ()) -> list[Path]:
-        """The sources compiled to objects in ``workdir`` (for linking into a deployed
-        library; ``defines`` adds -D flags, e.g. a simulator's configuration)."""
+    def objects(self, workdir: Path, defines: Sequence[str] = (), sources=None) -> list[Path]:
+        """The sources (``sources``: those of them) compiled to objects in ``workdir`` (for
+        linking into a deployed library; ``defines`` adds -D flags, e.g. a simulator's
+        configuration)."""
         opts = self.compile_options(defines)
         out = []
-        for src in self.sources:
+        for src in (self.sources if sources is None else sources):
             obj = Path(workdir) / f"{self.name}.{src.stem}.o"
             run = subprocess.run([c_compiler(), "-c", str(src), "-o", str(obj), *opts],
                                  capture_output=True, text=True)
