@@ -13,6 +13,8 @@
 
 int tirbyoc_blas_sgemm(int trans_b, int m, int n, int k, const float* a, int lda,
                        const float* b, int ldb, float beta, float* c, int ldc);
+int tirbyoc_blas_sgemv(int trans_b, int n, int k, const float* a, const float* b, int ldb,
+                       float beta, float* c);
 void tirbyoc_blas_threads(int n);
 extern int tirbyoc_blas_outer;
 
@@ -58,7 +60,10 @@ static int run_block(int task, tirbyoc_parallel_env* env, void* data) {
     const float* b = j->b + i * j->k * j->n;
     float* c = j->c + i * j->m * j->n;
     int ldb = j->trans_b ? (int)j->k : (int)j->n;
-    if (by_rows)
+    if (j->m == 1) /* one row (a token's projection): a matrix-vector product, as fast as it gets */
+      tirbyoc_blas_sgemv(j->trans_b, (int)len, (int)j->k, a, b + (j->trans_b ? begin * j->k : begin), ldb,
+                         0.0f, c + begin);
+    else if (by_rows)
       tirbyoc_blas_sgemm(j->trans_b, (int)len, (int)j->n, (int)j->k, a + begin * j->k, (int)j->k,
                          b, ldb, 0.0f, c + begin * j->n, (int)j->n);
     else
@@ -87,21 +92,25 @@ static int matmul(int trans_b, const char* fn, const TVMFFIAny* args, int32_t nu
       return tirbyoc_fail("TypeError", "%s: argument %s is not float32", fn, names[i]);
     if (t[i]->device.device_type != kDLCPU)
       return tirbyoc_fail("ValueError", "%s: argument %s is not in CPU memory", fn, names[i]);
-    if (t[i]->ndim < 2 || t[i]->ndim != t[0]->ndim || !tirbyoc_compact(t[i]))
-      return tirbyoc_fail("ValueError", "%s: argument %s must be compact with the rank of A (>= 2)",
-                          fn, names[i]);
+    /* B may be one [K, N] matrix shared by every batch of A (a Linear layer's weight) */
+    int rank_ok = t[i]->ndim == t[0]->ndim || (i == 1 && t[1]->ndim == 2);
+    if (t[i]->ndim < 2 || !rank_ok || !tirbyoc_compact(t[i]))
+      return tirbyoc_fail("ValueError", "%s: argument %s must be compact with the rank of A (>= 2; "
+                          "B may be 2-D)", fn, names[i]);
   }
-  int nd = t[0]->ndim;
-  int64_t batch = 1;
+  int nd = t[0]->ndim, nb = t[1]->ndim;
+  int shared_b = nb == 2 && nd > 2; /* one GEMM over all of A's rows, batches included */
+  int64_t batch = 1, rows = 1;
   for (int d = 0; d < nd - 2; ++d) {
-    if (t[1]->shape[d] != t[0]->shape[d] || t[2]->shape[d] != t[0]->shape[d])
+    if (t[2]->shape[d] != t[0]->shape[d] || (!shared_b && t[1]->shape[d] != t[0]->shape[d]))
       return tirbyoc_fail("ValueError", "%s: batch dimensions of A, B and C differ", fn);
-    batch *= t[0]->shape[d];
+    if (shared_b) rows *= t[0]->shape[d];
+    else batch *= t[0]->shape[d];
   }
-  int64_t m = t[0]->shape[nd - 2], k = t[0]->shape[nd - 1];
-  int64_t n = trans_b ? t[1]->shape[nd - 2] : t[1]->shape[nd - 1];
-  int64_t kb = trans_b ? t[1]->shape[nd - 1] : t[1]->shape[nd - 2];
-  if (kb != k || t[2]->shape[nd - 2] != m || t[2]->shape[nd - 1] != n)
+  int64_t m = t[0]->shape[nd - 2] * rows, k = t[0]->shape[nd - 1];
+  int64_t n = trans_b ? t[1]->shape[nb - 2] : t[1]->shape[nb - 1];
+  int64_t kb = trans_b ? t[1]->shape[nb - 1] : t[1]->shape[nb - 2];
+  if (kb != k || t[2]->shape[nd - 2] != t[0]->shape[nd - 2] || t[2]->shape[nd - 1] != n)
     return tirbyoc_fail("ValueError", "%s: shapes of A, B and C do not chain", fn);
   if (m > 0x7fffffff || n > 0x7fffffff || k > 0x7fffffff)
     return tirbyoc_fail("ValueError", "%s: a matrix dimension exceeds 2^31 - 1", fn);

@@ -81,7 +81,8 @@ def whole_function_call(func, match: Match) -> tuple[WholeCall | None, str | Non
     params = [p for p in func.params]
     if not all(isinstance(p, tirx.Buffer) for p in params):
         return None, "a parameter is not a buffer"
-    if len({len(p.shape) for p in params}) != 1:  # the kernel batches leading dimensions alike
+    ranks = [len(p.shape) for p in params]
+    if len(set(ranks)) != 1 and not _shared_weight(ranks):  # the kernel batches leading dimensions alike
         return None, "the operands have different ranks; the kernel takes tensors of one rank"
     by_name = {str(p.name): i for i, p in enumerate(params)}
     if len(by_name) != len(params) or len(params) != len(match.operands):
@@ -106,6 +107,12 @@ def whole_function_call(func, match: Match) -> tuple[WholeCall | None, str | Non
     if output != len(params) - 1:
         return None, "the destination is not the function's last parameter"
     return WholeCall(match.function, group.packed, tuple(inputs), output, match), None
+
+
+def _shared_weight(ranks) -> bool:
+    """A, B, C of ranks (r, 2, r): one [K, N] matrix for every row of A (a Linear layer on
+    [batch, tokens, K]), which the kernel takes as one GEMM over all of A's rows."""
+    return len(ranks) == 3 and ranks[0] == ranks[2] > 2 and ranks[1] == 2
 
 
 def _sized(dims) -> tuple:
