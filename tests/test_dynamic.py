@@ -241,3 +241,22 @@ def test_the_llama_layer_library_serves_two_lengths_in_a_fresh_process(tmp_path)
         assert done.returncode == 0, done.stderr
         want = reference[entry](*[tvm.runtime.tensor(a) for a in arrays.values()]).numpy()
         np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("template", ["x86_vnni", "vta"])
+def test_the_quantized_llama_layer_runs_integer_at_every_length(template, capsys):
+    """QDQ-quantized (calibrated at seq = 128), made integer, offloaded: the projections' MACs at
+    every length, bit-exact against TVM's build; the attention's matmuls stay (their
+    sequence-long axes are not static: the tile intrinsics need them so)."""
+    import json
+
+    from tirbyoc.app.cli import main
+    from vnni import VNNI
+
+    name = VNNI.name if template == "x86_vnni" else template
+    assert main(["run", "-q", "-m", "builtin:llama_layer_int8", "-t", name, "--repeat", "1", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert all(r["verified"] is True for r in result["sizes"])
+    assert [round(r["coverage"], 3) for r in result["sizes"]] == [0.999, 0.989, 0.923]
+    assert len(result["quantized"]["integer"]) == 8  # of 9: p.v reduces over seq, kept float

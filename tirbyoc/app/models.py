@@ -304,7 +304,8 @@ CALIBRATION_SEEDS = (1, 2)  # the calibration inputs' seeds (a run's own input i
 WEIGHT_SEED = 0  # the seed of the built-ins' weights, as `tirbyoc run --seed 0` draws them
 
 
-def quantize(mod, act_dtype: str = "uint8", requantize: str = "float", entry: str = "forward"):
+def quantize(mod, act_dtype: str = "uint8", requantize: str = "float", entry: str = "forward",
+             sizes: dict | None = None):
     """The int8 variant of a float built-in, as a quantization toolchain makes it: its weights
     bound as constants (drawn as a run draws them, seed `WEIGHT_SEED`), then every ``conv2d``
     and ``matmul`` quantized in QDQ form (`tirbyoc.relax.calibration.quantize_static`),
@@ -316,22 +317,25 @@ def quantize(mod, act_dtype: str = "uint8", requantize: str = "float", entry: st
     ``quantize_static`` does (per-channel weight scales, asymmetric activations); ``"shift"``
     as VTA's quantizer does (symmetric, per-tensor, power-of-two scales), so that each
     accumulator comes back to the next layer's scale by an add, a shift and a clip - the
-    chain an accelerator's ALU runs on its accumulator tile before a narrowing store."""
+    chain an accelerator's ALU runs on its accumulator tile before a narrowing store. ``sizes``:
+    the size of each named dimension (a sequence length) of the calibration inputs."""
     if act_dtype not in ("uint8", "int8"):
         raise ValueError(f"act_dtype must be uint8 or int8, got {act_dtype!r}")
     if requantize not in REQUANTIZE:
         raise ValueError(f"requantize must be one of {REQUANTIZE}, got {requantize!r}")
-    weights = model_inputs(relax.transform.LegalizeOps()(mod), entry, WEIGHT_SEED)
+    weights = model_inputs(relax.transform.LegalizeOps()(mod), entry, WEIGHT_SEED, sizes=sizes)
     bound, _ = with_constant_weights(mod, entry, weights)
     legal = relax.transform.LegalizeOps()(bound)
-    samples = [model_inputs(legal, entry, seed) for seed in CALIBRATION_SEEDS]
+    samples = [model_inputs(legal, entry, seed, sizes=sizes) for seed in CALIBRATION_SEEDS]
     return quantize_static(bound, entry, samples, act_dtype, power_of_two=requantize == "shift")
 
 
 def _int8(builder: Callable) -> Callable:
     @functools.lru_cache(maxsize=None)
     def calibrated(act_dtype: str, requantize: str):  # a sweep or a benchmark builds it often
-        return quantize(builder(), act_dtype, requantize)
+        # a model of named sizes is calibrated at its longest default size
+        sizes = {k: max(v) for k, v in getattr(builder, "sizes", {}).items()} or None
+        return quantize(builder(), act_dtype, requantize, sizes=sizes)
 
     def build(act_dtype: str = "uint8", requantize: str = "float"):
         mod = calibrated(act_dtype, requantize)
@@ -341,6 +345,8 @@ def _int8(builder: Callable) -> Callable:
                      "x int8 weights, calibrated).")
     build.quantized = True
     build.calibrated = True
+    if hasattr(builder, "sizes"):
+        build.sizes = builder.sizes
     return build
 
 
@@ -351,7 +357,7 @@ MODELS: dict[str, Callable] = {
     "resnet50": resnet50, "resnet50_int8": _int8(resnet50),
     "mobilenet_v2": mobilenet_v2, "mobilenet_v2_int8": _int8(mobilenet_v2),
     "bert_base": bert_base, "bert_base_int8": _int8(bert_base),
-    "llama_layer": llama_layer,
+    "llama_layer": llama_layer, "llama_layer_int8": _int8(llama_layer),
 }
 
 
