@@ -260,3 +260,17 @@ def test_the_quantized_llama_layer_runs_integer_at_every_length(template, capsys
     assert all(r["verified"] is True for r in result["sizes"])
     assert [round(r["coverage"], 3) for r in result["sizes"]] == [0.999, 0.989, 0.923]
     assert len(result["quantized"]["integer"]) == 8  # of 9: p.v reduces over seq, kept float
+
+
+def test_a_dynamic_onnx_bert_encoder_offloads_every_mac_at_each_length(tmp_path, capsys):
+    import json
+
+    pytest.importorskip("onnx")
+    from tirbyoc.app.cli import main
+    from tirbyoc.testing.qdq import float_bert_base
+
+    path = float_bert_base(tmp_path / "bert.onnx", dynamic=True, layers=2, dim=256, heads=4, hidden=1024)
+    assert main(["run", "-q", "-m", str(path), "-t", "blas", "--size", "seq=1,3", "--repeat", "1",
+                 "--json"]) == 0
+    runs = json.loads(capsys.readouterr().out)["sizes"]
+    assert [(r["sizes"]["seq"], r["coverage"], r["verified"]) for r in runs] == [(1, 1.0, True), (3, 1.0, True)]

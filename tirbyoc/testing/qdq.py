@@ -228,15 +228,17 @@ def float_mobilenet_v2(path, *, seed: int = 0, size: int = 224, classes: int = 1
 
 
 def float_bert_base(path, *, seed: int = 0, seq: int = 128, dim: int = 768, heads: int = 12,
-                    hidden: int = 3072, layers: int = 12) -> Path:
+                    hidden: int = 3072, layers: int = 12, dynamic: bool = False) -> Path:
     """A BERT-base encoder as ONNX (one sequence of ``seq`` embeddings in): per layer,
     multi-head self-attention (q, k, v projections, softmax(q.k^T / sqrt(d_head)).v per head,
     an output projection), residual + LayerNormalization, a GELU (erf) feed-forward, residual
-    + LayerNormalization."""
+    + LayerNormalization. ``dynamic``: the sequence length is the dim_param ``seq`` (its
+    reshapes infer it), as an exporter with a dynamic axis writes it."""
     g = _Net(seed)
     dh = dim // heads
-    split = g.const(np.array([seq, heads, dh], np.int64), "shape")
-    merge = g.const(np.array([seq, dim], np.int64), "shape")
+    rows = -1 if dynamic else seq
+    split = g.const(np.array([rows, heads, dh], np.int64), "shape")
+    merge = g.const(np.array([rows, dim], np.int64), "shape")
 
     def norm(x):
         return g.node("LayerNormalization", [x, g.const(np.ones(dim, "float32"), "gamma"),
@@ -257,7 +259,8 @@ def float_bert_base(path, *, seed: int = 0, seq: int = 128, dim: int = 768, head
         gelu = g.node("Mul", [g.node("Mul", [f, g.node("Add", [erf, g.const(np.float32(1), "one")])]),
                               g.const(np.float32(0.5), "half")])
         x = norm(g.node("Add", [g.linear(gelu, hidden, dim), h]))
-    return g.save(path, "bert_base", x, [seq, dim], [seq, dim])
+    shape = ["seq" if dynamic else seq, dim]
+    return g.save(path, "bert_base", x, shape, shape)
 
 
 def ort_quantize(float_path, out_path, *, samples: int = 8, seed: int = 0, per_channel: bool = True,
