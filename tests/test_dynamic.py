@@ -4,12 +4,13 @@ several sizes, from Relax models whose shapes are named (a sequence length, a ba
 import numpy as np
 import pytest
 from tvm import relax
-from tvm.relax.frontend import nn
 
 import tirbyoc
 from tirbyoc._tvm import tirx
 from tirbyoc.offloading.verification import SYMBOLIC_SIZES, specialize_symbolic, symbolic_names
 from tirbyoc.relax.bridge import offload_module
+
+MODEL = '''from tvm.relax.frontend import nn
 
 
 class MLP(nn.Module):
@@ -21,11 +22,19 @@ class MLP(nn.Module):
         return self.fc2(nn.relu(self.fc1(x)))
 
 
+model = MLP()
+spec = {"forward": {"x": nn.spec.Tensor(("n", 64), "float32")}}
+'''
+
+
 @pytest.fixture(scope="module")
-def dynamic_mlp():
-    """A relax.frontend.nn MLP whose row count is the name ``n``, legalized (int64 shapes)."""
-    mod, _ = MLP().export_tvm({"forward": {"x": nn.spec.Tensor(("n", 64), "float32")}})
-    return relax.transform.LegalizeOps()(mod)
+def dynamic_mlp(tmp_path_factory):
+    """`MODEL` (a relax.frontend.nn MLP whose row count is the name ``n``), legalized (int64 shapes)."""
+    from tirbyoc.app.frontends import load_model
+
+    path = tmp_path_factory.mktemp("model") / "mlp.py"
+    path.write_text(MODEL)
+    return relax.transform.LegalizeOps()(load_model(str(path))[1])
 
 
 def test_the_sizes_a_symbolic_extent_is_checked_at_take_every_path():
@@ -81,23 +90,6 @@ def test_a_dynamic_model_offloaded_runs_at_every_size(dynamic_mlp):
         args = [tvm.runtime.tensor(a) for a in (x, *weights)]
         got, want = ours["forward"](*args).numpy(), reference["forward"](*args).numpy()
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-
-
-MODEL = '''from tvm.relax.frontend import nn
-
-
-class MLP(nn.Module):
-    def __init__(self):
-        self.fc1 = nn.Linear(64, 128)
-        self.fc2 = nn.Linear(128, 32)
-
-    def forward(self, x):
-        return self.fc2(nn.relu(self.fc1(x)))
-
-
-model = MLP()
-spec = {"forward": {"x": nn.spec.Tensor(("n", 64), "float32")}}
-'''
 
 
 def test_run_binds_a_named_size_to_several_values_from_one_build(tmp_path, capsys):

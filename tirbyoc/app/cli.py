@@ -16,7 +16,7 @@ from tirbyoc.app.loaders import legalize
 from tirbyoc.app.model_inputs import load_inputs
 from tirbyoc.app.options import RunOptions, from_flags
 from tirbyoc.app.preparation import integer_module
-from tirbyoc.app.sizes import parse_sizes
+from tirbyoc.app.sizes import named_integers, parse_sizes
 from tirbyoc.app.frontends import load_model
 from tirbyoc.app.legalize import importing, legalized_model
 from tirbyoc.app.run import Progress, default_templates, run_model
@@ -135,20 +135,8 @@ def cmd_match(args) -> int:
 
 def _shapes_arg(specs) -> dict | None:
     """--input-shape NAME=D0,D1,... (repeatable) -> {NAME: [D0, D1, ...]}."""
-    if not specs:
-        return None
-    shapes = {}
-    for spec in specs:
-        name, sep, dims = spec.partition("=")
-        try:
-            shape = [int(d) for d in dims.split(",")] if sep and dims.strip() else None
-        except ValueError:
-            shape = None
-        if not name.strip() or shape is None or any(d <= 0 for d in shape):
-            raise TirbyocError(f"--input-shape {spec!r}: write NAME=D0,D1,... with positive "
-                               "integers, e.g. input=1,3,224,224")
-        shapes[name.strip()] = shape
-    return shapes
+    shapes = named_integers(specs, "--input-shape", "NAME=D0,D1,...", "input=1,3,224,224")
+    return None if shapes is None else {k: list(v) for k, v in shapes.items()}
 
 
 def _target_arg(text: str | None):

@@ -16,11 +16,12 @@ from tirbyoc.ir.pattern import block_macs
 from tirbyoc.offloading.verification import specialize_symbolic, symbolic_names
 
 
-def parse_sizes(specs) -> dict | None:
-    """--size NAME=V1,V2,... (repeatable) -> {NAME: (V1, V2, ...)}."""
+def named_integers(specs, flag: str, form: str, example: str) -> dict | None:
+    """A repeatable ``NAME=I1,I2,...`` flag (``--size``, ``--input-shape``) -> {NAME: (I1, ...)}
+    of positive integers, or a usage error naming ``flag``, its ``form`` and an ``example``."""
     if not specs:
         return None
-    sizes = {}
+    out = {}
     for spec in specs:
         name, sep, values = spec.partition("=")
         try:
@@ -28,10 +29,14 @@ def parse_sizes(specs) -> dict | None:
         except ValueError:
             parsed = None
         if not name.strip() or not parsed or any(v <= 0 for v in parsed):
-            raise TirbyocError(f"--size {spec!r}: write NAME=V1,V2,... with positive integers, "
-                               "e.g. n=1,17,128")
-        sizes[name.strip()] = parsed
-    return sizes
+            raise TirbyocError(f"{flag} {spec!r}: write {form} with positive integers, e.g. {example}")
+        out[name.strip()] = parsed
+    return out
+
+
+def parse_sizes(specs) -> dict | None:
+    """--size NAME=V1,V2,... (repeatable) -> {NAME: (V1, V2, ...)}."""
+    return named_integers(specs, "--size", "NAME=V1,V2,...", "n=1,17,128")
 
 
 def bindings(sizes: dict | None) -> list[dict | None]:
@@ -101,4 +106,4 @@ def table(runs: list[SizeRun]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
 
 
-__all__ = ["SizeRun", "bindings", "coverage_at", "parse_sizes", "table"]
+__all__ = ["SizeRun", "bindings", "coverage_at", "named_integers", "parse_sizes", "table"]
