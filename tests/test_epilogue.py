@@ -122,6 +122,7 @@ def _fields(template) -> dict:
     return {f.name: getattr(template, f.name) for f in fields(template)}
 
 
+@pytest.mark.slow  # 36 s: a sweep of whole simulated models (test_sim sweeps in the default run)
 def test_a_sweep_over_the_alu_runs_one_model_and_the_fused_point_stores_less():
     from tirbyoc.app.sweep import parse_params, sweep
 

@@ -103,6 +103,7 @@ def test_tasks_are_distinct_and_weighted():
     assert len(names) == len(set(names))
 
 
+@pytest.mark.slow  # 31 s: tune then run a model (tuning itself is in the default run)
 def test_tune_then_run_with_database(tmp_path):
     """`tune` fills a database; `run_model(database=...)` applies it, verified."""
     from tirbyoc.app.run import run_model
