@@ -212,17 +212,29 @@ def verify(original, rewritten, target=None, inputs=None, *, seed: int = 0,
     an emulator which models them (VTCM under qemu-hexagon).
     """
 
-    names = symbolic_names([original, rewritten]) if inputs is None else []
+    if inputs is None:  # symbolic extents: one check per size
+        sized = at_symbolic_sizes([original, rewritten], lambda funcs, bound: _verify_once(
+            *funcs, target, None, seed, reference_target, capacities, bound))
+        if sized is not None:
+            return sized
+    return _verify_once(original, rewritten, target, inputs, seed, reference_target, capacities, {})
+
+
+def at_symbolic_sizes(funcs, check) -> Verification | None:
+    """``check(funcs, bound)`` once per size of `SYMBOLIC_SIZES`, every size variable of
+    ``funcs`` bound to it (``funcs`` specialized, ``bound`` the binding): the first result that
+    does not pass, else the worst one saying the sizes checked; None when ``funcs`` have no size
+    variable."""
+    names = symbolic_names(funcs)
     if not names:
-        return _verify_once(original, rewritten, target, inputs, seed, reference_target, capacities, {})
-    checks = []  # symbolic extents: one check per size, every size variable bound to it
+        return None
+    checks = []
     for size in SYMBOLIC_SIZES:
         bound = dict.fromkeys(names, size)
-        check = _verify_once(*specialize_symbolic([original, rewritten], bound), target, None, seed,
-                             reference_target, capacities, bound)
-        if check.passed is not True:
-            return check  # the first size that fails (or cannot be checked) says so
-        checks.append(check)
+        result = check(specialize_symbolic(funcs, bound), bound)
+        if result.passed is not True:
+            return result  # the first size that fails (or cannot be checked) says so
+        checks.append(result)
     worst = max(checks, key=lambda c: c.max_rel_err)
     said = [f"checked with {' = '.join(names)} = {', '.join(map(str, SYMBOLIC_SIZES))}"]
     said += [n for n in (worst.reason or "").split("; ") if n and not n.startswith("checked with ")]
@@ -308,5 +320,5 @@ def make_inputs(func, params, inputs, seed: int) -> list[np.ndarray]:
     return arrays
 
 
-__all__ = ["Comparison", "Verification", "compare_arrays", "compile_func", "degenerate", "make_inputs",
+__all__ = ["Comparison", "Verification", "at_symbolic_sizes", "compare_arrays", "compile_func", "degenerate", "make_inputs",
            "run_executable", "tolerance", "verify"]

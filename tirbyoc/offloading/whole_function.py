@@ -20,16 +20,14 @@ from tirbyoc.decl.extern import PackedFunction
 from tirbyoc.ir.pattern import static_int
 from tirbyoc.matching.results import Match, Staging
 from tirbyoc.offloading.verification import (
-    SYMBOLIC_SIZES,
     Verification,
+    at_symbolic_sizes,
     compare_arrays,
     compile_func,
     concrete_params,
     make_inputs,
     reduction_length,
     run_executable,
-    specialize_symbolic,
-    symbolic_names,
 )
 
 
@@ -138,16 +136,17 @@ def find_whole_call(func, matches: Sequence[Match]) -> tuple[WholeCall | None, s
 def verify_whole_call(func, call: WholeCall, *, seed: int = 0):
     """Run the packed kernel and TVM's build of ``func`` on the same seeded inputs and compare
     the destination (a `Verification`); a function of symbolic extents at each of
-    `SYMBOLIC_SIZES` (the first size that fails says so)."""
-    names = symbolic_names([func])
-    if not names:
-        return _verify_whole_once(func, call, seed)
-    for size in SYMBOLIC_SIZES:
-        check = _verify_whole_once(specialize_symbolic([func], dict.fromkeys(names, size))[0], call, seed)
-        if check.passed is not True:
-            return replace(check, reason="; ".join(filter(None, [f"with {' = '.join(names)} = {size}",
-                                                                 check.reason])))
-    return replace(check, reason=f"checked with {' = '.join(names)} = {', '.join(map(str, SYMBOLIC_SIZES))}")
+    `SYMBOLIC_SIZES` (`at_symbolic_sizes`: the first size that fails says so)."""
+
+    def check(funcs, bound):
+        result = _verify_whole_once(funcs[0], call, seed)
+        if result.passed is True:
+            return result
+        at = f"with {' = '.join(bound)} = {next(iter(bound.values()))}"
+        return replace(result, reason="; ".join(filter(None, [at, result.reason])))
+
+    sized = at_symbolic_sizes([func], check)
+    return sized if sized is not None else _verify_whole_once(func, call, seed)
 
 
 def _verify_whole_once(func, call: WholeCall, seed: int):

@@ -28,7 +28,7 @@ from math import prod
 
 from tirbyoc._tvm import SPATIAL, s_tir, tirx, vector_bytes, vector_registers
 from tirbyoc.dtypes import dtype_bytes
-from tirbyoc.ir.tir_walk import constant_divisors
+from tirbyoc.ir.tir_walk import constant_divisors, uses_var
 from tirbyoc.rewrite.prefetch import mark_weight_prefetch, prefetches
 from tirbyoc.rewrite.stack import REGISTER_BLOCK_BYTES, WRITEBACK_ATTR
 from tirbyoc.rewrite.weight_layout import operand_bytes, tiles_outermost, weight_operand, weights_first
@@ -42,6 +42,19 @@ L2_BYTES = 1024 * 1024  # a core's L2 (Zen 4/5, Cascade Lake; znver3 has half)
 L1_WEIGHT_BYTES = 24 * 1024  # half a 48 KiB L1: a smaller panel stays in L1 beside the rows
 CACHE_LINE = 64
 L2_CYCLES_PER_LINE = 3  # a weight line from L2 per step costs about three cycles' worth of loads
+
+
+def spatial_prefix(sch, loops, realize) -> list:
+    """The leading ``loops`` that only the spatial iterators' bindings in ``realize`` use."""
+    binds = list(zip(realize.block.iter_vars, realize.iter_values))
+    prefix = []
+    for loop in loops:
+        var = sch.get(loop).loop_var
+        kinds = {int(iv.iter_type) for iv, value in binds if uses_var(value, var)}
+        if not kinds <= {SPATIAL}:
+            break
+        prefix.append(loop)
+    return prefix
 
 
 def loop_extent(sch, loop) -> int | None:
@@ -325,4 +338,5 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
             f"parallel outer loops{order}" + staged)
 
 
-__all__ = ["WRITEBACK_ATTR", "default_schedule", "lanes_dividing", "register_block", "sampled_block", "schedule_copies"]
+__all__ = ["WRITEBACK_ATTR", "default_schedule", "lanes_dividing", "register_block", "sampled_block", "schedule_copies",
+           "spatial_prefix"]

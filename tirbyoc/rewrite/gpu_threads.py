@@ -11,9 +11,12 @@ A nest with no spatial loop (a whole reduction) gets a unit loop bound to one th
 
 from __future__ import annotations
 
-from tirbyoc._tvm import SPATIAL, s_tir, tirx
+from itertools import takewhile
+
+from tirbyoc._tvm import s_tir, tirx
 from tirbyoc.errors import RewriteError
-from tirbyoc.ir.tir_walk import perfect_nest, uses_var
+from tirbyoc.ir.tir_walk import perfect_nest
+from tirbyoc.rewrite.cpu import loop_extent, spatial_prefix
 
 THREADS = 256  # threads per block for the copies around a kernel: a multiple of the warp, full occupancy
 
@@ -22,18 +25,9 @@ def _is_bound(sch, loops) -> bool:
     return any(sch.get(l).kind == tirx.ForKind.THREAD_BINDING for l in loops)
 
 
-def _spatial_prefix(sch, loops, realize) -> list:
+def _static_spatial_prefix(sch, loops, realize) -> list:
     """The leading ``loops`` of static extent that only spatial iterators' bindings use."""
-    binds = list(zip(realize.block.iter_vars, realize.iter_values))
-    prefix = []
-    for loop in loops:
-        var = sch.get(loop).loop_var
-        if not hasattr(sch.get(loop).extent, "value"):
-            break
-        if {int(iv.iter_type) for iv, value in binds if uses_var(value, var)} - {SPATIAL}:
-            break
-        prefix.append(loop)
-    return prefix
+    return list(takewhile(lambda l: loop_extent(sch, l) is not None, spatial_prefix(sch, loops, realize)))
 
 
 def _bind(sch, block) -> None:
@@ -42,7 +36,7 @@ def _bind(sch, block) -> None:
     if loops and nest is None:
         raise RewriteError(f"block {sch.get(block).name_hint!r} is not alone in its loop nest; "
                            "it cannot be bound to GPU threads")
-    prefix = _spatial_prefix(sch, loops, nest[1]) if loops else []
+    prefix = _static_spatial_prefix(sch, loops, nest[1]) if loops else []
     if not prefix:  # no spatial loop: one thread does the whole nest
         unit = sch.add_unit_loop(loops[0] if loops else block)
         sch.bind(unit, "threadIdx.x")

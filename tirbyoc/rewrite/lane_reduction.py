@@ -22,6 +22,7 @@ from math import prod
 from tirbyoc._tvm import REDUCE, tirx
 from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.ir.tir_walk import block_realize, uses_var
+from tirbyoc.rewrite.cpu import loop_extent
 
 
 @dataclass(frozen=True)
@@ -75,10 +76,6 @@ def _lanes_axis(sch, block, lanes: int):
     return loops[-1]
 
 
-def _static(extent) -> int:
-    return int(extent.value) if hasattr(extent, "value") else 1
-
-
 def lane_reduction(sch, block, vector_bytes: int, exact: bool = True,
                    parallel_rows=None) -> LaneReduction | None:
     """Split ``block``'s row reduction into vectors of ``vector_bytes`` (the module docstring's
@@ -100,7 +97,7 @@ def lane_reduction(sch, block, vector_bytes: int, exact: bool = True,
     partial = sch.rfactor(inner, factor_axis=rows)  # partial[rows..., lane]
     sch.vectorize(sch.get_loops(partial)[-1])
     # a row count known only at run time counts as one row (as `rest` counts it)
-    work = length * prod(_static(sch.get(l).extent) for l in sch.get_loops(partial)[:rows])
+    work = length * prod(loop_extent(sch, l) or 1 for l in sch.get_loops(partial)[:rows])
     parallel = parallel_rows(sch, sch.get_loops(partial)[:rows], work) if parallel_rows and rows else 0
     steps = sch.get_loops(partial)[-2]
     init = sch.decompose_reduction(partial, steps)

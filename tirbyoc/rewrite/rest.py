@@ -37,9 +37,9 @@ from math import prod
 
 from tirbyoc._tvm import SPATIAL, s_tir, tirx
 from tirbyoc.dtypes import dtype_bytes
-from tirbyoc.ir.tir_walk import perfect_nest, uses_var
+from tirbyoc.ir.tir_walk import perfect_nest
 from tirbyoc.rewrite.channel_reduction import schedule_channel_reduction
-from tirbyoc.rewrite.cpu import loop_extent
+from tirbyoc.rewrite.cpu import loop_extent, spatial_prefix
 from tirbyoc.rewrite.lane_reduction import lane_reduction
 from tirbyoc.rewrite.vector_math import vectorizable_math
 
@@ -60,19 +60,6 @@ class NestSchedule:
     packed: tuple = ()  # weights (parameter names) given a layout-changing copy
 
 
-def _spatial_prefix(sch, loops, realize) -> list:
-    """The leading ``loops`` that only the spatial iterators' bindings in ``realize`` use."""
-    binds = list(zip(realize.block.iter_vars, realize.iter_values))
-    prefix = []
-    for loop in loops:
-        var = sch.get(loop).loop_var
-        kinds = {int(iv.iter_type) for iv, value in binds if uses_var(value, var)}
-        if not kinds <= {SPATIAL}:
-            break
-        prefix.append(loop)
-    return prefix
-
-
 def _lanes(sch, block, vector_bytes: int) -> int:
     """Elements of the block's (first) output in one vector register."""
     writes = sch.get(block).writes
@@ -87,7 +74,7 @@ def _schedule_nest(sch, block, vector_bytes: int) -> NestSchedule | None:
         return None
     if any(int(sch.get(l).kind) != 0 for l in loops):  # 0: ForKind.SERIAL; scheduled already
         return None
-    prefix = _spatial_prefix(sch, loops, nest[1])
+    prefix = spatial_prefix(sch, loops, nest[1])
     if not prefix or any(loop_extent(sch, l) is None for l in prefix):
         return None
     work = _iterations(sch, loops)
