@@ -155,7 +155,7 @@ def test_symbolic_shapes_are_checked_at_several_sizes_or_fall_back_with_the_iter
     assert not vnni.offloaded and vnni.blocks[0].reason
 
 
-def test_a_symbolic_intrinsic_axis_is_a_reason():
+def test_a_library_kernels_run_time_axis_inside_a_primfunc_is_a_reason():
     from tirbyoc_intrinsics.blas import _gemm_group
 
     gemm_only = Template("blas", {"kind": "llvm"}, Runtime.EXTERN_C, groups=(_gemm_group(False),))

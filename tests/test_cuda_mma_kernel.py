@@ -28,6 +28,7 @@ CASES = {
     "f16 batched": lambda: matmul(32, 32, 64, "float16", "float16", "float32", batch=2),
     "f16 conv NHWC 3x3": lambda: conv2d(1, 32, 9, 9, 32, 3, 3, layout="NHWC", dtype="float16",
                                         acc="float32"),
+    "f16 M, N, K at run time (padded)": lambda: matmul(0, 0, 0, "float16", "float16", "float32", symbolic="mnk"),
 }
 
 

@@ -236,12 +236,25 @@ def main(A: T.Buffer((16,), "float32"), B: T.Buffer((16,), "float32")):
 
 def test_symbolic_extent_on_an_intrinsic_axis():
     """A library GEMM takes vi's size at run time; a GEMV leaves the symbolic vi as a loop; a
-    fixed-size tile intrinsic needs vi's extent, and a reason says so."""
+    fixed-size tile intrinsic pads it to its width when the function runs."""
     r = best(symbolic_matmul(), "blas")
     assert r.best.intrinsic.name.startswith("blas.sgemm_") and r.best.runtime_axes == ("vi",)
     assert any(m.intrinsic.name.startswith("blas.sgemv_") and m.outer == ("vi",) for m in r.matches)
-    tile = best(symbolic_matmul("float16", "float32"), "cuda_mma")
-    assert tile.best is None and "iterator vi (axis vi) has a symbolic extent" in tile.reason
+    tile = best(symbolic_matmul("float16", "float32"), "cuda_mma").best
+    vi = next(a for a in tile.axes if a.axis == "vi")
+    assert (vi.extent, vi.kernel_sized, vi.pads) == (None, False, True) and not tile.runtime_axes
+    assert tile.symbolic_axes == ("vi",) and tile.padding == {"vi": ("vi", "a multiple of 16")}
+    assert tile.operand("A").staging[0] == "pad"
+    assert "pad vi vi->a multiple of 16 at run time" in tile.operand("A").reason
+
+
+def test_a_symbolic_intrinsic_axis_needs_a_template_that_pads():
+    vnni = tirbyoc.get_template(VNNI)
+    strict = tirbyoc.Template(name="strict_vnni", target=dict(vnni.target), runtime=vnni.runtime,
+                              groups=(), extra=(_renamed_dot(),), allow_padding=False)
+    r = best(matmul(16, 16, 64, "uint8", "int8", "int32", trans_b=True, symbolic="n"), strict)
+    assert r.best is None and r.mismatch.iterator == "vj"
+    assert "iterator vj (axis vi) has a symbolic extent; the template forbids padding" in r.reason
 
 
 # ------------------------------------------------------------- relax, fused, index maps

@@ -22,7 +22,7 @@ VTA = tirbyoc.get_template("vta")
 def test_stages_run_in_the_written_order_each_from_the_module_it_names():
     """The order is `ORDER`, written once; each stage's function comes from the module its row
     names, whatever was imported before."""
-    expected = ["commute", "canonicalize", "stage", "pad", "tile", "scratchpad", "epilogue", "fragments", "schedule",
+    expected = ["cast", "commute", "canonicalize", "stage", "pad", "tile", "scratchpad", "epilogue", "fragments", "schedule",
                 "dma copies", "fragment copies", "cpu epilogue", "decompose", "tensorize", "init", "link"]
     assert stage_names() == expected
     assert [s.name for s in stages()] == expected

@@ -256,7 +256,7 @@ def test_matmul_integer_of_wider_operands_stays_int32_with_the_reason():
 
     new, report = quantized_to_integer(Wide, "uint8")
     assert not report.integer
-    assert report.kept == [("matmul_integer", "operands not 8-bit, or a symbolic reduction length")]
+    assert report.kept == [("matmul_integer", "operands not 8-bit, or not accumulated in int32")]
     assert new.script(show_meta=False).count("R.matmul(") == 1
 
 

@@ -13,18 +13,8 @@ from tvm import relax
 from tvm.relax.frontend import nn
 
 from tirbyoc._tvm import IRModule, PrimFunc
-from tirbyoc.errors import ModelError, TirbyocError
-from tirbyoc.relax.pt2e import CONVERTERS as PT2E_CONVERTERS
-from tirbyoc.relax.pt2e import fold_constant_casts
-
-
-class LoadError(TirbyocError):
-    """A workload file that cannot be loaded (missing, malformed, raises at import, ...)."""
-
-
-class ModelImportError(LoadError, ModelError):
-    """TVM's importer (or torch.export, or the model file's own code) failed on the model
-    (exit code 3, where a file tirbyoc cannot use is a usage error, 2)."""
+from tirbyoc.app.load_errors import LoadError, ModelImportError
+from tirbyoc.app.torch_export import from_torch
 
 
 def legalize(mod):
@@ -91,33 +81,6 @@ def _relax_functions(mod) -> list[str]:
     return [gv.name_hint for gv, f in mod.functions.items() if isinstance(f, relax.Function)]
 
 
-def _from_torch(path: Path, model, namespace: dict):
-    example = namespace.get("example_inputs")
-    if not isinstance(example, tuple):
-        raise LoadError(f"{path}: a torch.nn.Module model needs `example_inputs`, a tuple of "
-                        "tensors it is called with (torch.export traces it with them)")
-    # deferred: optional dependency (torch; TVM's PyTorch frontend imports it too)
-    import torch
-    from tvm.relax.frontend.torch import from_exported_program
-
-    try:
-        exported = torch.export.export(_in_eval_mode(model), example)
-        # PT2E's quantize/dequantize ops: TVM's frontend has no converter of its own
-        mod = from_exported_program(exported, keep_params_as_input=False, custom_convert_map=PT2E_CONVERTERS)
-    except Exception as err:
-        raise ModelImportError(f"{path}: exporting the torch model failed: {type(err).__name__}: {err}") from err
-    return fold_constant_casts(mod)
-
-
-def _in_eval_mode(model):
-    """``model`` in inference mode; a PT2E model (an exported GraphModule, which refuses
-    ``eval()``) is used as it is, as ``convert_pt2e`` left it."""
-    try:
-        return model.eval()
-    except NotImplementedError:
-        return model
-
-
 def _kind(value, torch) -> str | None:
     """What a file-level object is as a model, or None."""
 
@@ -142,7 +105,7 @@ def _as_module(path: Path, name: str, value, kind: str, public: dict):
     if kind in ("PrimFunc", "Relax function"):
         return IRModule({name: value})
     if kind == "torch.nn.Module":
-        return _from_torch(path, value, public)
+        return from_torch(path, value, public)
     spec = public.get("spec")
     if not isinstance(spec, dict):
         raise LoadError(f"{path}: a relax.frontend.nn model needs `spec`, its export_tvm "

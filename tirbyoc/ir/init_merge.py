@@ -12,8 +12,8 @@ and the update block's spatial iterators index every element of the buffer.
 
 from __future__ import annotations
 
-from tirbyoc._tvm import REDUCE, SPATIAL, prim_expr, root_block, s_tir, structural_equal, tirx
-from tirbyoc.ir.tir_walk import always_true, perfect_nest, with_loop_body, with_root_body
+from tirbyoc._tvm import REDUCE, SPATIAL, prim_expr, root_block, s_tir, structural_equal, sym, tirx
+from tirbyoc.ir.tir_walk import always_true, perfect_nest, uses_var, with_loop_body, with_root_body
 
 
 def _covers_buffer(block, indices, buffer, kinds) -> bool:
@@ -27,11 +27,18 @@ def _covers_buffer(block, indices, buffer, kinds) -> bool:
         iv = next((v for v in block.iter_vars if isinstance(index, tirx.Var) and v.var.same_as(index)), None)
         if iv is None or int(iv.iter_type) not in kinds or any(iv.var.same_as(s) for s in seen):
             return False
-        if not (hasattr(iv.dom.extent, "value") and hasattr(dim, "value")
-                and int(iv.dom.extent.value) == int(dim.value) and int(getattr(iv.dom.min, "value", 0)) == 0):
+        if not (_equal(iv.dom.extent, dim) and int(getattr(iv.dom.min, "value", 1)) == 0):
             return False
         seen.append(iv.var)
     return True
+
+
+def _equal(extent, dim) -> bool:
+    """An iterator's extent is the buffer's dimension: the same number, or the same size
+    variable (a size known only at run time; int32 and int64 spellings alike)."""
+    if hasattr(extent, "value") and hasattr(dim, "value"):
+        return int(extent.value) == int(dim.value)
+    return bool(sym.Analyzer().can_prove_equal(extent, dim))
 
 
 def merge_separate_init(func, init_name: str, update_name: str):
@@ -81,8 +88,6 @@ def _merge_pair(first, second, init_name: str, update_name: str, top: bool):
     if a is None or b is None:
         return None
     (iloops, init_realize), (uloops, update_realize) = a, b
-    if iloops and not top:
-        return None  # an init nest of its own inside shared loops: which slice it covers is not read
     init, update = init_realize.block, update_realize.block
     if str(init.name_hint) != init_name or str(update.name_hint) != update_name:
         return None
@@ -100,8 +105,10 @@ def _merge_pair(first, second, init_name: str, update_name: str, top: bool):
         return None
     if not any(int(iv.iter_type) == REDUCE for iv in update.iter_vars):
         return None
-    if not _same_elements(init_realize, store.indices, iloops, update_realize, update.body.indices,
-                          structural_equal):
+    same = (_same_elements(init_realize, store.indices, iloops, update_realize, update.body.indices)
+            if top or not iloops else
+            _same_slice(init_realize, store.indices, iloops, update_realize, update.body.indices, uloops))
+    if not same:
         return None
     # a reduction block with an init does not list its output among its reads (TVM's form)
     reads = [r for r in update.reads if not r.source.same_as(buffer)]
@@ -122,16 +129,50 @@ def _binding(realize, var):
     return None
 
 
-def _same_elements(init_realize, init_idx, iloops, update_realize, update_idx, equal) -> bool:
+def _same_elements(init_realize, init_idx, iloops, update_realize, update_idx) -> bool:
     """Whether the init writes, dimension by dimension, the element the update reduces into.
 
-    Two separate top-level nests each cover the whole buffer (their own loops); a nest inside
-    shared loops must bind each dimension to the same expression of those loops."""
+    Two separate top-level nests each cover the whole buffer (their own loops); an init without
+    loops of its own inside shared loops must bind each dimension to the same expression of
+    those loops."""
     if iloops:  # its own loops: it covers the whole buffer before the update starts
         return always_true(init_realize.predicate)
     for iv, uv in zip(init_idx, update_idx):
         a, b = _binding(init_realize, iv), _binding(update_realize, uv)
-        if a is None or b is None or not equal(a, b, map_free_vars=False):
+        if a is None or b is None or not structural_equal(a, b, map_free_vars=False):
+            return False
+    return True
+
+
+def _same_slice(init_realize, init_idx, iloops, update_realize, update_idx, uloops) -> bool:
+    """Inside shared loops, an init nest of its own loops (a pre-split reduction: ``for i0, j0:
+    for i1, j1: C = 0; for k0, i1, j1, k1: C += ...``) writes, per instance of the shared
+    loops, exactly the slice the update then reduces into: each dimension's binding pairs at
+    most one init loop with one update loop of the same range, and with the init loops
+    renamed to their partners every binding is the update's."""
+    if not (always_true(init_realize.predicate) and always_true(update_realize.predicate)):
+        return False
+    pairs = {}
+    for iv, uv in zip(init_idx, update_idx):
+        a, b = _binding(init_realize, iv), _binding(update_realize, uv)
+        if a is None or b is None:
+            return False
+        mine = [lp for lp in iloops if uses_var(a, lp.loop_var)]
+        theirs = [lp for lp in uloops if uses_var(b, lp.loop_var)]
+        if len(mine) > 1 or len(theirs) != len(mine):
+            return False
+        for i, u in zip(mine, theirs):
+            if not (structural_equal(i.min, u.min) and structural_equal(i.extent, u.extent)):
+                return False
+            if pairs.setdefault(i.loop_var, u) is not u:
+                return False
+    if len(pairs) != len(iloops):
+        return False  # an init loop no index uses writes its slice several times: not read here
+    for iv, uv in zip(init_idx, update_idx):
+        a, b = _binding(init_realize, iv), _binding(update_realize, uv)
+        renamed = tirx.IndexMap([lp.loop_var for lp in iloops], [a], None).map_indices(
+            [pairs[lp.loop_var].loop_var for lp in iloops])[0]
+        if not structural_equal(renamed, b, map_free_vars=False):
             return False
     return True
 

@@ -33,8 +33,10 @@ from tirbyoc._tvm import IRModule, PrimFunc
 from tirbyoc.decl.intrinsic import Intrinsic, Role
 from tirbyoc.ir.pattern import Access, BlockPattern, block_macs, function_blocks
 from tirbyoc.matching.candidates import Candidate, candidates, intrinsic_pattern
+from tirbyoc.matching.casts import cast_staged
 from tirbyoc.matching.operands import operand_map
-from tirbyoc.matching.results import AxisMap, BlockResult, Match, MatchStage, Mismatch, Refusals, Refused, refuse
+from tirbyoc.matching.results import (AxisMap, BlockResult, Match, MatchStage, Mismatch, Refusals, Refused, Staging,
+                                      refuse)
 from tirbyoc.matching.unify import bindings
 
 
@@ -66,6 +68,18 @@ def _waste(extent: int, size: int) -> float:
 
 
 
+def _with_cast_staging(m: Match, casts: dict[str, str]) -> Match:
+    """``m`` with the operands read from ``casts``' buffers marked as cast in a staging copy."""
+    ops = []
+    for o in m.operands:
+        if o.buffer in casts and not o.is_output:
+            why = f"cast {o.buffer} to {casts[o.buffer]} in a staging copy"
+            o = replace(o, direct=False, staging=(Staging.CAST, *o.staging),
+                        reason=why if o.reason is None else f"{why}; {o.reason}")
+        ops.append(o)
+    return replace(m, operands=tuple(ops))
+
+
 class _PairMatcher:
     """Matches one workload block against one intrinsic (all bindings; keeps the best)."""
 
@@ -89,8 +103,21 @@ class _PairMatcher:
         if ipat.is_reduction and not wpat.is_reduction:
             raise refuse(MatchStage.OPERATION, f"block {wpat.name!r} is not a reduction; intrinsic reduces "
                                                f"over {', '.join(it.name for it in ipat.iters if it.kind == 'R')}")
+        best = self._best(refusals)
+        staged = (cast_staged(wpat) if best is None and self.intrin.role is Role.COMPUTE and not self.as_epilogue
+                  else None)
+        if staged is not None:  # the block as written matches no way: its casts as staging copies
+            self.wpat, casts = staged
+            try:
+                best = self._best(Refusals())  # why these fail: the block as written says it
+            finally:
+                self.wpat = wpat
+            best = None if best is None else _with_cast_staging(best, casts)
+        return best
+
+    def _best(self, refusals: Refusals) -> Match | None:
         best = None
-        for binding in bindings(ipat, wpat, refusals):
+        for binding in bindings(self.ipat, self.wpat, refusals):
             try:  # a branch point: a binding that fails is recorded, the next tried
                 if self.intrin.role is not Role.COMPUTE and not self.as_epilogue:
                     self._check_scopes(binding)
@@ -170,24 +197,21 @@ class _PairMatcher:
         return chosen
 
     def _axis_maps(self, chosen: dict[str, tuple[str, ...]]) -> list[AxisMap]:
-        """One `AxisMap` per intrinsic axis: static extents, padding only where allowed, and
-        no axis without an iterator (it cannot be padded from nothing)."""
+        """One `AxisMap` per intrinsic axis: static extents or run-time ones
+        (`_run_time_axis`), padding only where allowed, and no axis without an iterator (it
+        cannot be padded from nothing)."""
         wpat = self.wpat
         extents = {it.name: it.extent for it in wpat.iters}
         axes_out = []
         for it in self.ipat.iters:
             names = chosen[it.name]
             sym = [n for n in names if extents[n] is None]
-            if sym and self._takes_any_size() and len(names) == 1:  # the kernel reads it at run time
-                axes_out.append(AxisMap(it.name, it.kind, it.extent, names, None))
-                continue
             if sym:
-                raise refuse(MatchStage.EXTENT, f"block {wpat.name!r}: iterator {sym[0]} (axis {it.name}) "
-                                                 "has a symbolic extent; intrinsic axes need static extents",
-                              iterator=sym[0], expected="a static extent", found="symbolic")
+                axes_out.append(self._run_time_axis(it, names, sym[0]))
+                continue
             extent = prod(extents[n] for n in names) if names else 1
             amap = AxisMap(it.name, it.kind, it.extent, names, extent)
-            if amap.padding and not self.allow_padding:
+            if amap.pads and not self.allow_padding:
                 what = "reduction" if it.kind == "R" else "spatial"
                 rel = f"< {it.extent}" if extent < it.extent else f"is not a multiple of {it.extent}"
                 raise refuse(MatchStage.EXTENT, f"block {wpat.name!r}: {what} axis {it.name} "
@@ -206,6 +230,20 @@ class _PairMatcher:
                                                 "nothing - declare an intrinsic without that axis",
                           iterator=a.axis)
         return axes_out
+
+    def _run_time_axis(self, it, names: tuple[str, ...], sym: str) -> AxisMap:
+        """The `AxisMap` of an intrinsic axis whose iterator's extent is known only at run
+        time: an any-size kernel takes it whole; a tile intrinsic's is padded to a multiple
+        of its width when the function runs (``pad_einsum`` with a symbolic extent), where
+        the template allows padding. (`_choose` never fuses an iterator of run-time extent.)"""
+        where = f"block {self.wpat.name!r}: iterator {sym} (axis {it.name}) has a symbolic extent"
+        if self._takes_any_size():  # the kernel reads it at run time
+            return AxisMap(it.name, it.kind, it.extent, names, None, kernel_sized=True)
+        if it.extent > 1 and not self.allow_padding:
+            raise refuse(MatchStage.EXTENT, f"{where}; the template forbids padding, so the "
+                                             f"intrinsic's {it.extent}-wide axis needs a static multiple of {it.extent}",
+                          iterator=sym, expected=f"a static multiple of {it.extent}", found="symbolic")
+        return AxisMap(it.name, it.kind, it.extent, names, None)
 
     def _takes_any_size(self) -> bool:
         """Whether the intrinsic is a library kernel re-declared for any size (``resize``),

@@ -18,10 +18,9 @@ def operand_map(op, dims: tuple, wacc: Access, axes: dict, is_output: bool) -> O
     staging: list = []
     reasons: list[str] = []
     pack = False
-    if any(axes[a].padding for a in view):
+    if any(axes[a].pads for a in view):
         staging.append(Staging.PAD)
-        reasons.append("pad " + ", ".join(f"{a} {axes[a].extent}->{axes[a].padded}"
-                                          for a in view if axes[a].padding))
+        reasons.append("pad " + ", ".join(axes[a].pad_text for a in view if axes[a].pads))
     wdims, why = _window_dims(view, axes, wacc)
     ok = why is None
     if why:

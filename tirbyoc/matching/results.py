@@ -97,6 +97,7 @@ class Staging(str, enum.Enum):
     REINDEX = "reindex"
     TRANSPOSE = "transpose"
     PACK = "pack"
+    CAST = "cast"  # a copy in the dtype the intrinsic reads (`tirbyoc.matching.casts`)
 
     def __str__(self) -> str:
         return self.value
@@ -110,8 +111,9 @@ class AxisMap:
     kind: str  # "S" or "R"
     size: int  # the intrinsic's extent
     iters: tuple[str, ...]  # workload iterators fused into it, outer to inner; () if absent
-    extent: int | None  # their combined extent (1 when absent; None: known only at run time,
-    #                     which only a library kernel that takes any size accepts)
+    extent: int | None  # their combined extent (1 when absent; None: known only at run time)
+    kernel_sized: bool = False  # a run-time extent the kernel takes whole (an any-size library
+    #                             kernel); any other run-time extent is padded at run time
 
     @property
     def padded(self) -> int | None:
@@ -119,7 +121,22 @@ class AxisMap:
 
     @property
     def padding(self) -> int:
+        """Elements of padding, for a static extent (0 for a run-time one: see `pads`)."""
         return 0 if self.extent is None else self.padded - self.extent
+
+    @property
+    def pads(self) -> bool:
+        """Whether the rewrite pads this axis to a multiple of ``size``: a static extent that
+        is not one, or a run-time extent (rounded up when the function runs) that no kernel
+        takes whole."""
+        return self.padding > 0 or (self.extent is None and not self.kernel_sized and self.size > 1)
+
+    @property
+    def pad_text(self) -> str:
+        """The padding in words: ``j 20->32``, or ``j n->a multiple of 16 at run time``."""
+        if self.extent is None:
+            return f"{self.axis} {'*'.join(self.iters)}->a multiple of {self.size} at run time"
+        return f"{self.axis} {self.extent}->{self.padded}"
 
     @property
     def fused(self) -> bool:
@@ -127,8 +144,11 @@ class AxisMap:
 
     def describe(self) -> str:
         src = "*".join(self.iters) if self.iters else "(none)"
+        if self.extent is None:
+            return f"{self.axis}={src}" + (" (size at run time)" if self.kernel_sized else
+                                           f" (size at run time, padded to a multiple of {self.size})")
         pad = f" pad {self.extent}->{self.padded}" if self.padding else ""
-        return f"{self.axis}={src}{pad}" + (" (size at run time)" if self.extent is None else "")
+        return f"{self.axis}={src}{pad}"
 
 
 @dataclass(frozen=True)
@@ -146,7 +166,7 @@ class OperandMap:
     access: str
     is_output: bool
     view_axes: tuple[str, ...]  # the intrinsic axes of this operand, in its dimension order
-    view_extents: tuple[int, ...]  # their padded extents
+    view_extents: tuple[int | None, ...]  # their padded extents (None: known at run time)
     tile: tuple[int, ...]  # the intrinsic's extents for those axes
     direct: bool
     staging: tuple[str, ...] = ()
@@ -194,8 +214,11 @@ class Match:
     chain: tuple[str, ...] = ()  # for a multi-block match: the blocks after this one
 
     @property
-    def padding(self) -> dict[str, tuple[int, int]]:
-        return {a.axis: (a.extent, a.padded) for a in self.axes if a.padding}
+    def padding(self) -> dict[str, tuple]:
+        """axis -> (extent, padded extent); a run-time extent's: (its iterator, "a multiple
+        of SIZE")."""
+        return {a.axis: ((a.extent, a.padded) if a.extent is not None else
+                         ("*".join(a.iters), f"a multiple of {a.size}")) for a in self.axes if a.pads}
 
     @property
     def direct(self) -> bool:
@@ -205,11 +228,18 @@ class Match:
     def runtime_axes(self) -> tuple[str, ...]:
         """The intrinsic axes whose size is known only at run time (an any-size library
         kernel's, which takes it from its arguments)."""
+        return tuple(a.axis for a in self.axes if a.kernel_sized)
+
+    @property
+    def symbolic_axes(self) -> tuple[str, ...]:
+        """The intrinsic axes whose extent is known only at run time: taken whole by a kernel
+        (`runtime_axes`) or padded to the intrinsic's width when the function runs."""
         return tuple(a.axis for a in self.axes if a.extent is None)
 
     @property
     def calls(self) -> int:
-        """Intrinsic calls (an axis of run-time size is one call's: the kernel takes it whole)."""
+        """Intrinsic calls (an axis of run-time size counts once: a kernel takes it whole, a
+        tile intrinsic's count is known only when the function runs)."""
         outer = prod(e for n, e in zip(self.iters, self.iter_extents) if n in self.outer and e)
         return outer * prod(a.padded // a.size for a in self.axes if a.extent is not None)
 
@@ -256,10 +286,10 @@ class Match:
             env = dict(zip(self.iters, vs))
             out = [env[n] for n in self.outer]
             for a in self.axes:
-                value = tirx.const(0, "int32")
+                value = None  # row-major over the fused iterators (one of run-time extent is alone)
                 for it in a.iters:
-                    value = value * extents[it] + env[it]
-                out.append(value)
+                    value = env[it] if value is None else value * extents[it] + env[it]
+                out.append(tirx.const(0, "int32") if value is None else value)
             return out
 
         return tirx.IndexMap.from_func(fn, ndim=len(self.iters), index_dtype="int32")

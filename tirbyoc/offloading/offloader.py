@@ -99,14 +99,16 @@ def first_match(matches: Sequence[Match]) -> Match:
 
 def estimated_cycles(m: Match) -> float:
     """Calls x the intrinsic's declared cycles, plus the bytes staging copies move (at one
-    64-byte line per cycle) - a cheap, monotone stand-in for measuring."""
+    64-byte line per cycle) - a cheap, monotone stand-in for measuring. A run-time extent
+    counts as one tile (`Match.calls` and the staged bytes alike), so matches of one block
+    compare at its smallest size."""
     compute = m.calls * m.intrinsic.cost.cycles
     staged = 0
     for op in m.operands:
         if op.direct:
             continue
         spec = next(o for o in m.intrinsic.operands if o.name == op.operand)
-        staged += prod(op.view_extents) * dtype_bytes(spec.dtype)
+        staged += prod(e or t for e, t in zip(op.view_extents, op.tile)) * dtype_bytes(spec.dtype)
     return compute + staged / 64.0
 
 

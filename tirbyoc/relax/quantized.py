@@ -109,15 +109,16 @@ def _to_act_dtype(x, zx: int, act_dtype: str):
     return x, zx + shift
 
 
-def _centred_matmul(x, w, zx, zw, k: int):
+def _centred_matmul(x, w, zx, zw):
     """``(x - zx) . (w - zw)`` as an 8-bit core plus the zero points' shares, exact in int32:
-    ``x.w - zw*rowsum(x) - zx*colsum(w) + K*zx*zw`` (``zx``, ``zw``: int32 scalars)."""
+    ``x.w - zw*rowsum(x - zx) - zx*colsum(w)`` (``zx``, ``zw``: int32 scalars). The row sums
+    of the centred ``x`` carry ``K*zx*zw``, so a reduction length known only at run time (an
+    attention's P.V over the sequence) needs no constant K."""
     acc = relax.op.matmul(x, w, out_dtype="int32")
-    rows = _row_sums(x)
+    rows = relax.op.sum(relax.op.subtract(relax.op.astype(x, "int32"), zx), axis=[-1], keepdims=True)
     cols = relax.op.sum(relax.op.astype(w, "int32"), axis=[-2], keepdims=True)
     out = relax.op.subtract(acc, relax.op.multiply(rows, zw))
-    out = relax.op.subtract(out, relax.op.multiply(cols, zx))
-    return relax.op.add(out, relax.op.multiply(relax.op.multiply(zx, zw), relax.const(k, "int32")))
+    return relax.op.subtract(out, relax.op.multiply(cols, zx))
 
 
 def _row_sums(x):
@@ -219,7 +220,8 @@ def _static_core(m: dict, p: _Pattern, act_dtype: str, what: str, core_call):
 def _dynamic_matmul(m: dict, p: _Pattern, act_dtype: str):
     """A matmul of two quantized activations (attention's Q.K^T and P.V): both zero points'
     shares are computed from the operands at run time,
-    ``sum((x-zx)(w-zw)) = x.w - zw*rowsum(x) - zx*colsum(w) + K*zx*zw``."""
+    ``sum((x-zx)(w-zw)) = x.w - zw*rowsum(x-zx) - zx*colsum(w)`` (`_centred_matmul`; any
+    reduction length, a sequence's known only at run time included)."""
     scalars = [const_value(m[e]) for e in (p.sx, p.zx, p.sw, p.zw)]
     if any(v is None or v.size != 1 for v in scalars):
         raise _Refused("a scale or zero point of an activation x activation matmul is not one constant")
@@ -228,16 +230,12 @@ def _dynamic_matmul(m: dict, p: _Pattern, act_dtype: str):
     for t in (x, w):
         if str(t.ty.dtype) not in ACT_RANGE:
             raise _Refused(f"an operand is {t.ty.dtype}, not 8-bit")
-    try:
-        k = int(x.ty.shape.values[-1])
-    except (AttributeError, TypeError):
-        raise _Refused("the reduction length is not static") from None
     x, zx = _to_act_dtype(x, int(zx), act_dtype)
     w, zw = _to_act_dtype(w, int(zw), "int8")
     if p.perm in m:
         axes = m[p.perm].attrs.axes
         w = relax.op.permute_dims(w, [int(a) for a in axes] if axes is not None else None)
-    corrected = _centred_matmul(x, w, relax.const(zx, "int32"), relax.const(zw, "int32"), k)
+    corrected = _centred_matmul(x, w, relax.const(zx, "int32"), relax.const(zw, "int32"))
     scale = np.array([np.float32(sx) * np.float32(sw)], dtype=np.float32)
     return corrected, scale, (1,), "matmul (activations)"
 
@@ -291,22 +289,17 @@ def _widened(x, z, dtype: str):
 
 def _rewrite_integer(call, m: dict, p: _IntegerPattern, act_dtype: str, report: QuantizedReport):
     """``(a - za) . (w - zw)`` in int32 as an 8-bit core plus the zero points' shares:
-    ``a.w - zw*rowsum(a) - za*colsum(w) + K*za*zw`` (exact)."""
+    ``a.w - zw*rowsum(a - za) - za*colsum(w)`` (exact; `_centred_matmul`)."""
     a, w = m[p.a], m[p.w]
-    try:
-        k = int(a.ty.shape.values[-1])
-    except (AttributeError, TypeError):
-        k = None
-    if str(a.ty.dtype) not in ACT_RANGE or str(w.ty.dtype) not in ACT_RANGE or k is None \
-            or str(call.attrs.out_dtype) != "int32":
+    if str(a.ty.dtype) not in ACT_RANGE or str(w.ty.dtype) not in ACT_RANGE or str(call.attrs.out_dtype) != "int32":
         if not any(call.same_as(c) for c in report.seen):
             report.seen.append(call)
-            report.kept.append(("matmul_integer", "operands not 8-bit, or a symbolic reduction length"))
+            report.kept.append(("matmul_integer", "operands not 8-bit, or not accumulated in int32"))
         return call
     a, za = _widened(a, m[p.za], act_dtype)
     w, zw = _widened(w, m[p.zw], "int8")
     report.integer.append("matmul_integer")
-    return _centred_matmul(a, w, za, zw, k)
+    return _centred_matmul(a, w, za, zw)
 
 
 def quantized_to_integer(mod, act_dtype: str = "uint8", requantize: str = "float") -> tuple[object, QuantizedReport]:

@@ -27,16 +27,11 @@ from tirbyoc.rewrite.steps import StepKind
 WARP = 32
 
 
-def _static_extent(sch, loop) -> int:
-    ext = loop_extent(sch, loop)
-    if ext is None:
-        raise RewriteError("a loop around the intrinsic has a symbolic extent; the CUDA schedule "
-                           "needs static tile counts")
-    return ext
-
-
-def _per_warp(tiles: int, most: int = 2) -> int:
-    """Output tiles one warp keeps along an axis: the largest divisor up to ``most``."""
+def _per_warp(tiles: int | None, most: int = 2) -> int:
+    """Output tiles one warp keeps along an axis: the largest divisor up to ``most`` (one
+    where the tile count is known only at run time: a symbolic M padded to the tile)."""
+    if tiles is None:
+        return 1
     return max(d for d in range(1, most + 1) if tiles % d == 0)
 
 
@@ -63,7 +58,7 @@ def stage_fragments(state: RewriteState) -> RewriteState | None:
     if len(loops.axis_spatial) != 2 or len(loops.axis_reduce) != 1:
         raise RewriteError(f"{state.where}: the CUDA schedule expects an (i, j, k) intrinsic")
     io, jo = loops.axis_spatial
-    bm, bn = _per_warp(_static_extent(sch, io)), _per_warp(_static_extent(sch, jo))
+    bm, bn = _per_warp(loop_extent(sch, io)), _per_warp(loop_extent(sch, jo))
     with state.step(StepKind.SPLIT, f"one warp per block computing {bm}x{bn} "
                                     f"{m.intrinsic.name.split('.')[-1]} tiles"):
         io_o, io_i = sch.split(io, [None, bm])

@@ -34,10 +34,15 @@ def stage_scratchpads(state: RewriteState) -> RewriteState | None:
     scopes = {op.scope: state.template.scope(op.scope) for op in spad.values()}
     kinds = {it.name: it.kind for it in state.pattern.iters}
     # keyed "loop NAME": a workload iterator may share its name with an intrinsic axis
-    outer = [(f"loop {name}", loop, loop_extent(state.sch, loop) or 1, kinds[name] == "R")
-             for name, loop in zip(m.outer, _outer_loops(state))]
+    extents = [loop_extent(state.sch, loop) for loop in _outer_loops(state)]
+    outer = [(f"loop {name}", loop, e or 1, kinds[name] == "R")
+             for name, loop, e in zip(m.outer, _outer_loops(state), extents)]
     axes = [TileAxis(n, 1, e, r) for n, _, e, r in outer]
-    axes += [TileAxis(a.axis, a.size, a.padded // a.size, a.kind == "R") for a in m.axes]
+    # an axis of run-time extent: one intrinsic tile per scratchpad tile, which fits at every size
+    axes += [TileAxis(a.axis, a.size, (a.padded or a.size) // a.size, a.kind == "R") for a in m.axes]
+    run_time = [n for n, e in zip(m.outer, extents) if e is None] + list(m.symbolic_axes)
+    note = (f"; one tile along {', '.join(run_time)} (extent known at run time), so it fits at "
+            "every size") if run_time else ""
     tile_ops = []
     for op in spad.values():
         uses = {f"loop {v}" for v in state.access(op).vars}
@@ -51,11 +56,11 @@ def stage_scratchpads(state: RewriteState) -> RewriteState | None:
         saved = (state.sch, list(state.steps), state.loops, list(state.copies))
         try:
             return _first_fitting(state, rank_tiles(axes, tile_ops, halved, alignment, state.where),
-                                  outer, halved)
+                                  outer, halved, note)
         except RewriteError:  # no tile fits half the scratchpad: single tiles in all of it
             state.sch, state.steps, state.loops, state.copies = saved
     plans = rank_tiles(axes, tile_ops, capacity, alignment, state.where)
-    return _first_fitting(state, plans, outer, capacity)
+    return _first_fitting(state, plans, outer, capacity, note)
 
 
 def _double_buffer_budget(template, capacity: dict) -> dict:
@@ -66,9 +71,10 @@ def _double_buffer_budget(template, capacity: dict) -> dict:
     return {s: (c // 2 if s in halves else c) for s, c in capacity.items()}
 
 
-def _first_fitting(state: RewriteState, plans, outer: list, capacity: dict) -> RewriteState:
+def _first_fitting(state: RewriteState, plans, outer: list, capacity: dict, note: str = "") -> RewriteState:
     """Carry out the ranked plans on copies of the schedule until ``state.plan + 1`` of them
-    fit once TVM has allocated their windows; the last of those is the result."""
+    fit once TVM has allocated their windows; the last of those is the result (its step
+    says so, with ``note`` appended)."""
     base, steps, loops = state.sch, list(state.steps), state.loops
     tried, fitting = [], 0
     for plan in plans[:8 + state.plan]:
@@ -78,7 +84,7 @@ def _first_fitting(state: RewriteState, plans, outer: list, capacity: dict) -> R
         if all(used[s] <= capacity[s] for s in capacity):
             fitting += 1
             if fitting > state.plan:
-                state.steps.insert(len(steps), Step(StepKind.SCRATCHPAD_PLAN, plan.describe(used)))
+                state.steps.insert(len(steps), Step(StepKind.SCRATCHPAD_PLAN, plan.describe(used) + note))
                 return state
             continue
         tried.append(", ".join(f"{s} {used[s]} > {capacity[s]} B" for s in capacity if used[s] > capacity[s]))

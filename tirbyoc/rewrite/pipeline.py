@@ -33,6 +33,7 @@ StageFn = Callable[[RewriteState], "RewriteState | None"]
 
 # (stage, the module of tirbyoc.rewrite that defines it, what it does), in the order they run
 ORDER = (
+    ("cast", "cast_staging", "operands the block casts copied ahead in the dtype the intrinsic reads"),
     ("commute", "stages", "the multiply-add's operands in the intrinsic's order"),
     ("canonicalize", "stages", "transform_block_layout to (outer loops, intrinsic axes)"),
     ("stage", "staging", "a copy of every operand that cannot be read in place"),

@@ -155,8 +155,8 @@ def pad_and_pack(state: RewriteState) -> RewriteState | None:
         return None
     m, sch = state.match, state.sch
     if state.padded:
-        factors = [1] * len(m.outer) + [a.size if a.padding else 1 for a in m.axes]
-        pads = ", ".join(f"{a.axis} {a.extent}->{a.padded}" for a in m.axes if a.padding)
+        factors = [1] * len(m.outer) + [a.size if a.pads else 1 for a in m.axes]
+        pads = ", ".join(a.pad_text for a in m.axes if a.pads)
         with state.step(StepKind.PAD, f"pad_einsum ({pads})"):
             sch.pad_einsum(state.block, factors)
         _fold_reindex_copies(state)

@@ -87,7 +87,7 @@ class RewriteState:
 
     @property
     def padded(self) -> bool:
-        return any(a.padding for a in self.match.axes)
+        return any(a.pads for a in self.match.axes)
 
     def bounded(self, scope: str) -> bool:
         s = self.template.scope(scope, missing_ok=True) if self.template is not None else None

@@ -16,6 +16,7 @@ class StepKind(enum.Enum):
     COMMUTE = "commute"  # operands put in the intrinsic's order
     CANONICALIZE = "canonicalize"  # transform_block_layout to (outer loops, intrinsic axes)
     STAGE = "stage"  # a staging copy (cache_read / cache_write / reindex)
+    CAST = "cast"  # a staging copy in the dtype the intrinsic reads (the block cast the operand)
     TRANSPOSE = "transpose"  # a staged copy re-laid-out
     PACK = "pack"  # a staged copy packed into intrinsic tiles
     PAD = "pad"  # pad_einsum
@@ -40,7 +41,7 @@ class StepKind(enum.Enum):
 
 
 # The kinds a report shows as "how" an offload was done.
-DECISIONS = frozenset({StepKind.TUNED, StepKind.PAD, StepKind.PACK, StepKind.TRANSPOSE,
+DECISIONS = frozenset({StepKind.TUNED, StepKind.CAST, StepKind.PAD, StepKind.PACK, StepKind.TRANSPOSE,
                        StepKind.SCRATCHPAD_PLAN, StepKind.SCHEDULE, StepKind.CALL,
                        StepKind.COPY_LOOP, StepKind.INIT_LEFT, StepKind.LINK, StepKind.DOUBLE_BUFFER,
                        StepKind.EPILOGUE, StepKind.EPILOGUE_LEFT, StepKind.IN_PLACE,

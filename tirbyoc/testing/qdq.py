@@ -228,38 +228,45 @@ def float_mobilenet_v2(path, *, seed: int = 0, size: int = 224, classes: int = 1
 
 
 def float_bert_base(path, *, seed: int = 0, seq: int = 128, dim: int = 768, heads: int = 12,
-                    hidden: int = 3072, layers: int = 12, dynamic: bool = False) -> Path:
-    """A BERT-base encoder as ONNX (one sequence of ``seq`` embeddings in): per layer,
-    multi-head self-attention (q, k, v projections, softmax(q.k^T / sqrt(d_head)).v per head,
-    an output projection), residual + LayerNormalization, a GELU (erf) feed-forward, residual
-    + LayerNormalization. ``dynamic``: the sequence length is the dim_param ``seq`` (its
-    reshapes infer it), as an exporter with a dynamic axis writes it."""
+                    hidden: int = 3072, layers: int = 12, dynamic: bool | str = False,
+                    batch: int | None = None) -> Path:
+    """A BERT-base encoder as ONNX (``seq`` embeddings in; with ``batch``, ``[batch, seq, dim]``
+    as a transformers export has them): per layer, multi-head self-attention (q, k, v
+    projections, softmax(q.k^T / sqrt(d_head)).v per head, an output projection), residual +
+    LayerNormalization, a GELU (erf) feed-forward, residual + LayerNormalization.
+    ``dynamic``: the dimensions an exporter writes as dim_params - ``"seq"`` (or True),
+    ``"batch"`` or ``"batch,seq"``; the reshapes copy or infer them (``0`` / ``-1``)."""
     g = _Net(seed)
     dh = dim // heads
-    rows = -1 if dynamic else seq
-    split = g.const(np.array([rows, heads, dh], np.int64), "shape")
-    merge = g.const(np.array([rows, dim], np.int64), "shape")
+    named = {"seq"} if dynamic is True else set(filter(None, str(dynamic or "").split(",")))
+    if "batch" in named and batch is None:
+        raise ValueError("a dynamic batch needs a batched encoder: give batch=")
+    lead = [] if batch is None else [0]  # Reshape's 0 copies the batch (static or not)
+    split = g.const(np.array(lead + [0 if lead else -1, heads, dh] if named else lead + [seq, heads, dh], np.int64), "shape")
+    merge = g.const(np.array(lead + [0 if lead else -1, dim] if named else lead + [seq, dim], np.int64), "shape")
+    b = len(lead)
 
     def norm(x):
         return g.node("LayerNormalization", [x, g.const(np.ones(dim, "float32"), "gamma"),
                                              g.const(np.zeros(dim, "float32"), "beta")], axis=-1, epsilon=1e-12)
 
-    def per_head(x, perm):
-        return g.node("Transpose", [g.node("Reshape", [g.linear(x, dim, dim), split])], perm=perm)
+    def per_head(x, perm):  # [(batch,) seq, heads, dh] -> perm
+        return g.node("Transpose", [g.node("Reshape", [g.linear(x, dim, dim), split])],
+                      perm=list(range(b)) + [p + b for p in perm])
 
     x = "x"
     for _ in range(layers):
         q, kt, v = per_head(x, [1, 0, 2]), per_head(x, [1, 2, 0]), per_head(x, [1, 0, 2])
         scores = g.node("Mul", [g.node("MatMul", [q, kt]), g.const(np.float32(dh ** -0.5), "scale")])
         ctx = g.node("MatMul", [g.node("Softmax", [scores], axis=-1), v])
-        ctx = g.node("Reshape", [g.node("Transpose", [ctx], perm=[1, 0, 2]), merge])
+        ctx = g.node("Reshape", [g.node("Transpose", [ctx], perm=list(range(b)) + [b + 1, b, b + 2]), merge])
         h = norm(g.node("Add", [g.linear(ctx, dim, dim), x]))
         f = g.linear(h, dim, hidden)
         erf = g.node("Erf", [g.node("Mul", [f, g.const(np.float32(2 ** -0.5), "c")])])
         gelu = g.node("Mul", [g.node("Mul", [f, g.node("Add", [erf, g.const(np.float32(1), "one")])]),
                               g.const(np.float32(0.5), "half")])
         x = norm(g.node("Add", [g.linear(gelu, hidden, dim), h]))
-    shape = ["seq" if dynamic else seq, dim]
+    shape = ([] if batch is None else ["batch" if "batch" in named else batch]) + ["seq" if "seq" in named else seq, dim]
     return g.save(path, "bert_base", x, shape, shape)
 
 

@@ -16,11 +16,13 @@ def _cast(expr: str, to: str, frm: str) -> str:
 
 
 def matmul(m, n, k, a="float32", b="float32", c="float32", *, trans_a=False, trans_b=False,
-           order="ijk", init="inside", swap_mul=False, batch=None, symbolic=False):
+           order="ijk", init="inside", swap_mul=False, batch=None, symbolic: bool | str = False):
     """C[(b,) m, n] (+)= A[(b,) m, k] * B[(b,) k, n]; options move layouts, loops and init.
-    ``symbolic``: the row count is the size variable ``rows`` (known at run time), ``m`` unused."""
-    if symbolic:
-        m = "rows"
+    ``symbolic``: the extents known only at run time, as letters of ``"mnk"`` (True: ``"m"``);
+    each becomes a size variable (``rows``, ``cols``, ``depth``) and its number is unused."""
+    dims = "m" if symbolic is True else (symbolic or "")
+    size_vars = {"m": "rows", "n": "cols", "k": "depth"}
+    m, n, k = (size_vars[d] if d in dims else v for d, v in zip("mnk", (m, n, k)))
     pre = "vb, " if batch else ""
     lead = (batch,) if batch else ()
     ashape = lead + ((k, m) if trans_a else (m, k))
@@ -46,10 +48,11 @@ def matmul(m, n, k, a="float32", b="float32", c="float32", *, trans_a=False, tra
                     f"                {ivars.replace('u', 'w')} = T.axis.remap(\"{'S' * len(cshape)}\", [{ivars}])\n"
                     f"                C[{ivars.replace('u', 'w')}] = T.cast(0, \"{c}\")\n")
     shape = lambda dims: "(" + ", ".join(map(str, dims)) + ("," if len(dims) == 1 else "") + ")"  # noqa: E731
-    head = (f'''def main(a: T.handle, B: T.Buffer({shape(bshape)}, "{b}"), c: T.handle):
-    rows = T.int32()
+    sizes = "".join(f"\n    {size_vars[d]} = T.int32()" for d in "mnk" if d in dims)
+    head = (f'''def main(a: T.handle, b: T.handle, c: T.handle):{sizes}
     A = T.match_buffer(a, {shape(ashape)}, "{a}")
-    C = T.match_buffer(c, {shape(cshape)}, "{c}")''' if symbolic else
+    B = T.match_buffer(b, {shape(bshape)}, "{b}")
+    C = T.match_buffer(c, {shape(cshape)}, "{c}")''' if dims else
             f'def main(A: T.Buffer({shape(ashape)}, "{a}"), B: T.Buffer({shape(bshape)}, "{b}"), '
             f'C: T.Buffer({shape(cshape)}, "{c}")):')
     src = f'''

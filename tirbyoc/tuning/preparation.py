@@ -29,8 +29,9 @@ def best_matches(func, template) -> dict:
 
     out = {}
     for result in explain(func, template):
-        # an axis of run-time size is a whole-function library call's, not a schedule's
-        compute = [m for m in result.matches if m.intrinsic.role is Role.COMPUTE and not m.runtime_axes]
+        # an axis of run-time size is a whole-function library call's or padded when the
+        # function runs: the untuned rewrite's, not a schedule MetaSchedule measures at one size
+        compute = [m for m in result.matches if m.intrinsic.role is Role.COMPUTE and not m.symbolic_axes]
         if compute:
             out[result.block] = compute[0]
     return out

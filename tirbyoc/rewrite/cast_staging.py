@@ -1,0 +1,75 @@
+"""The first stage: operands the block casts, copied ahead in the dtype the intrinsic reads.
+
+The matcher marks such operands `Staging.CAST` (`tirbyoc.matching.casts`): a float16
+convolution accumulating in float32 under a library's sgemm, which reads float32. Each
+buffer gets a staging copy in the cast's dtype - TVM's ``cache_read`` then
+``unsafe_set_dtype``, which is exact here because every value the copy holds came from the
+narrower buffer - and the block's ``float32(float16(copy[...]))`` reads become ``copy[...]``
+(a round trip through the narrower type that changes no such value). The block is then
+matched again: from here on it reads its operands as the intrinsic does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tirbyoc._tvm import TensorLoad, expr_dtype, prim_expr, s_tir, tirx
+from tirbyoc.errors import RewriteError
+from tirbyoc.ir.pattern import load_source, read_block
+from tirbyoc.ir.tir_walk import map_expr
+from tirbyoc.matching.candidates import Candidate
+from tirbyoc.matching.matcher import match_block
+from tirbyoc.matching.results import Mismatch, Staging
+from tirbyoc.rewrite.pipeline import stage
+from tirbyoc.rewrite.state import RewriteState
+from tirbyoc.rewrite.steps import StepKind
+
+
+def _unwrapped(copies: dict):
+    """A function for `map_expr`: ``wide(narrow(copy[...]))`` -> ``copy[...]`` for the copies
+    (buffer -> wide dtype) made here."""
+
+    def fn(node):
+        if isinstance(node, prim_expr.Cast) and isinstance(node.value, prim_expr.Cast):
+            load = node.value.value
+            if isinstance(load, TensorLoad) and copies.get(str(load_source(load).name)) == expr_dtype(node):
+                return load
+        return None
+
+    return fn
+
+
+@stage("cast")
+def stage_casts(state: RewriteState) -> RewriteState | None:
+    casts = {o.buffer: dt for o in state.match.operands if Staging.CAST in o.staging
+             for dt in [next(s.dtype for s in state.match.intrinsic.operands if s.name == o.operand)]}
+    if not casts:
+        return None
+    if state.traced:
+        raise RewriteError(f"{state.where}: casting an operand in its staging copy rewrites the "
+                           "block, which no schedule primitive records; cast the input first")
+    sch = state.sch
+    copies = {}
+    for buffer, dtype in casts.items():
+        with state.step(StepKind.CAST, f"cast {buffer} to {dtype} in a staging copy"):
+            block = sch.get(state.block)
+            index = next(i for i, r in enumerate(block.reads) if str(r.source.name) == buffer)
+            copy = sch.cache_read(state.block, index, "global")
+            sch.unsafe_set_dtype(copy, 0, dtype)
+            copies[str(sch.get(copy).writes[0].source.name)] = dtype
+    block = sch.get(state.block)
+    body = block.body
+    value = map_expr(body.value, _unwrapped(copies))
+    new = s_tir.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint,
+                       tirx.BufferStore(body.buffer, value, body.indices), block.init,
+                       block.alloc_buffers, block.match_buffers, block.annotations)
+    sch.state.replace(sch.get_sref(state.block), new, {block: new})
+    m = state.match
+    pattern = read_block(sch.get(state.block))
+    again = match_block(Candidate(m.intrinsic, m.group, state.template), pattern, m.function)
+    if isinstance(again, Mismatch) or any(Staging.CAST in o.staging for o in again.operands):
+        why = again.message if isinstance(again, Mismatch) else "its operands are still cast"
+        raise RewriteError(f"{state.where}: after casting {', '.join(casts)} in staging copies the "
+                           f"block does not match: {why}")
+    state.match, state.pattern = replace(again, template=m.template, init=m.init), pattern
+    return state
