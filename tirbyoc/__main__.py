@@ -2,4 +2,5 @@ import sys
 
 from tirbyoc.app.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # a worker process (spawned by a sweep's engine) imports this module too
+    sys.exit(main())

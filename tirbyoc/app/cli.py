@@ -20,7 +20,9 @@ from tirbyoc.app.sizes import named_integers, parse_sizes
 from tirbyoc.app.frontends import load_model
 from tirbyoc.app.legalize import importing, legalized_model
 from tirbyoc.app.run import Progress, default_templates, run_model
-from tirbyoc.app.sweep import parse_params, plot, sweep, table
+from tirbyoc.app import sweep_report
+from tirbyoc.app.search_space import SearchSpace
+from tirbyoc.app.sweep import plot, search_model, table
 from tirbyoc.decl.registry import get_template, template_names
 from tirbyoc.errors import TirbyocError
 from tirbyoc.matching.chain import match_chains
@@ -216,22 +218,33 @@ def cmd_tune(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-
-    grid = parse_params(args.param)
-    if not grid:
-        raise TirbyocError("give at least one --param NAME=V1,V2,... to sweep")
-    bar = Progress(enabled=not args.quiet)
+    space = SearchSpace.parse(args.param, args.space)
+    if not space.params:
+        raise TirbyocError("give at least one --param NAME=V1,V2,... (or --space FILE.json) to sweep")
     if args.jobs < 1:
         raise TirbyocError(f"--jobs {args.jobs}: give a number of worker processes >= 1")
-    points = sweep(args.model, args.template, grid, _options(args), progress=bar.step, jobs=args.jobs)
+    objectives = args.objective or ["cycles"]
+    searched = args.search != "grid" or args.objective or args.constraint or args.trials or args.time
+    bar = Progress(enabled=not args.quiet)
+    result = search_model(args.model, args.template, space, _options(args), strategy=args.search,
+                          objectives=objectives, constraints=args.constraint or (), trials=args.trials,
+                          seconds=args.time, engine=args.engine, jobs=args.jobs, address=args.address,
+                          results=args.results, progress=bar.step)
+    points = result.points
     if args.json:
-        print(dumps({"model": args.model, "template": args.template,
-                      "points": [p.to_json() for p in points]}))
+        doc = {"model": args.model, "template": args.template, "points": [p.to_json() for p in points]}
+        print(dumps({**doc, "search": sweep_report.to_json(result)} if searched else doc))
     else:
         print(f"{args.model or 'the built-in model'} on {args.template} variants\n")
         print(table(points))
+        if searched:
+            print("\n" + sweep_report.summary(result))
     if args.plot:
-        plot(points, args.plot, title=f"{args.model or 'built-in model'} on {args.template}")
+        title = f"{args.model or 'built-in model'} on {args.template}"
+        if len(objectives) > 1:
+            sweep_report.plot_front(result, args.plot, title)
+        else:
+            plot(points, args.plot, title=title)
         print(f"plot written to {args.plot}", file=sys.stderr)
     return 1 if any(p.verified is False for p in points) else 0
 

@@ -22,7 +22,9 @@ EXIT_CODES = """exit status:
 _EXAMPLES = {
     "run": "tirbyoc run -m builtin:resnet18_int8 -t vta --json",
     "tune": "tirbyoc tune -m builtin:mlp_int8 -t x86_vnni --trials 16 --work-dir /tmp/tw",
-    "sweep": "tirbyoc sweep -t vta -p BLOCK_OUT=8,16,32 -p ACC_KIB=64,128 -m builtin:cnn_int8",
+    "sweep": "tirbyoc sweep -t vta -p BLOCK_OUT=8,16,32 -p ACC_KIB=64,128 -m builtin:cnn_int8\n"
+             "  tirbyoc sweep -t vta -p BLOCK_OUT=8,16,32 -p ACC_KIB=32..256:x2 --search tpe --trials 8 "
+             "--engine dask --jobs 2 --results vta.jsonl",
     "build": "tirbyoc build -m builtin:cnn_int8 -t vta -o dist/cnn.so   (Hexagon: -t hexagon_hvx -o dist/cnn.tar)",
 }
 
@@ -172,6 +174,30 @@ def _add_sweep(sub, common) -> None:
     p.add_argument("--plot", metavar="PATH.png", help="also plot cycles and utilization per point")
     p.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
                    help="run the points in N worker processes, one process per point (default 1)")
+    _add_search(p)
+
+
+def _add_search(p) -> None:
+    """A sweep as a search (docs/design_space.md)."""
+    g = p.add_argument_group("search (the grid is the default)")
+    g.add_argument("--space", metavar="FILE.json", help='parameters and their values as JSON, '
+                   '{"BLOCK_OUT": [8, 16, 32], "ACC_KIB": "32..256:x2"} (with --param: the flags win)')
+    g.add_argument("--search", choices=("grid", "random", "tpe", "nsga2"), default="grid",
+                   help="how points are chosen: every grid point, random draws, Optuna's TPE (one "
+                        "objective) or NSGA-II (several) - the last two need the search extra")
+    g.add_argument("--objective", action="append", metavar="NAME",
+                   help="what to minimise or maximise (repeatable; several: a Pareto front): cycles "
+                        "(default), compute_busy, load_busy, dma_bytes, scratchpad_kib")
+    g.add_argument("--constraint", action="append", metavar="NAME<=V",
+                   help="a bound on a parameter or an objective, e.g. scratchpad_kib<=512 (repeatable)")
+    g.add_argument("--trials", type=int, metavar="N", help="points to run at most (default: the whole space)")
+    g.add_argument("--time", type=float, metavar="SECONDS", help="start no point after this long")
+    g.add_argument("--engine", choices=("local", "dask"), default="local",
+                   help="local worker processes (default) or a Dask cluster (the cluster extra): "
+                        "one of --jobs workers started here, or the one at --address")
+    g.add_argument("--address", metavar="tcp://HOST:PORT", help="a running Dask scheduler to run the points on")
+    g.add_argument("--results", metavar="FILE.jsonl",
+                   help="append each finished point to this file; a run given a file it wrote resumes")
 
 
 

@@ -14,12 +14,7 @@ them): the same rows as a serial sweep, in grid order, sooner.
 
 from __future__ import annotations
 
-import itertools
-import multiprocessing
-import os
 import time
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
 
 from tirbyoc.app.preparation import activation_dtype, preparation
 from tirbyoc.app.run import (
@@ -30,60 +25,26 @@ from tirbyoc.app.run import (
     run_offloaded,
 )
 from tirbyoc.app.legalize import legalized_model
+from tirbyoc.app.objectives import scratchpad_kib
 from tirbyoc.app.options import RunOptions, options_of
+from tirbyoc.app.search import SearchResult, search
+from tirbyoc.app.search_space import SearchSpace, point_key
+from tirbyoc.app.sweep_point import SweepPoint
+from tirbyoc.app.sweep_results import ResultsFile
 from tirbyoc.app.targets import model_target, run_target
 from tirbyoc.decl.registry import as_template, get_template, template_names
 from tirbyoc.errors import TirbyocError
 from tirbyoc.offloading.table import render
 
 
-@dataclass
-class SweepPoint:
-    params: dict
-    coverage: float | None = None
-    verified: bool | None = None
-    max_abs_err: float | None = None
-    cycles: int | None = None
-    utilization: dict = field(default_factory=dict)
-    dma_bytes: int | None = None
-    error: str | None = None  # why this point has no figures
-    seconds: float = 0.0
-
-    def label(self) -> str:
-        return ", ".join(f"{k}={v}" for k, v in self.params.items())
-
-    def to_json(self) -> dict:
-        return {"params": self.params, "coverage": self.coverage, "verified": self.verified,
-                "max_abs_err": self.max_abs_err, "cycles": self.cycles,
-                "utilization": self.utilization, "dma_bytes": self.dma_bytes, "error": self.error,
-                "seconds": round(self.seconds, 2)}
-
-
-def _value(text: str):
-    """A grid value as the factory takes it: an int, a bool (true / false), or the text."""
-    text = text.strip()
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    try:
-        return int(text)
-    except ValueError:
-        return text
-
-
 def parse_params(specs) -> dict[str, list]:
-    """``["BLOCK_OUT=8,16,32", "acc_kib=64"]`` -> ``{"block_out": [8, 16, 32], "acc_kib": [64]}``."""
-    grid: dict[str, list] = {}
-    for spec in specs or ():
-        name, sep, values = spec.partition("=")
-        if not sep or not name.strip() or not values.strip():
-            raise TirbyocError(f"--param {spec!r}: write NAME=V1,V2,... (e.g. BLOCK_OUT=8,16,32)")
-        grid[name.strip().lower()] = [_value(v) for v in values.split(",") if v.strip()]
-    return grid
+    """``["BLOCK_OUT=8,16,32", "acc_kib=32..256:x2"]`` -> ``{"block_out": [8, 16, 32],
+    "acc_kib": [32, 64, 128, 256]}`` (`SearchSpace.parse`)."""
+    return SearchSpace.parse(specs).params
 
 
 def grid_points(grid: dict[str, list]) -> list[dict]:
-    names = list(grid)
-    return [dict(zip(names, combo)) for combo in itertools.product(*(grid[n] for n in names))]
+    return SearchSpace(grid).grid()
 
 
 def sweep(model: str | None, template, grid: dict[str, list], options: RunOptions | None = None, *,
@@ -91,37 +52,52 @@ def sweep(model: str | None, template, grid: dict[str, list], options: RunOption
     """One `SweepPoint` per grid point (in grid order), the model loaded and targeted as
     `RunOptions` says (``options``, or its fields as keywords: target, seed, obj,
     input_shapes); ``jobs``: worker processes."""
+    result = search_model(model, template, SearchSpace(grid), options, progress=progress, jobs=jobs, **changes)
+    return result.points
+
+
+def search_model(model: str | None, template, space: SearchSpace, options: RunOptions | None = None, *,
+                 strategy: str = "grid", objectives=("cycles",), constraints=(), trials: int | None = None,
+                 seconds: float | None = None, engine: str = "local", jobs: int = 1,
+                 address: str | None = None, results: str | None = None, progress=None,
+                 **changes) -> SearchResult:
+    """A sweep of ``space`` as `tirbyoc.app.search.search` runs it: ``strategy`` (grid, random,
+    tpe, nsga2) proposes points until ``trials`` or ``seconds`` run out, ``engine`` (local,
+    dask) runs them in ``jobs`` workers (or on the cluster at ``address``), each finished row
+    appended to the ``results`` file (JSON lines; a second run with it resumes). A grid's
+    points come back in grid order, a search's as they finished."""
     opts = options_of(options, changes, "sweep")
-    target, seed, obj, input_shapes = opts.target, opts.seed, opts.obj, opts.input_shapes
-
     base = as_template(template)
-    for name in grid:  # unknown names fail before anything is built
-        if name not in base.params:
-            raise TirbyocError(f"template {base.name!r} has no parameter {name!r}; its parameters "
-                               f"are {sorted(k for k in base.params if k != 'name')}")
-    tgt = check_target(run_target(base, target))
+    space.check(base.params)  # unknown names fail before anything is built
+    tgt = check_target(run_target(base, opts.target))
     check_templates_on_target([base], tgt)
-    todo = grid_points(grid)
-    if jobs > 1 and len(todo) > 1:
-        if base.name not in template_names() or get_template(base.name) is not base:
-            raise TirbyocError(f"--jobs runs points in worker processes, which find the template by "
-                               f"its registered name; the {base.name!r} given is not the registered "
-                               "template of that name (a variant, or unregistered): sweep the "
-                               "registered template, or run the points in this process (jobs=1)")
-        return _sweep_parallel(model, base.name, todo, target, seed, obj, input_shapes, jobs, progress)
+    parallel = jobs > 1 or engine != "local" or address is not None
+    if parallel and (base.name not in template_names() or get_template(base.name) is not base):
+        raise TirbyocError(f"--jobs and --engine run points in worker processes, which find the template "
+                           f"by its registered name; the {base.name!r} given is not the registered "
+                           "template of that name (a variant, or unregistered): sweep the "
+                           "registered template, or run the points in this process (jobs=1)")
+    args = (model, base.name, opts.target, opts.seed, opts.obj, opts.input_shapes)
     references: dict = {}
-    points = []
-    for n, params in enumerate(todo):
-        if progress is not None:
-            progress(n, len(todo), ", ".join(f"{k}={v}" for k, v in params.items()))
-        points.append(_run_point(model, base, params, target, seed, obj, input_shapes, references))
-    if progress is not None:
-        progress(len(todo), len(todo), "")
-    return points
+
+    def run(params: dict) -> SweepPoint:
+        return run_point(model, base, params, opts.target, opts.seed, opts.obj, opts.input_shapes, references)
+
+    header = {"model": model, "template": base.name, "target": opts.target, "seed": opts.seed,
+              "space": {k: list(v) for k, v in space.params.items()}}
+    store = ResultsFile(results, header) if results is not None else None
+    budget = trials if trials is not None or strategy != "grid" else None
+    result = search(space, run, base=base, strategy=strategy, objectives=objectives, constraints=constraints,
+                    trials=budget, seconds=seconds, engine=engine, jobs=jobs, address=address,
+                    results=store, seed=opts.seed, progress=progress, worker=(run_point_by_name, args))
+    if strategy == "grid":
+        order = {point_key(p): n for n, p in enumerate(space.grid())}
+        result.points.sort(key=lambda p: order.get(point_key(p.params), len(order)))
+    return result
 
 
-def _run_point(model, base, params, target, seed, obj, input_shapes, references: dict) -> SweepPoint:
-    """One grid point: the variant offloaded, built, run and compared, on ``target`` or, when
+def run_point(model, base, params, target, seed, obj, input_shapes, references: dict) -> SweepPoint:
+    """One point: the variant offloaded, built, run and compared, on ``target`` or, when
     none is given, the variant's own (a parameter may change it: hexagon_hvx's ``arch``);
     ``references``: TVM's build per model preparation (`preparation`: activation dtype,
     requantization, fusion), shared by the points of one process. Every point runs the model
@@ -130,6 +106,7 @@ def _run_point(model, base, params, target, seed, obj, input_shapes, references:
     point = SweepPoint(params)
     try:
         variant = base.variant(**params)
+        point.scratchpad_kib = scratchpad_kib(variant)
         tgt = check_target(run_target(variant, target))
         # one model for the whole grid: prepared as for the base template (a variant without
         # its ALU runs the same requantized model, its epilogues on the host), unless the
@@ -143,56 +120,41 @@ def _run_point(model, base, params, target, seed, obj, input_shapes, references:
             references[key] = (mod, entry, arrays, ref)
         mod, entry, arrays, ref = references[key]
         done = run_offloaded(mod, [variant], tgt, entry, arrays, ref, repeat=1)
-        report, comparison, simulation, missing = (done.report, done.comparison,
-                                                   done.simulation, done.missing)
-        point.coverage = report.coverage
-        if ref is None:
-            missing.append(UNSTABLE)
-        if comparison is not None:
-            point.verified, point.max_abs_err = comparison.passed, comparison.abs_err
-            if comparison.note:
-                missing.append(f"not meaningfully checked: {comparison.note}")
-        if missing:
-            point.error = "; ".join(missing)
-        st = simulation.get(variant.name)
-        if st is not None:
-            point.cycles, point.utilization = st.cycles, st.utilization
-            point.dma_bytes = sum(st.load_bytes.values()) + st.store_bytes
+        _record(point, variant, ref, done)
     except TirbyocError as err:
         point.error = str(err)
     point.seconds = time.perf_counter() - t0
     return point
 
 
-def _point_in_worker(model, name, params, target, seed, obj, input_shapes) -> SweepPoint:
-    return _run_point(model, get_template(name), params, target, seed, obj, input_shapes, {})
+def _record(point: SweepPoint, variant, ref, done) -> None:
+    """A run's figures into ``point``."""
+    report, comparison, simulation, missing = done.report, done.comparison, done.simulation, done.missing
+    point.coverage = report.coverage
+    if ref is None:
+        missing.append(UNSTABLE)
+    if comparison is not None:
+        point.verified, point.max_abs_err = comparison.passed, comparison.abs_err
+        if comparison.note:
+            missing.append(f"not meaningfully checked: {comparison.note}")
+    if missing:
+        point.error = "; ".join(missing)
+    st = simulation.get(variant.name)
+    if st is not None:
+        point.cycles, point.utilization = st.cycles, st.utilization
+        point.dma_bytes = sum(st.load_bytes.values()) + st.store_bytes
 
 
-def _sweep_parallel(model, name, todo, target, seed, obj, input_shapes, jobs, progress) -> list[SweepPoint]:
-    """The points in ``jobs`` spawned processes, one process per point (``max_tasks_per_child``),
-    their TVM threads sharing this machine's cores."""
-    jobs = min(jobs, len(todo))
-    threads = str(max(1, (os.cpu_count() or 1) // jobs))
-    saved = os.environ.get("TVM_NUM_THREADS")
-    os.environ["TVM_NUM_THREADS"] = threads  # inherited by the workers as they start
-    try:
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
-                                 max_tasks_per_child=1) as pool:
-            futures = [pool.submit(_point_in_worker, model, name, params, target, seed, obj, input_shapes)
-                       for params in todo]
-            points = []
-            for n, future in enumerate(futures):
-                if progress is not None:
-                    progress(n, len(todo), ", ".join(f"{k}={v}" for k, v in todo[n].items()))
-                points.append(future.result())
-    finally:
-        if saved is None:
-            os.environ.pop("TVM_NUM_THREADS", None)
-        else:
-            os.environ["TVM_NUM_THREADS"] = saved
-    if progress is not None:
-        progress(len(todo), len(todo), "")
-    return points
+# TVM's builds of the model per sweep, kept by a worker process that runs several points
+# (a Dask worker): the same reference a serial sweep shares among its points
+_WORKER_REFERENCES: dict = {}
+
+
+def run_point_by_name(model, name, target, seed, obj, input_shapes, params) -> SweepPoint:
+    """`run_point` in a worker process, which finds the template by its registered name."""
+    key = repr((model, name, target, seed, obj, input_shapes))
+    references = _WORKER_REFERENCES.setdefault(key, {})
+    return run_point(model, get_template(name), params, target, seed, obj, input_shapes, references)
 
 
 def table(points: list[SweepPoint]) -> str:
@@ -246,4 +208,5 @@ def plot(points: list[SweepPoint], path: str, title: str = "") -> None:
     plt.close(fig)
 
 
-__all__ = ["SweepPoint", "grid_points", "parse_params", "plot", "sweep", "table"]
+__all__ = ["SweepPoint", "grid_points", "parse_params", "plot", "run_point", "run_point_by_name", "search_model",
+           "sweep", "table"]
