@@ -366,6 +366,7 @@ def make_template(batch: int = 1, block_in: int = 16, block_out: int = 16,
         doc=f"VTA-style {batch}x{block_in}x{block_out} int8 GEMM core with scratchpads, DMA and ALU",
         factory=make_template,
         params=params,
+        timing_params=("dma_bytes_per_cycle", "dma_latency", "clock_mhz"),
     )
 
 

@@ -198,3 +198,29 @@ def test_the_sweep_command_searches_and_reports_the_front(tmp_path, capsys):
     assert len(out["points"]) == 2 and out["search"]["objectives"] == ["cycles", "scratchpad_kib"]
     assert all(s["params"]["acc_kib"] == 128 and s["constraint"] == "scratchpad_kib<=352" for s in out["search"]["skipped"])
     assert out["search"]["best"] in out["points"] and plot.stat().st_size > 0
+
+
+def test_points_that_differ_only_in_timing_share_one_build_and_give_fresh_rows():
+    """vta's DMA bandwidth changes its timing, not its code (`Template.timing_params`): the
+    second point re-simulates the first one's build, and its row is what a fresh run gives."""
+    import tirbyoc
+    from tirbyoc.app.sweep import code_key, run_point
+
+    vta = tirbyoc.get_template("vta")
+    assert set(vta.timing_params) == {"dma_bytes_per_cycle", "dma_latency", "clock_mhz"}
+    assert code_key(vta.variant(dma_bytes_per_cycle=4)) == code_key(vta) != code_key(vta.variant(acc_kib=64))
+    shared: dict = {}
+    first = run_point("builtin:mlp_int8", vta, {"dma_bytes_per_cycle": 4}, None, 0, None, None, shared)
+    again = run_point("builtin:mlp_int8", vta, {"dma_bytes_per_cycle": 16}, None, 0, None, None, shared)
+    fresh = run_point("builtin:mlp_int8", vta, {"dma_bytes_per_cycle": 16}, None, 0, None, None, {})
+    assert again.row() == fresh.row() and again.cycles < first.cycles and again.verified
+    assert again.seconds < fresh.seconds / 3
+
+
+def test_a_timing_parameter_must_be_a_parameter():
+    import tirbyoc
+
+    vta = tirbyoc.get_template("vta")
+    with pytest.raises(tirbyoc.TemplateError, match="timing parameter 'dma_speed'"):
+        tirbyoc.Template("t", {"kind": "llvm"}, tirbyoc.Runtime.EXTERN_C, params=dict(vta.params),
+                         timing_params=("dma_speed",))

@@ -19,9 +19,12 @@ import time
 from tirbyoc.app.preparation import activation_dtype, preparation
 from tirbyoc.app.run import (
     UNSTABLE,
+    OffloadRun,
+    build_and_time,
     build_reference,
     check_target,
     check_templates_on_target,
+    compare,
     run_offloaded,
 )
 from tirbyoc.app.legalize import legalized_model
@@ -119,12 +122,39 @@ def run_point(model, base, params, target, seed, obj, input_shapes, references: 
             ref, _, _ = build_reference(mod, model_target(tgt), entry, arrays, 1, "default", timed=False)
             references[key] = (mod, entry, arrays, ref)
         mod, entry, arrays, ref = references[key]
-        done = run_offloaded(mod, [variant], tgt, entry, arrays, ref, repeat=1)
+        done = _offloaded_run(references, key, mod, variant, tgt, entry, arrays, ref)
         _record(point, variant, ref, done)
     except TirbyocError as err:
         point.error = str(err)
     point.seconds = time.perf_counter() - t0
     return point
+
+
+BUILDS_KEPT = 4  # offloaded builds a process keeps for points that differ only in timing
+
+
+def code_key(template) -> str:
+    """What the code of ``template``'s offload depends on: its parameters but the timing ones
+    (`Template.timing_params`)."""
+    return repr(sorted((k, v) for k, v in template.params.items() if k not in template.timing_params))
+
+
+def _offloaded_run(references: dict, prep_key, mod, variant, tgt, entry, arrays, ref):
+    """`run_offloaded` for ``variant``, or - when this process built the same code for a
+    variant that differs only in timing parameters - that build run again under this
+    variant's simulator, its output compared again (the same code, its own cycles)."""
+    builds = references.setdefault("builds", {})  # (preparation, code key) -> (run, its executable)
+    key = (prep_key, code_key(variant))
+    kept, compiled = builds.get(key, (None, {}))
+    if kept is None or kept.module is None or kept.comparison is None:
+        done = run_offloaded(mod, [variant], tgt, entry, arrays, ref, repeat=1, builds=compiled)
+        builds[key] = (done, compiled)
+        while len(builds) > BUILDS_KEPT:
+            builds.pop(next(iter(builds)))
+        return done
+    out, _, stats = build_and_time(kept.module, model_target(tgt), entry, arrays, 1, [variant.simulator],
+                                   timed=False, builds=compiled)
+    return OffloadRun(kept.report, compare(out, ref), None, {variant.name: stats[0]}, list(kept.missing))
 
 
 def _record(point: SweepPoint, variant, ref, done) -> None:

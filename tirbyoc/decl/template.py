@@ -83,6 +83,10 @@ class Template:
         cast) runs in the core's register-block write-back (a CPU template: `tirbyoc.rewrite.
         cpu_epilogue`); the model is then fused (``FuseOps`` / ``FuseTIR``) before offload, as
         for a template with a ``block_alu``.
+    timing_params : tuple of str
+        The ``params`` that change only the simulator's timing, never the code (VTA's DMA
+        bandwidth and latency, its clock): a sweep builds the model once for points that
+        differ only in these and simulates each.
     channels_last : bool
         Whether the template's convolutions read activations channels-innermost (NHWC): a
         model is then converted to NHWC once, before legalization
@@ -108,6 +112,7 @@ class Template:
     emulates: str = ""
     fuses_epilogues: bool = False
     channels_last: bool = False
+    timing_params: tuple = ()
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -136,6 +141,11 @@ class Template:
         self._check_block_alu()
         self._check_intrinsics()
         self._check_simulator()
+        object.__setattr__(self, "timing_params", tuple(self.timing_params))
+        unknown = [p for p in self.timing_params if p not in self.params]
+        if unknown:
+            raise TemplateError(f"template {self.name!r}: timing parameter {unknown[0]!r} is not one of "
+                                f"its params ({sorted(self.params)})")
         for lib in self.libraries:
             if not isinstance(lib, ExternLibrary):
                 raise TemplateError(f"template {self.name!r}: libraries must be ExternLibrary, got {lib!r}")

@@ -118,8 +118,9 @@ class OffloadReport:
         return sum(b * calls.get(name, 1) for name, b in self.packed.bytes_per_call.items())
 
     def shown(self) -> list[FunctionReport]:
-        """The functions a report lists - with MACs or offloaded - most MACs first."""
-        return sorted((f for f in self.functions if f.macs or f.offloaded),
+        """The functions a report lists - with MACs (a count, or a reason they stayed: a
+        function of symbolic sizes counts none) or offloaded - most MACs first."""
+        return sorted((f for f in self.functions if f.macs or f.offloaded or f.reason),
                       key=lambda f: (-f.total_macs, f.name))
 
     @property
