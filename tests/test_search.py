@@ -16,6 +16,7 @@ from tirbyoc.app.strategies import strategy
 from tirbyoc.app.sweep_point import SweepPoint
 from tirbyoc.app.sweep_results import ResultsFile
 from tirbyoc.errors import TirbyocError
+from tirbyoc.testing.workers import kill_a_worker_after
 
 
 # ------------------------------------------------------------------------ the space
@@ -147,23 +148,6 @@ def test_the_local_engine_refuses_an_address():
 
 
 # ----------------------------------------------------------- a search of vta variants
-def _kill_a_worker_once(killed: list):
-    """A progress callback that, after the first point, kills one of this process's worker
-    processes (SIGKILL: a machine lost mid-point)."""
-    import psutil
-
-    def progress(done, total, label):
-        if killed or done < 1:
-            return
-        workers = [p for p in psutil.Process().children(recursive=True)
-                   if "spawn_main" in " ".join(p.cmdline()) and "resource_tracker" not in " ".join(p.cmdline())]
-        if workers:
-            workers[0].send_signal(signal.SIGKILL)
-            killed.append(workers[0].pid)
-
-    return progress
-
-
 @pytest.mark.slow
 def test_a_search_on_a_local_dask_cluster_gives_the_serial_rows_and_survives_a_killed_worker(tmp_path):
     pytest.importorskip("distributed")
@@ -175,7 +159,7 @@ def test_a_search_on_a_local_dask_cluster_gives_the_serial_rows_and_survives_a_k
     killed: list = []
     results = tmp_path / "vta.jsonl"
     dask = search_model("builtin:mlp_int8", "vta", space, engine="dask", jobs=2, results=str(results),
-                        progress=_kill_a_worker_once(killed))
+                        progress=kill_a_worker_after(1, killed))
     assert killed, "no worker process was found to kill"
     assert [p.row() for p in dask.points] == [p.row() for p in serial.points]  # grid order, no row lost
     assert all(p.verified and p.cycles for p in serial.points)
@@ -224,3 +208,33 @@ def test_a_timing_parameter_must_be_a_parameter():
     with pytest.raises(tirbyoc.TemplateError, match="timing parameter 'dma_speed'"):
         tirbyoc.Template("t", {"kind": "llvm"}, tirbyoc.Runtime.EXTERN_C, params=dict(vta.params),
                          timing_params=("dma_speed",))
+
+
+def test_a_template_parameter_is_an_objective_to_minimise():
+    import tirbyoc
+
+    params = tirbyoc.get_template("vta").params
+    width = objective("BLOCK_OUT", params)
+    assert width.direction == "minimize" and width.value(SweepPoint({"block_out": 32})) == 32
+    assert objective("double_buffer", params).value(SweepPoint({"double_buffer": True})) is None
+    with pytest.raises(TirbyocError, match="or a template parameter"):
+        objective("area", params)
+
+
+def _pid(params):
+    return os.getpid()
+
+
+def test_dask_keeps_the_points_of_one_build_on_one_worker():
+    pytest.importorskip("distributed")
+    eng = DaskEngine(_pid, (), 2)
+    try:
+        for x in range(6):
+            eng.submit({"x": x}, group="a" if x % 2 else "b")
+        out, t0 = [], time.monotonic()
+        while len(out) < 6 and time.monotonic() - t0 < 60:
+            out += eng.wait(timeout=5)
+        pids = {g: {pid for p, pid, _ in out if (p["x"] % 2 == 1) == (g == "a")} for g in "ab"}
+        assert all(len(v) == 1 for v in pids.values()), pids
+    finally:
+        eng.close()

@@ -187,7 +187,8 @@ def _add_search(p) -> None:
                         "objective) or NSGA-II (several) - the last two need the search extra")
     g.add_argument("--objective", action="append", metavar="NAME",
                    help="what to minimise or maximise (repeatable; several: a Pareto front): cycles "
-                        "(default), compute_busy, load_busy, dma_bytes, scratchpad_kib")
+                        "(default), compute_busy, load_busy, dma_bytes, scratchpad_kib, or a numeric "
+                        "template parameter to minimise (block_out, dma_bytes_per_cycle)")
     g.add_argument("--constraint", action="append", metavar="NAME<=V",
                    help="a bound on a parameter or an objective, e.g. scratchpad_kib<=512 (repeatable)")
     g.add_argument("--trials", type=int, metavar="N", help="points to run at most (default: the whole space)")

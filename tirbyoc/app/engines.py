@@ -1,6 +1,7 @@
 """Where a sweep's points run: worker processes on this machine, or a Dask cluster.
 
-An engine runs ``fn(*args, params)`` for each point it is given and hands back finished
+An engine runs ``fn(*args, params)`` for each point it is given (``group``: points that share
+a build, which an engine whose workers outlive a point sends to one worker) and hands back finished
 points as they finish (`wait`), never one twice: a point whose worker dies is run again
 elsewhere (Dask reschedules it; the local pool is restarted and its unfinished points
 resubmitted), and after `RETRIES` deaths its row says so. **A new engine** (Ray, a batch
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import zlib
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor
 from concurrent.futures import wait as wait_futures
 from concurrent.futures.process import BrokenProcessPool
@@ -55,7 +57,8 @@ class LocalEngine:
             return ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("spawn"),
                                        max_tasks_per_child=1)
 
-    def submit(self, params: dict, deaths: int = 0) -> None:
+    def submit(self, params: dict, group: str | None = None, deaths: int = 0) -> None:
+        """Run ``params`` (``group`` is for engines whose workers outlive a point)."""
         self.futures[self.pool.submit(self.fn, *self.args, params)] = (params, deaths)
 
     def wait(self, timeout: float | None = None) -> list[tuple[dict, object, str | None]]:
@@ -80,7 +83,7 @@ class LocalEngine:
                 if deaths >= RETRIES:
                     out.append((params, None, f"its worker process died {deaths + 1} times"))
                 else:
-                    self.submit(params, deaths + 1)
+                    self.submit(params, deaths=deaths + 1)
         return out
 
     @property
@@ -109,9 +112,17 @@ class DaskEngine:
         self.client = distributed.Client(address)
         self.futures: dict = {}
 
-    def submit(self, params: dict) -> None:
-        # allowed_failures (the scheduler's, 3 by default) re-runs a point whose worker died
-        future = self.client.submit(self.fn, *self.args, params, pure=False)
+    def submit(self, params: dict, group: str | None = None) -> None:
+        """Run ``params``; points of one ``group`` (the same code: `tirbyoc.app.sweep.code_key`)
+        go to the same worker while it lives, so that it builds that code once. The
+        scheduler's allowed_failures (3 by default) re-runs a point whose worker died."""
+        placed = {}
+        if group is not None:
+            workers = sorted(self.client.scheduler_info()["workers"])
+            if workers:
+                placed = {"workers": [workers[zlib.crc32(group.encode()) % len(workers)]],
+                          "allow_other_workers": True}
+        future = self.client.submit(self.fn, *self.args, params, pure=False, **placed)
         self.futures[future] = params
 
     def wait(self, timeout: float | None = None) -> list[tuple[dict, object, str | None]]:

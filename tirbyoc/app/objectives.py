@@ -2,7 +2,8 @@
 
 The simulator's figures (cycles, each unit's busy fraction, DMA bytes) and the template's own
 size: ``scratchpad_kib``, the on-chip memory the variant declares (every scope's capacity but
-DRAM's), the area proxy a hardware designer trades cycles against. A point with no figure
+DRAM's), the area proxy a hardware designer trades cycles against; or a numeric template
+parameter itself, minimised (``block_out``, ``dma_bytes_per_cycle``: what the design costs). A point with no figure
 for an objective (it failed, or its template is not simulated) is infeasible for it.
 """
 
@@ -43,11 +44,20 @@ OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
 )}
 
 
-def objective(name: str) -> Objective:
-    try:
-        return OBJECTIVES[name.strip().lower()]
-    except KeyError:
-        raise TirbyocError(f"unknown objective {name!r}; known: {', '.join(OBJECTIVES)}") from None
+def objective(name: str, params=()) -> Objective:
+    """The objective ``name``: one of `OBJECTIVES`, or a numeric template parameter among
+    ``params`` to minimise (a core's width, a DMA's bandwidth: what a design costs)."""
+    key = name.strip().lower()
+    if key in OBJECTIVES:
+        return OBJECTIVES[key]
+    if key in params:
+        return Objective(key, "minimize", lambda p: _number(p.params.get(key)), f"the parameter {key}")
+    raise TirbyocError(f"unknown objective {name!r}; known: {', '.join(OBJECTIVES)}, or a template "
+                       f"parameter ({', '.join(sorted(k for k in params if k != 'name'))})")
+
+
+def _number(value):
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def scratchpad_kib(template) -> float:

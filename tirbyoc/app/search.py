@@ -23,6 +23,7 @@ from tirbyoc.app.search_space import Constraint, SearchSpace, point_key
 from tirbyoc.app.strategies import strategy as make_strategy
 from tirbyoc.app.sweep_point import SweepPoint
 from tirbyoc.app.sweep_results import ResultsFile
+from tirbyoc.errors import TirbyocError
 
 
 @dataclass
@@ -33,6 +34,7 @@ class SearchResult:
     trials: int  # points run or read back from the results file
     seconds: float
     skipped: list = field(default_factory=list)  # (params, the constraint it breaks), never run
+    resumed: int = 0  # of the trials, points read back from the results file
 
     def feasible(self) -> list:
         """Points with every objective's figure that meet every constraint."""
@@ -68,7 +70,7 @@ def _figure(point, name: str):
         return point.params[name]
     try:
         return objective(name).value(point)
-    except Exception:  # noqa: BLE001 - an unknown name: the constraint cannot hold
+    except TirbyocError:  # an unknown name: the constraint cannot hold
         return None
 
 
@@ -88,13 +90,15 @@ class _Budget:
 def search(space: SearchSpace, run, *, base, strategy: str = "grid", objectives=("cycles",),
            constraints=(), trials: int | None = None, seconds: float | None = None,
            engine: str = "local", jobs: int = 1, address: str | None = None,
-           results: ResultsFile | None = None, seed: int = 0, progress=None, worker=None) -> SearchResult:
+           results: ResultsFile | None = None, seed: int = 0, progress=None, worker=None,
+           group_of=None) -> SearchResult:
     """Run points of ``space`` as ``strategy`` proposes them until the budget (``trials``
     points, ``seconds``) or the space ends. ``run(params) -> SweepPoint`` runs one point in
     this process (``jobs`` 1 with the local engine); ``worker``: ``(fn, args)`` the engine
-    calls as ``fn(*args, params)`` in its workers. ``base``: the template (its variants'
+    calls as ``fn(*args, params)`` in its workers; ``group_of(params)``: which points share a
+    build (the engine keeps them on one worker). ``base``: the template (its variants'
     scratchpads, for constraints checked before a run)."""
-    objs = [objective(o) if isinstance(o, str) else o for o in objectives]
+    objs = [objective(o, base.params) if isinstance(o, str) else o for o in objectives]
     cons = [Constraint.parse(c) if isinstance(c, str) else c for c in constraints]
     strat = make_strategy(strategy, space, objs, seed)
     budget, t0 = _Budget(trials, seconds, space.size), time.monotonic()
@@ -110,7 +114,7 @@ def search(space: SearchSpace, run, *, base, strategy: str = "grid", objectives=
                 if serial:
                     _finish(out, strat, results, params, run(params), None, progress, budget)
                 else:
-                    eng.submit(params)
+                    eng.submit(params, group_of(params) if group_of is not None else None)
             if serial or eng.running == 0:
                 break
             for params, point, why in eng.wait(timeout=5.0):
@@ -139,6 +143,7 @@ def _next(strat, out: SearchResult, base, results, budget) -> dict | None:
             point = _point_of(results.rows[point_key(params)])
             out.points.append(point)
             out.trials += 1
+            out.resumed += 1
             budget.used += 1
             strat.tell(params, out.values(point))
             continue

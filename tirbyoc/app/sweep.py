@@ -92,7 +92,8 @@ def search_model(model: str | None, template, space: SearchSpace, options: RunOp
     budget = trials if trials is not None or strategy != "grid" else None
     result = search(space, run, base=base, strategy=strategy, objectives=objectives, constraints=constraints,
                     trials=budget, seconds=seconds, engine=engine, jobs=jobs, address=address,
-                    results=store, seed=opts.seed, progress=progress, worker=(run_point_by_name, args))
+                    results=store, seed=opts.seed, progress=progress, worker=(run_point_by_name, args),
+                    group_of=lambda params: _code_key_of(base, params))
     if strategy == "grid":
         order = {point_key(p): n for n, p in enumerate(space.grid())}
         result.points.sort(key=lambda p: order.get(point_key(p.params), len(order)))
@@ -137,6 +138,13 @@ def code_key(template) -> str:
     """What the code of ``template``'s offload depends on: its parameters but the timing ones
     (`Template.timing_params`)."""
     return repr(sorted((k, v) for k, v in template.params.items() if k not in template.timing_params))
+
+
+def _code_key_of(base, params: dict) -> str | None:
+    try:
+        return code_key(base.variant(**params))
+    except TirbyocError:  # an invalid point: its run says why
+        return None
 
 
 def _offloaded_run(references: dict, prep_key, mod, variant, tgt, entry, arrays, ref):

@@ -20,7 +20,8 @@ def _figure(objective, point) -> str:
 def summary(result: SearchResult) -> str:
     """The trials, the best point and (with several objectives) the front, in words and a table."""
     objs = result.objectives
-    lines = [f"{result.trials} points run in {result.seconds:.0f} s; "
+    read = f" ({result.resumed} read back from the results file)" if result.resumed else ""
+    lines = [f"{result.trials} points{read}, {result.seconds:.0f} s; "
              f"{len(result.feasible())} feasible"
              + (f" ({len(result.skipped)} proposals broke a constraint before running)" if result.skipped else "")]
     best = result.best()
