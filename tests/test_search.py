@@ -238,3 +238,15 @@ def test_dask_keeps_the_points_of_one_build_on_one_worker():
         assert all(len(v) == 1 for v in pids.values()), pids
     finally:
         eng.close()
+
+
+def test_dask_joins_a_running_cluster_at_its_address():
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        eng = DaskEngine(_square, (3,), 1, address=cluster.scheduler_address)
+        try:
+            eng.submit({"x": 4})
+            assert _collect(eng, 1) == [(4, 48, None)]
+        finally:
+            eng.close()
+        assert cluster.scheduler_address  # the cluster outlives the engine that joined it
