@@ -35,7 +35,7 @@ import numpy as np
 from tirbyoc._tvm import PrimCall, StringImm, make_target, relax, tirx, tvm, tvm_ffi
 from tirbyoc.app.deploy_hexagon import FORMATS as HEXAGON_FORMATS
 from tirbyoc.app.deploy_hexagon import HexagonArtifact, check_deployable, export_hexagon
-from tirbyoc.app.frontends import default_sizes
+from tirbyoc.app.frontends import sizes_to_run
 from tirbyoc.app.jsonout import dumps
 from tirbyoc.app.legalize import importing, legalized_model
 from tirbyoc.app.options import RunOptions, options_of
@@ -302,8 +302,7 @@ def build_library(model: str | None, templates=None, options: RunOptions | None 
     artifact must reproduce. ``whole_calls``: as `offload_module`'s (False: library kernels
     are called from inside PrimFuncs, never whole)."""
     opts = options_of(options, changes, "build_library")
-    if opts.sizes is None and default_sizes(model):  # a built-in of named sizes: its own sample sizes
-        opts = replace(opts, sizes=default_sizes(model))
+    opts = replace(opts, sizes=sizes_to_run(model, opts.sizes))
     progress = progress or Progress(enabled=False)
     output = Path(output)
     if opts.target is not None:

@@ -5,7 +5,8 @@ a build, which an engine whose workers outlive a point sends to one worker) and 
 points as they finish (`wait`), never one twice: a point whose worker dies is run again
 elsewhere (Dask reschedules it; the local pool is restarted and its unfinished points
 resubmitted), and after `RETRIES` deaths its row says so. **A new engine** (Ray, a batch
-queue) is a class with ``submit(params)``, ``wait(timeout)`` and ``close()`` in `ENGINES`.
+queue) is a class with ``submit(params, group)``, ``wait(timeout)``, ``running`` and ``close()``
+in `ENGINES`.
 
 ``local`` (the default): ``jobs`` spawned processes, one point per process (its own TVM
 state), the machine's threads divided among them. ``dask``: a `distributed.LocalCluster` of
@@ -142,11 +143,6 @@ class DaskEngine:
     @property
     def running(self) -> int:
         return len(self.futures)
-
-    @property
-    def workers(self) -> dict:
-        """Worker address -> its process id (what a test kills)."""
-        return self.client.run(os.getpid)
 
     def close(self) -> None:
         self.client.close()

@@ -157,6 +157,12 @@ def default_sizes(spec: str | None) -> dict | None:
         return None
 
 
+def sizes_to_run(spec: str | None, given: dict | None) -> dict | None:
+    """The sizes a command runs ``spec`` at: those ``given`` (``--size``), else the model's
+    own (`default_sizes`: a built-in of named dimensions)."""
+    return given if given is not None else (default_sizes(spec) or None)
+
+
 def is_float_model(spec: str | None) -> bool | None:
     """Whether the model ``spec`` names is known to compute in float only, before importing
     it; None where that is not known (the default model, a ``.py`` file)."""
@@ -169,4 +175,4 @@ def is_float_model(spec: str | None) -> bool | None:
 
 
 __all__ = ["FRONTENDS", "QUANTIZED_ONNX_OPS", "Frontend", "default_model", "default_sizes", "frontend_for", "is_float_model",
-           "load_model", "register_frontend"]
+           "load_model", "register_frontend", "sizes_to_run"]

@@ -18,7 +18,7 @@ from dataclasses import field as dataclass_field
 import numpy as np
 
 from tirbyoc._tvm import is_host_target, relax_vm, tirx, tvm
-from tirbyoc.app.frontends import default_sizes, is_float_model
+from tirbyoc.app.frontends import is_float_model, sizes_to_run
 from tirbyoc.app.legalize import importing, legalized_model
 from tirbyoc.app.model_inputs import model_inputs
 from tirbyoc.app.options import RunOptions, options_of
@@ -292,8 +292,7 @@ def run_model(model: str | None = None, templates: list | None = None, options: 
     TVM's build of the untouched model, and compare: how is `RunOptions` (``options``, or its
     fields as keywords: ``repeat=1``)."""
     opts = options_of(options, changes, "run_model")
-    if opts.sizes is None and default_sizes(model):  # a built-in of named sizes runs at its own
-        opts = replace(opts, sizes=default_sizes(model))
+    opts = replace(opts, sizes=sizes_to_run(model, opts.sizes))
     _check_reference(opts.reference, model)
     tuned = tuned_schedules(opts.database) if opts.database is not None else None
     progress = progress or Progress(enabled=False)

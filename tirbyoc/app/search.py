@@ -140,12 +140,9 @@ def _next(strat, out: SearchResult, base, results, budget) -> dict | None:
             strat.tell(params, None)
             continue
         if results is not None and params in results:
-            point = _point_of(results.rows[point_key(params)])
-            out.points.append(point)
-            out.trials += 1
+            _add(out, strat, params, SweepPoint.from_json(results.rows[point_key(params)]))
             out.resumed += 1
             budget.used += 1
-            strat.tell(params, out.values(point))
             continue
         budget.used += 1
         return params
@@ -161,7 +158,7 @@ def _broken_before_run(params: dict, constraints, base) -> str | None:
             if kib is None:
                 try:
                     kib = scratchpad_kib(base.variant(**params))
-                except Exception:  # noqa: BLE001 - an invalid variant: its run says why
+                except TirbyocError:  # an invalid variant: its run says why
                     return None
             value = kib
         else:
@@ -171,20 +168,21 @@ def _broken_before_run(params: dict, constraints, base) -> str | None:
     return None
 
 
-def _finish(out: SearchResult, strat, results, params, point, why, progress, budget) -> None:
-    if point is None:
-        point = SweepPoint(params, error=why)
+def _add(out: SearchResult, strat, params: dict, point: SweepPoint) -> None:
+    """A finished point (run now or read back): a trial, and the strategy told its values."""
     out.points.append(point)
     out.trials += 1
     strat.tell(params, out.values(point))
+
+
+def _finish(out: SearchResult, strat, results, params, point, why, progress, budget) -> None:
+    if point is None:
+        point = SweepPoint(params, error=why)
+    _add(out, strat, params, point)
     if results is not None:
         results.add(point.to_json())
     if progress is not None:
         progress(out.trials, budget.total, point.label())
-
-
-def _point_of(row: dict) -> SweepPoint:
-    return SweepPoint.from_json(row)
 
 
 __all__ = ["SearchResult", "search"]

@@ -46,10 +46,6 @@ def parse_params(specs) -> dict[str, list]:
     return SearchSpace.parse(specs).params
 
 
-def grid_points(grid: dict[str, list]) -> list[dict]:
-    return SearchSpace(grid).grid()
-
-
 def sweep(model: str | None, template, grid: dict[str, list], options: RunOptions | None = None, *,
           progress=None, jobs: int = 1, **changes) -> list[SweepPoint]:
     """One `SweepPoint` per grid point (in grid order), the model loaded and targeted as
@@ -162,12 +158,13 @@ def _offloaded_run(references: dict, prep_key, mod, variant, tgt, entry, arrays,
         return done
     out, _, stats = build_and_time(kept.module, model_target(tgt), entry, arrays, 1, [variant.simulator],
                                    timed=False, builds=compiled)
-    return OffloadRun(kept.report, compare(out, ref), None, {variant.name: stats[0]}, list(kept.missing))
+    return OffloadRun(kept.report, compare(out, ref), None, {variant.name: stats[0]}, kept.missing)
 
 
 def _record(point: SweepPoint, variant, ref, done) -> None:
     """A run's figures into ``point``."""
-    report, comparison, simulation, missing = done.report, done.comparison, done.simulation, done.missing
+    report, comparison, simulation = done.report, done.comparison, done.simulation
+    missing = list(done.missing)  # a copy: the run may be kept for the next point (`_offloaded_run`)
     point.coverage = report.coverage
     if ref is None:
         missing.append(UNSTABLE)
@@ -246,5 +243,5 @@ def plot(points: list[SweepPoint], path: str, title: str = "") -> None:
     plt.close(fig)
 
 
-__all__ = ["SweepPoint", "grid_points", "parse_params", "plot", "run_point", "run_point_by_name", "search_model",
+__all__ = ["SweepPoint", "parse_params", "plot", "run_point", "run_point_by_name", "search_model",
            "sweep", "table"]

@@ -152,11 +152,11 @@ def _same_slice(init_realize, init_idx, iloops, update_realize, update_idx, uloo
     renamed to their partners every binding is the update's."""
     if not (always_true(init_realize.predicate) and always_true(update_realize.predicate)):
         return False
+    bound = [(_binding(init_realize, iv), _binding(update_realize, uv)) for iv, uv in zip(init_idx, update_idx)]
+    if any(a is None or b is None for a, b in bound):
+        return False
     pairs = {}
-    for iv, uv in zip(init_idx, update_idx):
-        a, b = _binding(init_realize, iv), _binding(update_realize, uv)
-        if a is None or b is None:
-            return False
+    for a, b in bound:
         mine = [lp for lp in iloops if uses_var(a, lp.loop_var)]
         theirs = [lp for lp in uloops if uses_var(b, lp.loop_var)]
         if len(mine) > 1 or len(theirs) != len(mine):
@@ -168,8 +168,7 @@ def _same_slice(init_realize, init_idx, iloops, update_realize, update_idx, uloo
                 return False
     if len(pairs) != len(iloops):
         return False  # an init loop no index uses writes its slice several times: not read here
-    for iv, uv in zip(init_idx, update_idx):
-        a, b = _binding(init_realize, iv), _binding(update_realize, uv)
+    for a, b in bound:
         renamed = tirx.IndexMap([lp.loop_var for lp in iloops], [a], None).map_indices(
             [pairs[lp.loop_var].loop_var for lp in iloops])[0]
         if not structural_equal(renamed, b, map_free_vars=False):

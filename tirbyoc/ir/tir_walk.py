@@ -109,16 +109,16 @@ def constant_divisors(node, variables) -> dict:
 
 def map_expr(expr, fn):
     """``expr`` rebuilt bottom-up with ``fn(node)`` replacing each node it returns a
-    replacement for (None: keep it, with its children mapped). Arithmetic, comparisons,
-    casts, selects and calls are rebuilt; other nodes (loads, constants, variables) are
-    leaves. TVM 0.27's Python has no expression mutator."""
+    replacement for (None: keep it, with its children mapped). Casts and binary nodes
+    (arithmetic, comparisons) are rebuilt; every other node (loads, constants, variables,
+    selects, calls) is a leaf. TVM 0.27's Python has no expression mutator."""
     new = fn(expr)
     if new is not None:
         return new
     if isinstance(expr, tirx.Cast):
         value = map_expr(expr.value, fn)
         return expr if value.same_as(expr.value) else tirx.Cast(expr_dtype(expr), value)
-    if hasattr(expr, "a") and hasattr(expr, "b") and not isinstance(expr, tirx.Buffer):
+    if hasattr(expr, "a") and hasattr(expr, "b"):
         a, b = map_expr(expr.a, fn), map_expr(expr.b, fn)
         return expr if a.same_as(expr.a) and b.same_as(expr.b) else type(expr)(a, b)
     return expr

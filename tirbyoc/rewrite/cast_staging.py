@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tirbyoc._tvm import TensorLoad, expr_dtype, prim_expr, s_tir, tirx
+from tirbyoc._tvm import TensorLoad, expr_dtype, prim_expr
 from tirbyoc.errors import RewriteError
 from tirbyoc.ir.pattern import load_source, read_block
 from tirbyoc.ir.tir_walk import map_expr
@@ -21,6 +21,7 @@ from tirbyoc.matching.candidates import Candidate
 from tirbyoc.matching.matcher import match_block
 from tirbyoc.matching.results import Mismatch, Staging
 from tirbyoc.rewrite.pipeline import stage
+from tirbyoc.rewrite.stages import replace_stored_value
 from tirbyoc.rewrite.state import RewriteState
 from tirbyoc.rewrite.steps import StepKind
 
@@ -41,8 +42,8 @@ def _unwrapped(copies: dict):
 
 @stage("cast")
 def stage_casts(state: RewriteState) -> RewriteState | None:
-    casts = {o.buffer: dt for o in state.match.operands if Staging.CAST in o.staging
-             for dt in [next(s.dtype for s in state.match.intrinsic.operands if s.name == o.operand)]}
+    dtypes = {s.name: s.dtype for s in state.match.intrinsic.operands}
+    casts = {o.buffer: dtypes[o.operand] for o in state.match.operands if Staging.CAST in o.staging}
     if not casts:
         return None
     if state.traced:
@@ -57,13 +58,7 @@ def stage_casts(state: RewriteState) -> RewriteState | None:
             copy = sch.cache_read(state.block, index, "global")
             sch.unsafe_set_dtype(copy, 0, dtype)
             copies[str(sch.get(copy).writes[0].source.name)] = dtype
-    block = sch.get(state.block)
-    body = block.body
-    value = map_expr(body.value, _unwrapped(copies))
-    new = s_tir.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint,
-                       tirx.BufferStore(body.buffer, value, body.indices), block.init,
-                       block.alloc_buffers, block.match_buffers, block.annotations)
-    sch.state.replace(sch.get_sref(state.block), new, {block: new})
+    replace_stored_value(sch, state.block, map_expr(sch.get(state.block).body.value, _unwrapped(copies)))
     m = state.match
     pattern = read_block(sch.get(state.block))
     again = match_block(Candidate(m.intrinsic, m.group, state.template), pattern, m.function)

@@ -83,12 +83,20 @@ def commute(state: RewriteState) -> RewriteState | None:
         raise RewriteError(f"{state.where}: the block's operands are in another order than the "
                            "intrinsic's, which no schedule primitive changes; prepare the "
                            "workload first (tirbyoc.tuning.prepare)")
-    body = tirx.BufferStore(block.body.buffer, value, block.body.indices)
-    new = s_tir.SBlock(block.iter_vars, reads, block.writes, block.name_hint, body,
-                       block.init, block.alloc_buffers, block.match_buffers, block.annotations)
     with state.step(StepKind.COMMUTE, "order the block's operands as the intrinsic's (multiply-add, reads)"):
-        sch.state.replace(sch.get_sref(state.block), new, {block: new})
+        replace_stored_value(sch, state.block, value, reads)
     return state
+
+
+def replace_stored_value(sch, block_rv, value, reads=None) -> None:
+    """The block's store given ``value`` (and ``reads``, default its own), in place
+    (``ScheduleState.replace``: not a primitive, so not in the trace) - for the IR edits no
+    schedule primitive makes."""
+    block = sch.get(block_rv)
+    body = tirx.BufferStore(block.body.buffer, value, block.body.indices)
+    new = s_tir.SBlock(block.iter_vars, block.reads if reads is None else reads, block.writes, block.name_hint,
+                       body, block.init, block.alloc_buffers, block.match_buffers, block.annotations)
+    sch.state.replace(sch.get_sref(block_rv), new, {block: new})
 
 
 @stage("canonicalize")
