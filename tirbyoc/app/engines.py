@@ -111,29 +111,55 @@ class DaskEngine:
                                                         processes=True, dashboard_address=None)
             address = self.cluster.scheduler_address
         self.client = distributed.Client(address)
-        self.futures: dict = {}
+        if self.cluster is not None:
+            self.client.wait_for_workers(max(1, jobs), timeout=120)
+        self.futures: dict = {}  # future -> (params, group)
+        self.homes: dict = {}  # group -> the name of the worker that builds its code
+
+    def _worker_names(self) -> list:
+        """The live workers' names, as the scheduler knows them (a local cluster's are 0, 1,
+        ...; a nanny restarts a killed worker under its old name)."""
+        names = self.client.run_on_scheduler(
+            lambda dask_scheduler: [w.name for w in dask_scheduler.workers.values()])
+        return sorted(names, key=str)
 
     def submit(self, params: dict, group: str | None = None) -> None:
         """Run ``params``; points of one ``group`` (the same code: `tirbyoc.app.sweep.code_key`)
-        go to the same worker while it lives, so that it builds that code once. The
-        scheduler's allowed_failures (3 by default) re-runs a point whose worker died."""
+        run on one worker, named strictly (no fallback, so that the scheduler's work stealing
+        cannot move them), so that it builds that code once. The scheduler's allowed_failures
+        (3 by default) re-runs a point whose worker died: a local cluster's nanny restarts the
+        worker under the same name; a point pinned to a worker that left for good is moved
+        (`wait`)."""
         placed = {}
         if group is not None:
-            workers = sorted(self.client.scheduler_info()["workers"])
-            if workers:
-                placed = {"workers": [workers[zlib.crc32(group.encode()) % len(workers)]],
-                          "allow_other_workers": True}
+            names = self._worker_names()
+            if group not in self.homes or self.homes[group] not in names:
+                self.homes[group] = names[zlib.crc32(group.encode()) % len(names)] if names else None
+            if self.homes[group] is not None:
+                placed = {"workers": [self.homes[group]], "allow_other_workers": False}
         future = self.client.submit(self.fn, *self.args, params, pure=False, **placed)
-        self.futures[future] = params
+        self.futures[future] = (params, group)
+
+    def _move_orphans(self) -> None:
+        """Resubmit the pending points pinned to a worker that is no longer in the cluster."""
+        names = set(self._worker_names())
+        orphans = [(f, p, g) for f, (p, g) in self.futures.items()
+                   if g is not None and self.homes.get(g) not in names and f.status == "pending"]
+        for future, params, group in orphans:
+            del self.futures[future]
+            future.cancel()
+            self.homes.pop(group, None)
+            self.submit(params, group)
 
     def wait(self, timeout: float | None = None) -> list[tuple[dict, object, str | None]]:
         try:
             done, _ = self.distributed.wait(list(self.futures), timeout=timeout, return_when="FIRST_COMPLETED")
         except self.distributed.TimeoutError:
+            self._move_orphans()
             return []
         out = []
         for future in done:
-            params = self.futures.pop(future)
+            params, _ = self.futures.pop(future)
             try:
                 out.append((params, future.result(), None))
             except self.distributed.KilledWorker as err:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tirbyoc._tvm import TensorLoad, expr_dtype, prim_expr
+from tirbyoc._tvm import TensorLoad, expr_dtype, prim_expr, s_tir
 from tirbyoc.errors import RewriteError
 from tirbyoc.ir.pattern import load_source, read_block
 from tirbyoc.ir.tir_walk import map_expr
@@ -40,6 +40,26 @@ def _unwrapped(copies: dict):
     return fn
 
 
+def _inline_narrow_producers(state: RewriteState, copy, buffer: str) -> None:
+    """Compute ``buffer`` (made in this function in the narrow dtype: a convolution's padding)
+    inside its wide staging copy, so that no narrow intermediate is left. Left, it does not
+    build: TVM's StorageRewrite gives a narrow buffer's memory to a wide one whose pointer the
+    intrinsic takes, and the pointer's element type then contradicts its buffer. A producer
+    that cannot be inlined (a reduction) refuses the rewrite here, before it is built."""
+    sch = state.sch
+    for producer in sch.get_producers(copy):
+        name = sch.get(producer).name_hint
+        try:
+            sch.compute_inline(producer)
+        except s_tir.ScheduleError as err:
+            raise RewriteError(
+                f"{state.where}: {buffer} is computed in this function ({name}) in its narrow "
+                f"dtype and cannot be computed inside its staging copy "
+                f"({str(err).strip().splitlines()[-1]}); a narrow buffer beside the wide copies "
+                "does not build (TVM's StorageRewrite shares their memory)") from None
+        state.record(StepKind.CAST, f"{name} computed inside the staging copy of {buffer}")
+
+
 @stage("cast")
 def stage_casts(state: RewriteState) -> RewriteState | None:
     dtypes = {s.name: s.dtype for s in state.match.intrinsic.operands}
@@ -58,6 +78,7 @@ def stage_casts(state: RewriteState) -> RewriteState | None:
             copy = sch.cache_read(state.block, index, "global")
             sch.unsafe_set_dtype(copy, 0, dtype)
             copies[str(sch.get(copy).writes[0].source.name)] = dtype
+            _inline_narrow_producers(state, copy, buffer)
     replace_stored_value(sch, state.block, map_expr(sch.get(state.block).body.value, _unwrapped(copies)))
     m = state.match
     pattern = read_block(sch.get(state.block))
