@@ -36,7 +36,8 @@ def _runnable(name):
     return t
 
 
-@pytest.mark.parametrize("template", ["x86_vnni", "x86_vnni_emulated", "blas", "hexagon_hvx"])
+@pytest.mark.parametrize("template", ["x86_vnni", "x86_vnni_emulated", "blas", "hexagon_hvx", "x86_amx",
+                                      "x86_amx_emulated"])
 def test_self_check_shipped(template):
     t = _runnable(template)
     for intrin in t.intrinsics():

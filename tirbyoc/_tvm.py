@@ -10,6 +10,8 @@ TVMScript intrinsics and costs ~40 s.
 
 from __future__ import annotations
 
+import functools
+
 import os
 import platform
 import shutil
@@ -91,10 +93,34 @@ def make_target(spec) -> "tvm.target.Target":
     return tvm.target.Target(spec)
 
 
-def host_cpu_features() -> set[str]:
-    """The LLVM feature names of the CPU this process runs on (``avx512vnni``, ...)."""
+@functools.cache
+def cpuinfo_flags() -> frozenset[str]:
+    """The CPU flags Linux reports (``/proc/cpuinfo``: ``amx_int8``, ``avx512_bf16``, ...);
+    empty elsewhere. LLVM derives its view of the host from the CPU's model name, which a
+    virtual machine may report as an older one (an Emerald Rapids guest reads as
+    ``rocketlake``, without AMX or AVX512_BF16): the kernel's flags are what the CPU runs."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
 
-    return {str(f) for f in codegen.llvm_get_cpu_features(host_target())}
+
+def _llvm_feature(flag: str) -> str:
+    """A /proc/cpuinfo flag in LLVM's spelling: ``amx_int8`` -> ``amx-int8``,
+    ``avx512_bf16`` -> ``avx512bf16``, ``avx_vnni`` -> ``avxvnni``."""
+    return flag.replace("_", "-") if flag.startswith("amx_") else flag.replace("_", "")
+
+
+def host_cpu_features() -> set[str]:
+    """The LLVM feature names of the CPU this process runs on (``avx512vnni``, ...): LLVM's
+    view of the host and the features the kernel reports (`cpuinfo_flags`)."""
+
+    return {str(f) for f in codegen.llvm_get_cpu_features(host_target())} | {
+        _llvm_feature(f) for f in cpuinfo_flags()}
 
 
 _ISA = ("avx", "sse", "ssse", "fma", "f16c", "amx", "bmi", "gfni", "vaes", "vpclmul", "sha")

@@ -112,7 +112,7 @@ def _add_run(sub, common) -> None:
     _model_file_args(p)
     p.add_argument("--template", "-t", action="extend", nargs="+", metavar="T",
                    help="templates to offload to, tried in order (default: blas for a float model; "
-                        "otherwise this CPU's fastest int8 template: x86_vnni, x86_avx512bw or x86_avx2)")
+                        "otherwise this CPU's fastest int8 template: x86_amx (then x86_vnni), x86_vnni, x86_avx512bw or x86_avx2)")
     p.add_argument("--target", help='TVM target as JSON (e.g. \'{"kind": "llvm", "mcpu": "native"}\') '
                                     "or a kind; default: the first template's")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs and weights")

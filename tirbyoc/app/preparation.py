@@ -44,9 +44,13 @@ def wants_channels_last(templates) -> bool:
 
 def reduction_tile(templates) -> int:
     """The reduction extent of the first template's first core (x86_vnni: 4 bytes per lane):
-    a channels-last model pads a convolution's input channels up to it."""
+    a channels-last model pads a convolution's input channels up to it. A kernel declared for
+    any size (``resize``: blas, x86_amx) takes any reduction, save the grouping its packed
+    weight needs (x86_amx: 4 bytes, the innermost dimension of its ``Layout.packed`` tile)."""
     for t in templates[:1]:
         for g in as_template(t).groups:
+            if g.resize is not None:
+                return max((op.layout.tile[-1] for op in g.compute.operands if op.layout.tile), default=1)
             return prod(a.extent for a in g.compute.axes if a.kind == "R")
     return 1
 

@@ -51,7 +51,9 @@ from tirbyoc.relax.layout import LayoutReport
 from tirbyoc.relax.quantized import QuantizedReport
 from tirbyoc.tuning.apply import tuned_schedules
 
-INT8_TEMPLATES = ("x86_vnni", "x86_avx512bw", "x86_avx2")  # this CPU's int8 cores, fastest first
+INT8_TEMPLATES = ("x86_amx", "x86_vnni", "x86_avx512bw", "x86_avx2")  # this CPU's int8 cores, fastest first
+# a template whose kernel refuses some blocks (AMX: N not a multiple of 16) and the one tried next
+FALLBACKS = {"x86_amx": "x86_vnni"}
 FLOAT_TEMPLATES = ("x86_fp32_avx512", "x86_fp32_avx2", "blas")  # fp32 cores, fastest first
 
 
@@ -94,11 +96,13 @@ def default_templates(model: str | None = None) -> list[str]:
     (`is_float_model`), the fastest fp32 template this CPU runs (`FLOAT_TEMPLATES`: the
     AVX-512 fused multiply-add core, else the AVX2 one, else blas); otherwise (an int8 model,
     the default model, a model file not yet read) the fastest int8 template this CPU runs
-    (`INT8_TEMPLATES`: VNNI where it exists, else AVX-512 BW, else AVX2), then those."""
+    (`INT8_TEMPLATES`: AMX where Linux grants it, with VNNI for what its kernel refuses; else
+    VNNI, AVX-512 BW, AVX2), then those."""
     order = FLOAT_TEMPLATES if is_float_model(model) else INT8_TEMPLATES + FLOAT_TEMPLATES
     for name in order:
         if get_template(name).runs_here():
-            return [name]
+            after = FALLBACKS.get(name)
+            return [name] + ([after] if after and get_template(after).runs_here() else [])
     raise TirbyocError(f"none of the default templates ({', '.join(order)}) runs on this machine; "
                        "pass --template")
 

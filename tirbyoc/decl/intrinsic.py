@@ -17,6 +17,7 @@ from math import prod
 from typing import Callable, Iterable
 
 from tirbyoc.decl.extern import PackedFunction
+from tirbyoc.decl.layout import Layout
 from tirbyoc.dtypes import dtype_bytes, is_valid_dtype
 from tirbyoc.errors import IntrinsicError
 
@@ -34,36 +35,6 @@ class Role(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
-
-
-@dataclass(frozen=True)
-class Layout:
-    """How the implementation addresses an operand's window.
-
-    ``dense``: the window is read as one contiguous row-major block (strides are the compact
-    ones), e.g. a 64-byte vector load. ``row_strided``: rows may be apart (leading strides
-    are passed to the implementation) but each innermost row is contiguous. ``alignment``:
-    byte alignment of the window's first element.
-
-    A matcher must never hand a dense-only implementation a strided window: TVM's own
-    ``tensorize`` accepts it and the result is silently wrong.
-    """
-
-    dense: bool = True
-    alignment: int = 1
-
-    def __post_init__(self):
-        a = self.alignment
-        if isinstance(a, bool) or not isinstance(a, int) or a <= 0 or a & (a - 1):
-            raise IntrinsicError(f"layout alignment {a!r} must be a positive power of two (bytes)")
-
-    @classmethod
-    def row_strided(cls, alignment: int = 1) -> "Layout":
-        return cls(dense=False, alignment=alignment)
-
-    def describe(self) -> str:
-        kind = "dense" if self.dense else "row-strided"
-        return kind if self.alignment == 1 else f"{kind}, {self.alignment}B-aligned"
 
 
 DENSE = Layout()
@@ -94,6 +65,15 @@ class Operand:
             raise IntrinsicError(f"operand {self.name!r}: dtype {self.dtype!r} is not a TVM dtype")
         if not isinstance(self.layout, Layout):
             raise IntrinsicError(f"operand {self.name!r}: layout must be a tirbyoc.Layout")
+        tile = self.layout.tile
+        if tile is not None and (len(tile) != len(self.shape) or any(s % t for s, t in zip(self.shape, tile))):
+            raise IntrinsicError(f"operand {self.name!r}: packing tile {tile} does not divide its shape "
+                                 f"{self.shape} dimension by dimension")
+
+    @property
+    def stored_shape(self) -> tuple[int, ...]:
+        """The shape of the implementation's buffer: the declared one, or its packed form."""
+        return self.layout.packed_shape(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -278,10 +258,11 @@ class Intrinsic:
     def register(self) -> str:
         """Register with ``tvm.s_tir.TensorIntrin`` (idempotent); return the name."""
         # deferred: `import tirbyoc` stays free of TVM (importing it costs ~1.3 s)
+        from tirbyoc.decl.packed_desc import packed_description
         from tirbyoc.decl.tvm_registry import register_tensor_intrin
 
         desc, impl = self._funcs_checked()
-        register_tensor_intrin(self.name, desc, impl)
+        register_tensor_intrin(self.name, packed_description(desc, self.operands), impl)
         return self.name
 
     @classmethod

@@ -82,8 +82,10 @@ def _check_func_kind(name: str, which: str, func) -> None:
 def _check_buffer(name: str, op: Operand, buf, which: str) -> None:
     where = f"intrinsic {name!r}: {which} buffer {buf.name!r} (operand {op.name!r})"
     shape = _const_tuple(buf.shape, f"{where} shape")
-    if shape != op.shape:
-        raise IntrinsicError(f"{where}: shape {shape} != declared {op.shape}")
+    want = op.stored_shape if which == "implementation" else op.shape
+    if shape != want:
+        packed = f" (packed in {op.layout.tile} tiles)" if want != op.shape else ""
+        raise IntrinsicError(f"{where}: shape {shape} != declared {want}{packed}")
     if str(buf.dtype) != op.dtype:
         raise IntrinsicError(f"{where}: dtype {buf.dtype} != declared {op.dtype}")
     if str(buf.scope()) != op.scope:
@@ -102,7 +104,7 @@ def _check_layout(name: str, op: Operand, impl_buf) -> None:
     if op.layout.dense:
         if strides:
             compact, acc = [], 1
-            for extent in reversed(op.shape):
+            for extent in reversed(op.stored_shape):
                 compact.append(acc)
                 acc *= extent
             got = [int(s.value) if isinstance(s, tirx.IntImm) else None for s in strides]

@@ -44,6 +44,9 @@ def operand_map(op, dims: tuple, wacc: Access, axes: dict, is_output: bool) -> O
         if problem:
             reasons.append(problem)
             ok = False
+    if ok and op.layout.tile is not None:  # a plain buffer is never in the packed layout
+        reasons.append(f"the implementation reads {op.name} packed in {'x'.join(map(str, op.layout.tile))} tiles")
+        ok = False
     if not ok and op.layout.dense and len(view) > 1:
         pack = True
         staging.append(Staging.PACK)
@@ -56,6 +59,7 @@ def operand_map(op, dims: tuple, wacc: Access, axes: dict, is_output: bool) -> O
         view_axes=view, view_extents=padded, tile=tile, direct=direct,
         staging=tuple(dict.fromkeys(staging)) if not direct else tuple(s for s in staging if s.startswith("copy")),
         reason="; ".join(reasons) or None, pack=pack, scope=op.scope, workload_scope=wacc.scope,
+        pack_tile=op.layout.tile if pack else None,
     )
 
 

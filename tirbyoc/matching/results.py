@@ -175,13 +175,20 @@ class OperandMap:
     scope: str = "global"  # the intrinsic's scope for it
     workload_scope: str = "global"
     keeps_order: bool = True  # its axes index the workload's dimensions outermost first
+    pack_tile: tuple[int, ...] | None = None  # the tiles its layout declares (`Layout.packed`)
+
+    @property
+    def packing_tile(self) -> tuple[int, ...]:
+        """The tiles a packed copy is laid out in: the layout's own (AMX's weights: 16 x 4
+        within a 32 x k window) or, by default, the intrinsic's extents."""
+        return self.pack_tile or self.tile
 
     def layout_map(self):
         """IndexMap from the operand's view (its axes in intrinsic order, padded extents) to
         the layout the implementation reads: identity, or tile-packed
         ``(x, y) -> (x // tx, y // ty, x % tx, y % ty)`` (VNNI's [N/16, K/4, 16, 4])."""
 
-        tiles = self.tile
+        tiles = self.packing_tile
 
         def fn(*xs):
             if not self.pack:

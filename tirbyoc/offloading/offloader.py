@@ -134,15 +134,18 @@ def _policy(policy) -> Policy:
 MIN_PART = 16  # a library call's share of a spatial axis is not split finer than this
 
 
-def split_for_cores(axes, cores: int) -> dict:
+def split_for_cores(axes, cores: int, multiples: dict | None = None) -> dict:
     """The extents one library call covers so that a block becomes ``cores`` calls the CPU
     schedule runs in parallel (a library call inside a PrimFunc runs on one of TVM's threads,
     single-threaded: one call for the whole block would leave the other cores idle): the
     largest spatial axis whose extent ``cores`` divides (no padding) into parts of at least
-    `MIN_PART`; the whole block where none does."""
+    `MIN_PART`, each a multiple of what a packed operand's tiles need along it (``multiples``:
+    axis -> tile; AMX's weight: 16 output channels); the whole block where none does."""
     extents = {a.axis: a.extent for a in axes}
+    multiples = multiples or {}
     if cores > 1:
-        fits = [a for a in axes if a.kind == "S" and a.extent % cores == 0 and a.extent // cores >= MIN_PART]
+        fits = [a for a in axes if a.kind == "S" and a.extent % cores == 0 and a.extent // cores >= MIN_PART
+                and (a.extent // cores) % multiples.get(a.axis, 1) == 0]
         if fits:
             best = max(fits, key=lambda a: a.extent)
             extents[best.axis] = best.extent // cores
@@ -169,7 +172,8 @@ def exact_size(func, m: Match, cores: int = 1) -> Match:
     if m.runtime_axes:
         raise RewriteError(f"{m.function}/{m.block}: axis {m.runtime_axes[0]} has a size known only at run "
                            f"time; {group.name} takes it only as a whole-function library call")
-    extents = split_for_cores(m.axes, cores)
+    packed = {a: t for o in m.operands if o.pack_tile for a, t in zip(o.view_axes, o.pack_tile)}
+    extents = split_for_cores(m.axes, cores, packed)
     if all(not a.padding and extents[a.axis] == a.size for a in m.axes):
         return m
     if any(e == 1 for e in extents.values()):

@@ -14,6 +14,7 @@ import numpy as np
 
 from tirbyoc._tvm import Schedule, build, make_target
 from tirbyoc.decl.intrinsic_check import leaf_block, param_buffers
+from tirbyoc.decl.packed_desc import packed_description
 from tirbyoc.ir.domains import random_array
 from tirbyoc.errors import VerificationError
 from tirbyoc.offloading.devices import device_of
@@ -44,7 +45,8 @@ def self_check(intrin, target=None, seed: int = 0, trials: int = 3) -> SelfCheck
     emulated device's ``target`` (Hexagon) the implementation runs in its emulator
     (qemu-hexagon) and the description on this CPU."""
 
-    desc, impl = intrin.desc, intrin.impl
+    # packed operands (`Layout.packed`): both functions take them in the stored layout
+    desc, impl = packed_description(intrin.desc, intrin.operands), intrin.impl
     target = target or {"kind": "llvm"}
     rng = np.random.default_rng(seed)
     # Build each function once; the trials only draw new data.
@@ -86,7 +88,7 @@ def tensorize_exact(intrin):
     name = intrin.register()
     # A fresh build: tensorize cannot map a workload onto a description that shares its
     # very Buffer objects.
-    desc = intrin.fresh_desc().with_attr("global_symbol", "main")
+    desc = packed_description(intrin.fresh_desc(), intrin.operands).with_attr("global_symbol", "main")
     sch = Schedule(desc)
     block = sch.get_sblock(leaf_block(intrin.name, desc).name_hint)
     loops = sch.get_loops(block)

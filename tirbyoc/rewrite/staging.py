@@ -116,12 +116,12 @@ def _stage_whole(state: RewriteState, op: OperandMap, kind: str, scope: str) -> 
         copy = sch.cache_write(blk, idx, scope) if kind == "write" else sch.cache_read(blk, idx, scope)
     pack = _packs(state, op)
     if order != list(range(ndim)) or pack:
-        desc = "pack " + "x".join(map(str, op.tile)) + " tiles" if pack else "transpose"
+        desc = "pack " + "x".join(map(str, op.packing_tile)) + " tiles" if pack else "transpose"
         with state.step(StepKind.PACK if pack else StepKind.TRANSPOSE,
                         f"{desc} {op.operand} ({op.buffer}) with transform_layout", op.operand):
             region = state.region(kind, state.staged_buffer(copy, kind))
             sch.transform_layout(blk, (kind, region),
-                                 index_map(relayout(order, len(rest), op.tile if pack else None), ndim))
+                                 index_map(relayout(order, len(rest), op.packing_tile if pack else None), ndim))
 
 
 def _stage_reindex(state: RewriteState, op: OperandMap, kind: str, scope: str) -> None:
@@ -164,10 +164,10 @@ def pad_and_pack(state: RewriteState) -> RewriteState | None:
         block = sch.get(state.block)
         regions = block.writes if kind == "write" else block.reads
         idx = _staged_region(state, regions, op)
-        with state.step(StepKind.PACK, f"pack {op.operand} into {'x'.join(map(str, op.tile))} tiles",
+        with state.step(StepKind.PACK, f"pack {op.operand} into {'x'.join(map(str, op.packing_tile))} tiles",
                         op.operand):
             ndim = len(regions[idx].region)
-            sch.transform_layout(state.block, (kind, idx), index_map(packing(lead, op.tile), ndim))
+            sch.transform_layout(state.block, (kind, idx), index_map(packing(lead, op.packing_tile), ndim))
     return state
 
 

@@ -1,0 +1,101 @@
+"""x86_amx: Intel AMX tiles (tdpbusd) as a GEMM kernel on weights packed once.
+
+Every offload is verified against TVM's build of the untouched function: natively where the
+CPU has AMX and Linux grants the tile state, and everywhere through ``x86_amx_emulated`` (the
+same rewrite, the kernel as portable C with the same 32-bit sums). The kernel's machine code
+must hold the AMX instructions the template promises, whichever CPU builds it.
+"""
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from cpu_templates import runnable
+
+import tirbyoc
+from tirbyoc.testing.workloads import conv2d, matmul
+
+TEMPLATES = ["x86_amx", "x86_amx_emulated"]
+
+WORKLOADS = {
+    "matmul": lambda: matmul(128, 256, 512, "uint8", "int8", "int32"),
+    "weights [N, K], odd rows and K": lambda: matmul(100, 48, 300, "uint8", "int8", "int32", trans_b=True),
+    "rows under a tile": lambda: matmul(5, 32, 200, "uint8", "int8", "int32"),
+    "conv NHWC 3x3": lambda: conv2d(1, 64, 14, 14, 64, 3, 3, layout="NHWC", dtype="uint8", wdtype="int8",
+                                    acc="int32"),
+    "conv NHWC 3x3 stride 2": lambda: conv2d(1, 32, 15, 15, 48, 3, 3, layout="NHWC", stride=2, dtype="uint8",
+                                             wdtype="int8", acc="int32"),
+}
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_offloaded_whole_and_bit_exact(name, workload):
+    runnable(name)
+    out = tirbyoc.offload(WORKLOADS[workload](), name)
+    assert out.coverage == 1.0, [b.reason for b in out.blocks]
+    assert out.verification.passed, out.verification.describe()
+    (core,) = out.offloaded
+    assert core.intrinsic.startswith(f"{name}.gemm_")
+    # the weight is packed in the [N/16, K/4, 16, 4] layout tdpbusd reads, not read in place
+    assert any("pack" in str(s) and "16x4" in str(s) for s in core.steps), [str(s) for s in core.steps]
+
+
+def test_a_convolution_reduces_over_its_whole_window_in_one_call():
+    """kh, kw and the channels fused into one reduction: the accumulators stay in the tile
+    registers over 9 x 64, not over 64 channels nine times."""
+    out = tirbyoc.offload(WORKLOADS["conv NHWC 3x3"](), "x86_amx_emulated", verify=False)
+    (core,) = out.offloaded
+    assert "x576_" in core.intrinsic, core.intrinsic
+
+
+def test_n_not_a_multiple_of_16_is_refused_with_its_reason():
+    out = tirbyoc.offload(matmul(32, 40, 64, "uint8", "int8", "int32"), "x86_amx_emulated", verify=False)
+    assert not out.offloaded
+    assert "multiple of 16" in out.blocks[0].reason
+
+
+def test_an_int8_model_runs_on_amx_with_vnni_for_what_it_refuses():
+    """The default template list on an AMX CPU; everywhere the emulated twin runs the model."""
+    from tirbyoc.app.run import run_model
+
+    names = ["x86_amx", "x86_vnni"] if tirbyoc.get_template("x86_amx").runs_here() else ["x86_amx_emulated"]
+    result = run_model("builtin:mlp_int8", names, repeat=1)
+    assert result.report.coverage == 1.0 and result.verified, result.outcome()
+    kernels = [f.kernel() for f in result.report.functions if f.total_macs]
+    assert kernels and all(k.startswith(names[0]) for k in kernels), kernels
+
+
+def test_the_kernel_is_amx_machine_code(tmp_path):
+    """The native kernel's machine code holds the tile configuration, loads, the dot product
+    and the stores (built and read on any x86-64 machine; run only where AMX is)."""
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.skip("objdump (binutils) is not installed")
+    from tirbyoc_intrinsics import x86_amx
+
+    path = x86_amx.LIBRARY.build()  # compiled here with the C compiler, never run here
+    text = subprocess.run([objdump, "-d", "--no-show-raw-insn", str(path)], capture_output=True, text=True,
+                          check=True).stdout
+    for op in ("ldtilecfg", "tileloadd", "tdpbusd", "tilestored", "vpdpbusd"):
+        assert op in text, op
+
+
+def test_packed_description_is_what_tensorize_sees():
+    """The description a user writes indexes the weight as declared, B[j, k]; TVM is given it
+    re-laid-out to the packed buffer the implementation reads."""
+    from tirbyoc.decl.packed_desc import packed_description
+    from tirbyoc_intrinsics import x86_amx
+
+    intrin = x86_amx.gemm(32, 32, 64)
+    assert "B[vj, vk]" in intrin.desc.script()
+    packed = packed_description(intrin.desc, intrin.operands).script()
+    assert "(2, 16, 16, 4)" in packed and "B[vj // 16, vk // 4, vj % 16, vk % 4]" in packed
+
+
+def test_layout_packed_is_checked():
+    with pytest.raises(tirbyoc.IntrinsicError, match="does not divide"):
+        tirbyoc.Operand("B", (24, 8), "int8", layout=tirbyoc.Layout.packed((16, 4)))
+    assert tirbyoc.Layout.packed((16, 4)).packed_shape((32, 64)) == (2, 16, 16, 4)
+    assert np.prod(tirbyoc.Layout.packed((16, 4)).packed_shape((32, 64))) == 32 * 64
