@@ -1,5 +1,8 @@
-"""Whole models against ONNX Runtime on this CPU: tirbyoc's offloaded build, the same with its
-weights copied on every call (no compile-time packing), TVM's default build, and ONNX Runtime.
+"""Whole models against ONNX Runtime and OpenVINO on this CPU: tirbyoc's offloaded build, the
+same with its weights copied on every call (no compile-time packing), TVM's default build,
+ONNX Runtime, and OpenVINO where it is installed (``pip install openvino``; its default
+precision, latency hint, ``INFERENCE_NUM_THREADS`` set: on a CPU with AMX it runs QDQ models
+in int8 on AMX and float models in bf16, which the row records).
 
 Models (float ONNX files with random He-initialised weights, made by `tirbyoc.testing.qdq`):
 ResNet-18, ResNet-50 and MobileNetV2 at 224x224 and a BERT-base encoder (12 layers, seq 128);
@@ -7,7 +10,8 @@ ResNet-18, ResNet-50 and MobileNetV2 at 224x224 and a BERT-base encoder (12 laye
 then ``quantize_static``), ``--precisions int8`` those alone. Each precision goes to the fastest
 template of that precision this CPU runs, the choice `tirbyoc run` makes: fp32 to
 x86_fp32_avx512 with AVX-512, else x86_fp32_avx2, else blas (`tirbyoc.app.run.FLOAT_TEMPLATES`);
-int8 to x86_vnni with AVX-512 VNNI, else x86_avx512bw, else x86_avx2 (`INT8_TEMPLATES`).
+int8 to x86_amx (then x86_vnni for what its kernel refuses) where AMX is granted, else
+x86_vnni with AVX-512 VNNI, else x86_avx512bw, else x86_avx2 (`INT8_TEMPLATES`).
 ``--fp32-template blas`` / ``--int8-template x86_avx2`` force one.
 Weights are constants, as deployed (`tirbyoc run` does the same).
 
@@ -60,8 +64,12 @@ def template_for(precision: str, args) -> str:
     import tirbyoc  # deferred: imports TVM, after the thread count is set
     from tirbyoc.app.run import FLOAT_TEMPLATES, INT8_TEMPLATES
 
+    from tirbyoc.app.run import FALLBACKS
+
     order = INT8_TEMPLATES if precision == "int8" else FLOAT_TEMPLATES
-    return next((t for t in order if tirbyoc.get_template(t).runs_here()), order[-1])
+    first = next((t for t in order if tirbyoc.get_template(t).runs_here()), order[-1])
+    after = FALLBACKS.get(first)
+    return first + (f",{after}" if after and tirbyoc.get_template(after).runs_here() else "")
 
 
 def model_file(name: str, precision: str, folder: Path) -> Path:
@@ -99,10 +107,11 @@ def tvm_engines(path: Path, template: str, group: str, repeat: int, fast_math: b
 
     tgt = make_target(complete_target({"kind": "llvm"}))
     fast = FastMathReport() if fast_math else None
-    _, mod, entry, arrays = legalized_model(str(path), [template], 0, constant_weights=True, fast_math=fast)
+    templates = template.split(",")
+    _, mod, entry, arrays = legalized_model(str(path), templates, 0, constant_weights=True, fast_math=fast)
     facts, builds = {"fast_math": None if fast is None else dict(fast.replaced)}, {"tvm_default": (mod, 1)}
     if group == "tirbyoc":
-        offloaded, report = offload_module(mod, [template])
+        offloaded, report = offload_module(mod, templates)
         packed, report.packed = pack_constant_weights(offloaded)
         packed, report.rest = schedule_rest_of(packed, tgt)
         offloaded, _ = schedule_rest_of(offloaded, tgt)
@@ -144,6 +153,40 @@ def ort_engine(path: Path, inputs: Path, threads: int, repeat: int):
         return (time.perf_counter() - t0) / repeat * 1e3
 
     return {"onnxruntime": ms}, {"onnxruntime": out}, {}
+
+
+def openvino_engine(path: Path, inputs: Path, threads: int, repeat: int):
+    """OpenVINO on the same file and inputs: its CPU plugin at its default precision (bf16
+    for a float model on a CPU with AMX or AVX512_BF16; a QDQ model in int8), latency hint."""
+    import numpy as np  # deferred: after the thread count is set
+    import openvino as ov
+
+    with np.load(inputs) as saved:
+        arrays = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(str(path)), "CPU", {
+        "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1})
+    request = compiled.create_infer_request()
+    feed = {compiled.inputs[i]: a for i, a in enumerate(arrays)}
+    request.infer(feed)
+    out = np.concatenate([np.asarray(request.get_output_tensor(i).data).ravel()
+                          for i in range(len(compiled.outputs))])
+
+    def ms():
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            request.infer(feed)
+        return (time.perf_counter() - t0) / repeat * 1e3
+
+    facts = {"openvino": {"version": ov.__version__,
+                          "inference_precision": str(compiled.get_property("INFERENCE_PRECISION_HINT"))}}
+    return {"openvino": ms}, {"openvino": out}, facts
+
+
+def has_openvino() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("openvino") is not None
 
 
 def in_model(vm, entry: str, args, rounds: int = 7) -> tuple[float, dict]:
@@ -203,6 +246,8 @@ def worker(args) -> None:
     inputs = Path(args.outputs) / "inputs.npz"
     if args.group == "onnxruntime":
         timers, outs, facts = ort_engine(path, inputs, args.threads, args.repeat)
+    elif args.group == "openvino":
+        timers, outs, facts = openvino_engine(path, inputs, args.threads, args.repeat)
     else:
         template = template_for(args.precision, args)
         timers, outs, facts, arrays = tvm_engines(path, template, args.group, args.repeat, args.fast_math)
@@ -311,12 +356,14 @@ def measure(args, threads: str, name: str, precision: str) -> dict:
 
     template = template_for(precision, args)
     row = {"model": name, "precision": precision, "template": template, "threads": int(threads)}
-    if not tirbyoc.get_template(template).runs_here():
-        return {**row, "not_run": tirbyoc.get_template(template).unavailable_reason()}
+    first = tirbyoc.get_template(template.split(",")[0])
+    if not first.runs_here():
+        return {**row, "not_run": first.unavailable_reason()}
     t0 = time.perf_counter()
     samples = {}
+    peers = ["onnxruntime"] + (["openvino"] if has_openvino() else [])
     with tempfile.TemporaryDirectory() as outputs:
-        for got in (alternate(args, threads, name, precision, ["tirbyoc", "onnxruntime"], outputs),
+        for got in (alternate(args, threads, name, precision, ["tirbyoc", *peers], outputs),
                     _spawn(args, threads, name, precision, "tvm_default", outputs)):
             samples.update(got.pop("samples_ms"))
             row.update(got)
@@ -332,9 +379,14 @@ def measure(args, threads: str, name: str, precision: str) -> dict:
                        "steps_from_onnxruntime": steps_apart(ort_err, step) if step else None,
                        "max_abs_err_vs_onnxruntime": ort_err},
                speedup_vs_onnxruntime=median["onnxruntime"] / median["tirbyoc"],
+               speedup_vs_openvino=median["openvino"] / median["tirbyoc"] if "openvino" in median else None,
+               ratio_spread=ratio_spread(samples),
                speedup_vs_tvm_default=median["tvm_default"] / median["tirbyoc"],
                packing_gain=median["tirbyoc_per_call_packing"] / median["tirbyoc"],
                seconds=time.perf_counter() - t0)
+    if "openvino" in out:
+        row["checks"]["agrees_with_openvino"], row["checks"]["max_abs_err_vs_openvino"] = \
+            agrees(out["tirbyoc"].ravel(), out["openvino"].ravel(), step)
     print(f"[{threads} thread(s)] {name} {precision}: "
           + ", ".join(f"{k} {v:.2f} ms" for k, v in median.items()), file=sys.stderr, flush=True)
     return row
@@ -354,12 +406,31 @@ def table(rows) -> str:
             continue
         lat, c = r["latency_ms"], r["checks"]
         precision = r["precision"] + (" fast-math" if r.get("fast_math") else "")
+        ov = r.get("speedup_vs_openvino")
+        spread = r.get("ratio_spread") or {}
         out.append((r["model"], precision, r["template"], str(r["threads"]), ms(lat["tirbyoc"]),
-                    ms(lat["tirbyoc_per_call_packing"]), ms(lat["tvm_default"]), ms(lat["onnxruntime"]),
-                    f"{r['speedup_vs_onnxruntime']:.2f}x",
+                    ms(lat["tvm_default"]), ms(lat["onnxruntime"]), ms(lat.get("openvino")),
+                    f"{r['speedup_vs_onnxruntime']:.2f}x {_range(spread.get('onnxruntime'))}",
+                    "-" if ov is None else f"{ov:.2f}x {_range(spread.get('openvino'))}",
                     "yes" if c["verified_vs_tvm"] and c["agrees_with_onnxruntime"] else "NO"))
-    return render(("model", "precision", "template", "threads", "tirbyoc ms", "per-call packing ms",
-                   "TVM default ms", "ORT ms", "tirbyoc vs ORT", "checked"), out)
+    return render(("model", "precision", "template", "threads", "tirbyoc ms", "TVM default ms", "ORT ms",
+                   "OpenVINO ms", "tirbyoc vs ORT (round range)", "vs OpenVINO (round range)", "checked"), out)
+
+
+def ratio_spread(samples: dict) -> dict:
+    """Per peer, the lowest and highest of its per-round ratios to tirbyoc (rounds are timed in
+    turns, so round i of each engine saw the same minute of the host)."""
+    out = {}
+    for peer in ("onnxruntime", "openvino"):
+        if peer in samples:
+            ratios = [p / t for p, t in zip(samples[peer], samples["tirbyoc"]) if t > 0]
+            if ratios:
+                out[peer] = [min(ratios), max(ratios)]
+    return out
+
+
+def _range(pair) -> str:
+    return "" if not pair else f"[{pair[0]:.2f}-{pair[1]:.2f}]"
 
 
 def profile_summary(row) -> dict:
@@ -374,10 +445,13 @@ def profile_summary(row) -> dict:
     out = {"model_ms": row["latency_ms"]["tirbyoc"], "offloaded_ms": off, "left_to_tvm_ms": left}
     if prof and prof[0].get("model_ms") is not None:
         inside = sum(p["in_model_ms"] or 0 for p in prof)
+        # differences of medians from separate runs: noise can make them negative, where the
+        # true figure is about zero - reported as 0, never as a negative time
         out |= {"profiled_model_ms": prof[0]["model_ms"], "in_model_ms": inside,
-                "caches_ms": inside - off - left, "between_functions_ms": prof[0]["model_ms"] - inside}
+                "caches_ms": max(0.0, inside - off - left),
+                "between_functions_ms": max(0.0, prof[0]["model_ms"] - inside)}
     else:
-        out["between_functions_ms"] = row["latency_ms"]["tirbyoc"] - off - left
+        out["between_functions_ms"] = max(0.0, row["latency_ms"]["tirbyoc"] - off - left)
     return out
 
 

@@ -39,7 +39,7 @@ PANEL, GROUP = 16, 4  # B's packing: 16 output channels x 4 reduction bytes per 
 # The matcher's first tile; `resize` re-declares the kernel for a block's exact extents. A
 # reduction tile wider than a convolution's channels makes the matcher fuse (kh, kw, c) into
 # one reduction of 9 x c, so that the accumulators stay in tiles over all of it.
-TILE, TILE_K = 64, 1024
+TILE, TILE_K = 32, 1024
 WEIGHT = Layout.packed((PANEL, GROUP))
 STRIDED = Layout.row_strided()
 SOURCE = Path(__file__).parent / "csrc" / "amx_shim.c"
@@ -101,20 +101,21 @@ def gemm(m: int, n: int, k: int, emulated: bool = False) -> Intrinsic:
     )
 
 
-def _group(emulated: bool, m: int = TILE, n: int = TILE, k: int = TILE_K) -> IntrinsicGroup:
-    """The GEMM group; ``resize`` re-declares it for a block's exact extents (N a multiple
-    of 16 and K of 4: the packed weight's tiles)."""
-    exact = (m, n, k) != (TILE, TILE, TILE_K)
+def _group(emulated: bool, k: int = TILE_K) -> IntrinsicGroup:
+    """The GEMM group: 32 x 32 outputs a call (the kernel's 2x2 accumulator tiles, which the
+    CPU schedule keeps as one register block and writes back once, its epilogue fused), the
+    whole reduction; ``resize`` re-declares it for a block's exact K (a multiple of 4, the
+    packed weight's groups), and the block is padded to the 32 x 32 tile."""
 
     def resize(ext: dict) -> IntrinsicGroup:
-        rows, cols, depth = ext["vi"], ext["vj"], ext["vk"]
-        if cols % PANEL or depth % GROUP:
-            raise TirbyocError(f"the AMX kernel reads weights packed in {PANEL}x{GROUP} tiles: N = {cols} "
-                               f"must be a multiple of {PANEL} and K = {depth} of {GROUP}")
-        return _group(emulated, rows, cols, depth)
+        depth = ext["vk"]
+        if depth % GROUP:
+            raise TirbyocError(f"the AMX kernel reads weights packed in groups of {GROUP} bytes: "
+                               f"K = {depth} must be a multiple of {GROUP}")
+        return _group(emulated, depth)
 
-    return IntrinsicGroup("gemm_u8i8i32" + (f"_{m}x{n}x{k}" if exact else ""), compute=gemm(m, n, k, emulated),
-                          resize=resize)
+    return IntrinsicGroup("gemm_u8i8i32" + (f"_k{k}" if k != TILE_K else ""), compute=gemm(TILE, TILE, k, emulated),
+                          resize=resize, resize_pads=True)
 
 
 def _syscall_grants_amx() -> bool:
@@ -153,6 +154,7 @@ def make_template(emulated: bool = False) -> Template:
              + (", emulated in portable C" if emulated else "")),
         emulates="tdpbusd (Intel AMX-INT8)" if emulated else "",
         channels_last=True,
+        fuses_epilogues=True,  # requantized in each 32 x 32 block's write-back, stored as 8 bits
         params={"tile": TILE},
     )
 

@@ -47,13 +47,16 @@ def test_a_convolution_reduces_over_its_whole_window_in_one_call():
     registers over 9 x 64, not over 64 channels nine times."""
     out = tirbyoc.offload(WORKLOADS["conv NHWC 3x3"](), "x86_amx_emulated", verify=False)
     (core,) = out.offloaded
-    assert "x576_" in core.intrinsic, core.intrinsic
+    assert core.intrinsic.endswith("x576_u8i8i32"), core.intrinsic
 
 
-def test_n_not_a_multiple_of_16_is_refused_with_its_reason():
-    out = tirbyoc.offload(matmul(32, 40, 64, "uint8", "int8", "int32"), "x86_amx_emulated", verify=False)
+def test_outputs_are_padded_to_the_32x32_block_and_k_must_group_by_4():
+    out = tirbyoc.offload(matmul(20, 40, 64, "uint8", "int8", "int32"), "x86_amx_emulated")
+    assert out.coverage == 1.0 and out.verification.passed, [b.reason for b in out.blocks]
+    assert any("pad" in str(s) for s in out.offloaded[0].steps)
+    out = tirbyoc.offload(matmul(32, 32, 30, "uint8", "int8", "int32"), "x86_amx_emulated", verify=False)
     assert not out.offloaded
-    assert "multiple of 16" in out.blocks[0].reason
+    assert "multiple of 4" in out.blocks[0].reason
 
 
 def test_an_int8_model_runs_on_amx_with_vnni_for_what_it_refuses():

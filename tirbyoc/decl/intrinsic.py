@@ -303,7 +303,8 @@ class IntrinsicGroup:
     intrinsic's axis extents (``{"vi": 1000, "vj": 17, "vk": 300}``) to a group declared for
     exactly those extents. The matcher matches the declared (tile-sized) group; the rewrite
     engine then asks for the exact-size group so a block becomes one library call with no
-    padding.
+    padding. ``resize_pads``: the re-declared group keeps a fixed tile along some axes (AMX:
+    32 x 32 outputs, the whole reduction per call), which the block is padded to.
 
     ``packed``: a `PackedFunction` computing this group's whole computation. When a PrimFunc
     is nothing but that computation over its own parameters (one block, zero init, every
@@ -319,6 +320,7 @@ class IntrinsicGroup:
     epilogue: tuple[Intrinsic, ...] = field(default_factory=tuple)
     resize: Callable[[dict], "IntrinsicGroup"] | None = field(default=None, compare=False)
     packed: PackedFunction | None = field(default=None, compare=False)
+    resize_pads: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "loads", tuple(self.loads))

@@ -185,7 +185,7 @@ def exact_size(func, m: Match, cores: int = 1) -> Match:
                            f"{extents}: {err}") from err
     wpat = next(p for p in function_blocks(func) if p.name == m.block)
     new = match_block(Candidate(exact.compute, exact, None), wpat, m.function)
-    if isinstance(new, Mismatch) or new.padding:
+    if isinstance(new, Mismatch) or (new.padding and not exact.resize_pads):
         why = new.message if isinstance(new, Mismatch) else "it does not cover the block exactly"
         raise RewriteError(f"{m.function}/{m.block}: the {exact.name} group does not fit: {why}")
     return replace(new, template=m.template, init=m.init)

@@ -13,7 +13,8 @@ fused multiply-adds for 10 loads instead of 12 for 7: BERT's 128 x 768 x 3072 ma
 attribute, the buffers the register blocks' write-backs read; `keep_register_blocks_on_stack`
 (after it, before ``LowerTVMBuiltin``) sets TVM's own opt-out, the ``disable_lower_builtin``
 allocation annotation, on those buffers' allocations when they hold at most
-`REGISTER_BLOCK_BYTES`. Both run in `tirbyoc.offloading.lowering`'s pipeline.
+`TILE_BLOCK_BYTES` (an AMX call's 2x2 accumulator tiles, stored to and loaded from the
+stack). Both run in `tirbyoc.offloading.lowering`'s pipeline.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ REGISTER_BLOCKS_ATTR = "tirbyoc.register_blocks"  # function attribute: the accu
 WRITEBACK_ATTR = "tirbyoc.writeback"  # marks the register block's write-back (set by `tirbyoc.rewrite.cpu`)
 DISABLE_LOWER_BUILTIN = "disable_lower_builtin"  # TVM's allocation annotation: leave it an alloca
 REGISTER_BLOCK_BYTES = 2048  # 32 zmm registers: no register block is larger
+TILE_BLOCK_BYTES = 4096  # AMX's four accumulator tiles: the largest block a single call makes
 
 
 def mark_register_blocks(func):
@@ -47,7 +49,7 @@ def _on_stack(names: set[str]):
         if buf.name not in names or str(buf.scope()) != "global" \
                 or not all(isinstance(d, tirx.IntImm) for d in buf.shape):
             return node
-        if prod(int(d) for d in buf.shape) * dtype_bytes(str(buf.dtype)) > REGISTER_BLOCK_BYTES:
+        if prod(int(d) for d in buf.shape) * dtype_bytes(str(buf.dtype)) > TILE_BLOCK_BYTES:
             return node
         annotations = {**dict(node.annotations or {}), DISABLE_LOWER_BUILTIN: tirx.IntImm("bool", 1)}
         return tirx.AllocBuffer(buf, annotations, node.span)
@@ -65,4 +67,5 @@ def keep_register_blocks_on_stack(func):
     return func if body.same_as(func.body) else func.with_body(body)
 
 
-__all__ = ["REGISTER_BLOCKS_ATTR", "REGISTER_BLOCK_BYTES", "keep_register_blocks_on_stack", "mark_register_blocks"]
+__all__ = ["REGISTER_BLOCKS_ATTR", "REGISTER_BLOCK_BYTES", "TILE_BLOCK_BYTES", "keep_register_blocks_on_stack",
+           "mark_register_blocks"]
