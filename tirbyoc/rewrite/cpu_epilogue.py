@@ -90,10 +90,25 @@ def _crop_of(stmt, buffer) -> bool:
             and all(any(i.same_as(v) for v in ivars) or getattr(i, "value", None) == 0 for i in written))
 
 
+def _relayout_of(stmt, buffer) -> bool:
+    """Whether ``stmt`` copies ``buffer`` unchanged into a buffer of another shape: the copy
+    that puts a core's [rows, channels] output back as the convolution's [n, h, w, c] (a
+    reindexed implicit GEMM, or one padded to the core's tile). TVM's
+    ``reverse_compute_inline`` inverts its index map (and refuses where it cannot), so the
+    write-back then stores straight into the convolution's output."""
+    if stmt.init is not None or any(int(iv.iter_type) != SPATIAL for iv in stmt.iter_vars):
+        return False
+    value = getattr(stmt.body, "value", None)
+    return (len(stmt.reads) == 1 and stmt.reads[0].source.same_as(buffer) and len(stmt.writes) == 1
+            and getattr(value, "source", None) is not None and value.source.same_as(buffer)
+            and point_indices(stmt.reads[0]) is not None and point_indices(stmt.writes[0]) is not None)
+
+
 def elementwise_chain(sch, writeback) -> tuple[list, str | None]:
     """The blocks after ``writeback`` that are each the only reader of the previous one's
-    output and elementwise in it (the first may be a crop of it, `_crop_of`), in order, and
-    why the chain stops (None: nothing follows)."""
+    output and elementwise in it (the first may be a crop of it, `_crop_of`; any may copy it
+    into another shape, `_relayout_of`), in order, and why the chain stops (None: nothing
+    follows)."""
     chain, current = [], writeback
     while True:
         consumers = sch.get_consumers(current)
@@ -103,7 +118,8 @@ def elementwise_chain(sch, writeback) -> tuple[list, str | None]:
         if len(consumers) > 1:
             return chain, f"{buffer.name} has {len(consumers)} readers"
         why = _elementwise_in(sch.get(consumers[0]), buffer)
-        if why is not None and not (current is writeback and _crop_of(sch.get(consumers[0]), buffer)):
+        if why is not None and not (current is writeback and _crop_of(sch.get(consumers[0]), buffer)) \
+                and not _relayout_of(sch.get(consumers[0]), buffer):
             return chain, why
         chain.append(consumers[0])
         current = consumers[0]

@@ -14,7 +14,7 @@ packing of reindexed copies after padding.
 
 from __future__ import annotations
 
-from tirbyoc._tvm import tirx
+from tirbyoc._tvm import PrimCall, call_name, tirx
 from tirbyoc.errors import RewriteError
 from tirbyoc.ir.pattern import Access
 from tirbyoc.matching.results import OperandMap, Staging
@@ -97,7 +97,35 @@ def stage_operands(state: RewriteState) -> RewriteState | None:
             all(len(axes[a].iters) == 1 for a in op.view_axes)
         (_stage_whole if whole else _stage_reindex)(state, op, kind, scope)
         changed = True
+    if changed:
+        fold_pads_into_copies(state)
     return state if changed else None
+
+
+def _is_pad(stmt) -> bool:
+    """Whether a block is a zero-padding copy (``if_then_else(inside, x[...], 0)``, as TVM's
+    legalization writes a convolution's padding) of one buffer."""
+    value = getattr(stmt.body, "value", None)
+    return (len(stmt.reads) == 1 and len(stmt.writes) == 1 and isinstance(value, PrimCall)
+            and call_name(value).endswith("if_then_else"))
+
+
+def fold_pads_into_copies(state: RewriteState) -> None:
+    """Compute a padded input inside the staging copy that reads it (the pad block inlined):
+    one pass over the input instead of two, and no padded intermediate left beside the
+    staged buffers - TVM's StorageRewrite gives such a buffer's memory to a staged buffer of
+    another dtype, whose pointer the implementation then takes with a type that contradicts
+    the allocation, and the function does not build (a uint8 convolution's padding beside
+    x86_amx's int8 packed weight). A pad TVM cannot inline is kept."""
+    sch = state.sch
+    for copy in sch.get_producers(state.block):
+        for producer in sch.get_producers(copy):
+            if len(sch.get_consumers(producer)) != 1 or not _is_pad(sch.get(producer)):
+                continue
+            try:
+                sch.compute_inline(producer)
+            except Exception:  # noqa: BLE001 - TVM's errors have no common base; the pad stays
+                continue
 
 
 def _stage_whole(state: RewriteState, op: OperandMap, kind: str, scope: str) -> None:
@@ -168,6 +196,7 @@ def pad_and_pack(state: RewriteState) -> RewriteState | None:
                         op.operand):
             ndim = len(regions[idx].region)
             sch.transform_layout(state.block, (kind, idx), index_map(packing(lead, op.packing_tile), ndim))
+    fold_pads_into_copies(state)
     return state
 
 
@@ -195,4 +224,4 @@ def _staged_region(state: RewriteState, regions, op: OperandMap) -> int:
     return hits[0]
 
 
-__all__ = ["index_map", "packing", "pad_and_pack", "pure", "relayout", "stage_operands"]
+__all__ = ["fold_pads_into_copies", "index_map", "packing", "pad_and_pack", "pure", "relayout", "stage_operands"]
