@@ -12,8 +12,10 @@ exact M, N and K (``resize``): activations are read in place, row-strided; the w
 packed into the [N/16, K/4, 16, 4] layout both VNNI and AMX read (``Layout.packed``), once,
 at compile time where it is a constant. N must be a multiple of 16 and K of 4; rows and
 reductions of any other length run in the kernel (remainders through a zero-padded block,
-the last K % 64 columns with ``vpdpbusd``); a reduction under 64 (MobileNetV2's narrow 1x1
-convolutions) is refused for ``x86_vnni``, which the default template list puts after it.
+the last K % 64 columns with ``vpdpbusd``). A reduction under 128 (a 1x1 convolution of 64
+channels, MobileNetV2's narrow ones) is refused for ``x86_vnni``, which the default template
+list puts after it: one or two ``tdpbusd`` a call leave the block's zeroing and write-back
+the whole cost (ResNet-50's res2 1x1 expansion: 404 GOPS on AMX, 605 on VNNI, one thread).
 
 Linux gives a process the tile registers only when asked (``arch_prctl``): the library asks
 when it is loaded, in whatever process loads it. ``x86_amx_emulated`` is the same template
@@ -41,7 +43,7 @@ PANEL, GROUP = 16, 4  # B's packing: 16 output channels x 4 reduction bytes per 
 # reduction tile wider than a convolution's channels makes the matcher fuse (kh, kw, c) into
 # one reduction of 9 x c, so that the accumulators stay in tiles over all of it.
 TILE, TILE_K = 32, 1024
-MIN_K = 64  # a reduction shorter than one tile row is refused: `x86_vnni`, next in the list, takes it
+MIN_K = 128  # shorter reductions are refused: `x86_vnni`, next in the list, is faster there (below)
 WEIGHT = Layout.packed((PANEL, GROUP))
 STRIDED = Layout.row_strided()
 SOURCE = Path(__file__).parent / "csrc" / "amx_shim.c"
@@ -115,8 +117,8 @@ def _group(emulated: bool, k: int = TILE_K) -> IntrinsicGroup:
             raise TirbyocError(f"the AMX kernel reads weights packed in groups of {GROUP} bytes: "
                                f"K = {depth} must be a multiple of {GROUP}")
         if depth < MIN_K:
-            raise TirbyocError(f"a reduction of {depth} fills no {MIN_K}-byte AMX tile row (the kernel would "
-                               "run it all as vpdpbusd); a VNNI template takes it faster")
+            raise TirbyocError(f"a reduction of {depth} (under {MIN_K}) is one or two tdpbusd a call beside "
+                               "the 32 x 32 block's zeroing and write-back; a VNNI template takes it faster")
         return _group(emulated, depth)
 
     return IntrinsicGroup("gemm_u8i8i32" + (f"_k{k}" if k != TILE_K else ""), compute=gemm(TILE, TILE, k, emulated),

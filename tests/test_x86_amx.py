@@ -51,12 +51,14 @@ def test_a_convolution_reduces_over_its_whole_window_in_one_call():
 
 
 def test_outputs_are_padded_to_the_32x32_block_and_k_must_group_by_4():
-    out = tirbyoc.offload(matmul(20, 40, 64, "uint8", "int8", "int32"), "x86_amx_emulated")
+    out = tirbyoc.offload(matmul(20, 40, 128, "uint8", "int8", "int32"), "x86_amx_emulated")
     assert out.coverage == 1.0 and out.verification.passed, [b.reason for b in out.blocks]
     assert any("pad" in str(s) for s in out.offloaded[0].steps)
-    out = tirbyoc.offload(matmul(32, 32, 30, "uint8", "int8", "int32"), "x86_amx_emulated", verify=False)
+    out = tirbyoc.offload(matmul(32, 32, 130, "uint8", "int8", "int32"), "x86_amx_emulated", verify=False)
     assert not out.offloaded
     assert "multiple of 4" in out.blocks[0].reason
+    out = tirbyoc.offload(matmul(32, 32, 64, "uint8", "int8", "int32"), "x86_amx_emulated", verify=False)
+    assert not out.offloaded and "VNNI" in out.blocks[0].reason  # too short for tiles
 
 
 def test_an_int8_model_runs_on_amx_with_vnni_for_what_it_refuses():

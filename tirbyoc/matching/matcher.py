@@ -272,8 +272,9 @@ class _PairMatcher:
             return (primary.name,)
         fused_extent = prod(c.extent for c in cands)
         if _waste(fused_extent, size) < _waste(primary.extent, size):
-            order = {it.name: i for i, it in enumerate(self.wpat.iters)}
-            return tuple(sorted((c.name for c in cands), key=order.__getitem__))
+            # outermost first as the operand that decides lays them out (an NHWC input's
+            # kh, kw, c): the copy that fuses them then reads and writes along its rows
+            return tuple(c.name for c in reversed(cands))
         return (primary.name,)
 
     def _check_absent(self, axis: str, kind: str, sig: frozenset, wsig: dict) -> None:
