@@ -259,6 +259,8 @@ def _kernel_table(template: str, part: dict, fp32: bool) -> list[str]:
     unit = "GFLOP/s" if fp32 else "GOPS"
     lines = [f"{template} peak ({part['peak']}, best of the samples before and after the kernels): "
              + ", ".join(f"{t} thread(s) {g:.0f} {unit}" for t, g in part["peak_gops"].items())]
+    refused = [(r["workload"], str(r["threads"]), "not offloaded: " + (r.get("reason") or "")[-70:], "", "", "",
+                "", "", "-") for r in part["rows"] if not r.get("offloaded", True)]
     rows = [(r["workload"], str(r["threads"]), f"{r.get('packed_gops', 0):.0f}", f"{r.get('packed_of_peak', 0):.2f}",
              f"{r.get('per_call_gops', 0):.0f}", f"{r.get('per_call_of_peak', 0):.2f}",
              *((f"{r['numpy_gops']:.0f}" if r.get("numpy_gops") else "-",
@@ -266,7 +268,7 @@ def _kernel_table(template: str, part: dict, fp32: bool) -> list[str]:
                (f"{r['tvm_default_gops']:.1f}" if "tvm_default_gops" in r else "-",
                 f"{r['torch_int_mm_gops']:.0f}" if r.get("torch_int_mm_gops") else "-")),
              "yes" if r.get("verified") and r.get("packed_same_as_per_call", True) else "NO")
-            for r in part["rows"]]
+            for r in part["rows"] if r.get("offloaded", True)] + refused
     extra = ["numpy matmul", "vs numpy"] if fp32 else ["TVM default", "torch._int_mm"]
     return lines + ["", render([f"{template} workload", "threads", f"{unit} (weight packed once)", "of peak",
                                 f"{unit} (packed per call)", "of peak", *extra, "verified"], rows), ""]
