@@ -141,10 +141,15 @@ class DaskEngine:
         self.futures[future] = (params, group)
 
     def _move_orphans(self) -> None:
-        """Resubmit the pending points pinned to a worker that is no longer in the cluster."""
+        """Resubmit the pending points that no live worker may run: pinned to a worker that
+        left, or to one that died and came back (the scheduler resolved the name to the old
+        worker's address, so the restarted worker does not take them: they wait as
+        ``no-worker`` forever)."""
         names = set(self._worker_names())
-        orphans = [(f, p, g) for f, (p, g) in self.futures.items()
-                   if g is not None and self.homes.get(g) not in names and f.status == "pending"]
+        stuck = set(self.client.run_on_scheduler(
+            lambda dask_scheduler: [str(k) for k, ts in dask_scheduler.tasks.items() if ts.state == "no-worker"]))
+        orphans = [(f, p, g) for f, (p, g) in self.futures.items() if g is not None and f.status == "pending"
+                   and (self.homes.get(g) not in names or str(f.key) in stuck)]
         for future, params, group in orphans:
             del self.futures[future]
             future.cancel()
