@@ -105,6 +105,43 @@ def gemm(m: int, n: int, k: int, emulated: bool = False) -> Intrinsic:
     )
 
 
+@cache
+def zero_block(emulated: bool = False) -> Intrinsic:
+    """C[32, 32] int32 = 0 in 16-lane vector stores, row by row (a row-strided block): the
+    register block's init, which TVM's scalar loop made as slow as the AMX call itself."""
+    name = EMULATED_NAME if emulated else NAME
+
+    def build():
+        from tvm.script import tirx as T
+
+        @T.prim_func(s_tir=True)
+        def desc(C: T.Buffer((TILE, TILE), "int32", offset_factor=1)) -> None:
+            with T.sblock("root"):
+                T.reads()
+                T.writes(C[0:TILE, 0:TILE])
+                for i, j in T.grid(TILE, TILE):
+                    with T.sblock("init"):
+                        vi, vj = T.axis.remap("SS", [i, j])
+                        C[vi, vj] = 0
+
+        @T.prim_func(s_tir=True)
+        def impl(c: T.handle) -> None:
+            sc = T.int32()
+            C = T.match_buffer(c, (TILE, TILE), "int32", strides=[sc, 1], offset_factor=1)
+            with T.sblock("root"):
+                T.reads()
+                T.writes(C[0:TILE, 0:TILE])
+                for i in T.serial(TILE):
+                    for h in T.unroll(TILE // 16):
+                        C[i, T.ramp(h * 16, 1, 16)] = T.broadcast(T.int32(0), 16)
+
+        return desc, impl
+
+    return Intrinsic(f"{name}.zero_{TILE}x{TILE}_int32", Role.INIT, [Operand("C", (TILE, TILE), "int32", layout=STRIDED)],
+                     [("i", TILE, "S"), ("j", TILE, "S")], build, cost=Cost(cycles=TILE * TILE / 16),
+                     doc=f"zero a {TILE}x{TILE} int32 accumulator block in 16-lane stores")
+
+
 def _group(emulated: bool, k: int = TILE_K) -> IntrinsicGroup:
     """The GEMM group: 32 x 32 outputs a call (the kernel's 2x2 accumulator tiles, which the
     CPU schedule keeps as one register block and writes back once, its epilogue fused), the
@@ -122,7 +159,7 @@ def _group(emulated: bool, k: int = TILE_K) -> IntrinsicGroup:
         return _group(emulated, depth)
 
     return IntrinsicGroup("gemm_u8i8i32" + (f"_k{k}" if k != TILE_K else ""), compute=gemm(TILE, TILE, k, emulated),
-                          resize=resize, resize_pads=True)
+                          init=zero_block(emulated), resize=resize, resize_pads=True)
 
 
 def _syscall_grants_amx() -> bool:
