@@ -90,74 +90,36 @@ static inline void configure(void) {
 
 #define TILE_ATTR __attribute__((target("amx-tile,amx-int8"), always_inline)) static inline
 
-/* rows x cols accumulator tiles (rows, cols in {1, 2}) over k64 columns (a multiple of 64). */
-TILE_ATTR void block_2x2(int32_t k64, int32_t k, const uint8_t* a, int32_t sa, const int8_t* b,
-                         int32_t* c, int64_t cs) {
+/* rows x cols accumulator tiles (rows, cols in {1, 2}: tmm0-1 the first row of tiles, tmm2-3 the
+ * second) over k64 columns (a multiple of 64); A rows in tmm4-5, B panels in tmm6-7. Called with
+ * constant rows and cols, so each use inlines to the loads and dot products it needs. */
+TILE_ATTR void block(int rows, int cols, int32_t k64, int32_t k, const uint8_t* a, int32_t sa,
+                     const int8_t* b, int32_t* c, int64_t cs) {
   const int8_t* b1 = b + (int64_t)k * 16;
   const uint8_t* a1 = a + 16 * (int64_t)sa;
   int32_t* c1 = (int32_t*)((char*)c + 16 * cs);
   _tile_loadd(0, c, cs);
-  _tile_loadd(1, c + 16, cs);
-  _tile_loadd(2, c1, cs);
-  _tile_loadd(3, c1 + 16, cs);
+  if (cols > 1) _tile_loadd(1, c + 16, cs);
+  if (rows > 1) _tile_loadd(2, c1, cs);
+  if (rows > 1 && cols > 1) _tile_loadd(3, c1 + 16, cs);
   for (int32_t s = 0; s < k64; s += 64) {
     _tile_loadd(4, a + s, sa);
     _tile_loadd(6, b + (int64_t)s * 16, 64);
     _tile_dpbusd(0, 4, 6);
-    _tile_loadd(7, b1 + (int64_t)s * 16, 64);
-    _tile_dpbusd(1, 4, 7);
-    _tile_loadd(5, a1 + s, sa);
-    _tile_dpbusd(2, 5, 6);
-    _tile_dpbusd(3, 5, 7);
+    if (cols > 1) {
+      _tile_loadd(7, b1 + (int64_t)s * 16, 64);
+      _tile_dpbusd(1, 4, 7);
+    }
+    if (rows > 1) {
+      _tile_loadd(5, a1 + s, sa);
+      _tile_dpbusd(2, 5, 6);
+      if (cols > 1) _tile_dpbusd(3, 5, 7);
+    }
   }
   _tile_stored(0, c, cs);
-  _tile_stored(1, c + 16, cs);
-  _tile_stored(2, c1, cs);
-  _tile_stored(3, c1 + 16, cs);
-}
-
-TILE_ATTR void block_1x2(int32_t k64, int32_t k, const uint8_t* a, int32_t sa, const int8_t* b,
-                         int32_t* c, int64_t cs) {
-  const int8_t* b1 = b + (int64_t)k * 16;
-  _tile_loadd(0, c, cs);
-  _tile_loadd(1, c + 16, cs);
-  for (int32_t s = 0; s < k64; s += 64) {
-    _tile_loadd(4, a + s, sa);
-    _tile_loadd(6, b + (int64_t)s * 16, 64);
-    _tile_dpbusd(0, 4, 6);
-    _tile_loadd(7, b1 + (int64_t)s * 16, 64);
-    _tile_dpbusd(1, 4, 7);
-  }
-  _tile_stored(0, c, cs);
-  _tile_stored(1, c + 16, cs);
-}
-
-TILE_ATTR void block_2x1(int32_t k64, const uint8_t* a, int32_t sa, const int8_t* b, int32_t* c,
-                         int64_t cs) {
-  const uint8_t* a1 = a + 16 * (int64_t)sa;
-  int32_t* c1 = (int32_t*)((char*)c + 16 * cs);
-  _tile_loadd(0, c, cs);
-  _tile_loadd(2, c1, cs);
-  for (int32_t s = 0; s < k64; s += 64) {
-    _tile_loadd(4, a + s, sa);
-    _tile_loadd(6, b + (int64_t)s * 16, 64);
-    _tile_dpbusd(0, 4, 6);
-    _tile_loadd(5, a1 + s, sa);
-    _tile_dpbusd(2, 5, 6);
-  }
-  _tile_stored(0, c, cs);
-  _tile_stored(2, c1, cs);
-}
-
-TILE_ATTR void block_1x1(int32_t k64, const uint8_t* a, int32_t sa, const int8_t* b, int32_t* c,
-                         int64_t cs) {
-  _tile_loadd(0, c, cs);
-  for (int32_t s = 0; s < k64; s += 64) {
-    _tile_loadd(4, a + s, sa);
-    _tile_loadd(6, b + (int64_t)s * 16, 64);
-    _tile_dpbusd(0, 4, 6);
-  }
-  _tile_stored(0, c, cs);
+  if (cols > 1) _tile_stored(1, c + 16, cs);
+  if (rows > 1) _tile_stored(2, c1, cs);
+  if (rows > 1 && cols > 1) _tile_stored(3, c1 + 16, cs);
 }
 
 /* The last k - k0 columns (a multiple of 4, under 64) of rows x n outputs with vpdpbusd. */
@@ -187,15 +149,15 @@ __attribute__((target("amx-tile,amx-int8"))) static void rows_of_tiles(
     int32_t i = 0;
     for (; i + 32 <= rows; i += 32) {
       if (two_cols)
-        block_2x2(k64, k, a + (int64_t)i * sa, sa, panel, c + (int64_t)i * sc + j, cs);
+        block(2, 2, k64, k, a + (int64_t)i * sa, sa, panel, c + (int64_t)i * sc + j, cs);
       else
-        block_2x1(k64, a + (int64_t)i * sa, sa, panel, c + (int64_t)i * sc + j, cs);
+        block(2, 1, k64, k, a + (int64_t)i * sa, sa, panel, c + (int64_t)i * sc + j, cs);
     }
     if (i < rows) { /* 16 rows left */
       if (two_cols)
-        block_1x2(k64, k, a + (int64_t)i * sa, sa, panel, c + (int64_t)i * sc + j, cs);
+        block(1, 2, k64, k, a + (int64_t)i * sa, sa, panel, c + (int64_t)i * sc + j, cs);
       else
-        block_1x1(k64, a + (int64_t)i * sa, sa, panel, c + (int64_t)i * sc + j, cs);
+        block(1, 1, k64, k, a + (int64_t)i * sa, sa, panel, c + (int64_t)i * sc + j, cs);
     }
   }
 }

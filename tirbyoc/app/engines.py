@@ -116,12 +116,14 @@ class DaskEngine:
         self.futures: dict = {}  # future -> (params, group)
         self.homes: dict = {}  # group -> the name of the worker that builds its code
 
-    def _worker_names(self) -> list:
-        """The live workers' names, as the scheduler knows them (a local cluster's are 0, 1,
-        ...; a nanny restarts a killed worker under its old name)."""
-        names = self.client.run_on_scheduler(
-            lambda dask_scheduler: [w.name for w in dask_scheduler.workers.values()])
-        return sorted(names, key=str)
+    def _scheduler_view(self) -> tuple[list, set]:
+        """(the live workers' names as the scheduler knows them - a local cluster's are 0, 1,
+        ...; a nanny restarts a killed worker under its old name - and the keys of the tasks
+        it holds as ``no-worker``), in one round trip."""
+        names, stuck = self.client.run_on_scheduler(lambda dask_scheduler: (
+            [w.name for w in dask_scheduler.workers.values()],
+            [str(k) for k, ts in dask_scheduler.tasks.items() if ts.state == "no-worker"]))
+        return sorted(names, key=str), set(stuck)
 
     def submit(self, params: dict, group: str | None = None) -> None:
         """Run ``params``; points of one ``group`` (the same code: `tirbyoc.app.sweep.code_key`)
@@ -132,7 +134,7 @@ class DaskEngine:
         (`wait`)."""
         placed = {}
         if group is not None:
-            names = self._worker_names()
+            names = self._scheduler_view()[0]
             if group not in self.homes or self.homes[group] not in names:
                 self.homes[group] = names[zlib.crc32(group.encode()) % len(names)] if names else None
             if self.homes[group] is not None:
@@ -145,9 +147,7 @@ class DaskEngine:
         left, or to one that died and came back (the scheduler resolved the name to the old
         worker's address, so the restarted worker does not take them: they wait as
         ``no-worker`` forever)."""
-        names = set(self._worker_names())
-        stuck = set(self.client.run_on_scheduler(
-            lambda dask_scheduler: [str(k) for k, ts in dask_scheduler.tasks.items() if ts.state == "no-worker"]))
+        names, stuck = self._scheduler_view()
         orphans = [(f, p, g) for f, (p, g) in self.futures.items() if g is not None and f.status == "pending"
                    and (self.homes.get(g) not in names or str(f.key) in stuck)]
         for future, params, group in orphans:

@@ -20,23 +20,15 @@ def packed_description(desc, operands):
         return desc
     # deferred: `import tirbyoc` stays free of TVM (importing it costs ~1.3 s)
     from tirbyoc._tvm import s_tir, tirx
+    from tirbyoc.decl.intrinsic_check import leaf_block
 
     sch = s_tir.Schedule(desc)
-    leaf = _leaf(sch)
+    leaf = sch.get_sblock(leaf_block("packed description", desc).name_hint)
     buffers = {b.name: b for b in desc.params if isinstance(b, tirx.Buffer)}  # TVM 0.27: buffer params
     for _, op in packed:
         sch.transform_layout(leaf, buffers[op.name], tirx.IndexMap.from_func(
             op.layout.pack_map(), ndim=len(op.shape), index_dtype="int32"))
     return sch.mod["main"]
-
-
-def _leaf(sch):
-    """The description's innermost block (the one that computes)."""
-    # deferred: `import tirbyoc` stays free of TVM (importing it costs ~1.3 s)
-    from tirbyoc._tvm import iter_blocks
-
-    blocks = [b for b in iter_blocks(sch.mod["main"].body) if b.name_hint != "root"]
-    return sch.get_sblock(blocks[-1].name_hint)
 
 
 __all__ = ["packed_description"]
