@@ -1,32 +1,43 @@
-"""x86_amx: Intel AMX tiles, u8 x i8 -> i32 (``tdpbusd``), as a destination-passing GEMM kernel.
+"""x86_amx: Intel AMX tiles as destination-passing GEMM kernels: int8 (``tdpbusd``) and bf16 (``tdpbf16ps``).
 
 AMX is a matrix engine inside the CPU (Intel Xeon since Sapphire Rapids): eight tile registers
 of 16 rows x 64 bytes, loaded and stored row-strided (``tileloadd`` / ``tilestored``), and one
-instruction ``tdpbusd`` that adds A[16 x 64 u8] . B[16 x 64 i8 in 4-byte groups] to a
-16 x 16 int32 tile - 16,384 multiply-adds, about 6x what AVX-512 VNNI's ``vpdpbusd`` does in
-the same time on the same core (`bench/gemm.py --amx-peak`).
+product instruction per element type: ``tdpbusd`` adds A[16 x 64 u8] . B[16 x 64 i8 in 4-byte
+groups] to a 16 x 16 int32 tile - 16,384 multiply-adds, about 6x what AVX-512 VNNI's
+``vpdpbusd`` does in the same time on the same core (`bench/gemm.py --amx-peak`);
+``tdpbf16ps`` adds A[16 x 32 bf16] . B[16 x 32 bf16 in pairs] to a 16 x 16 float32 tile.
 
-The kernel (``csrc/amx_shim.c``) keeps 2 x 2 accumulator tiles in the tile registers over
-the whole reduction, so the template declares it as a library call that takes a block's
-exact M, N and K (``resize``): activations are read in place, row-strided; the weight is
-packed into the [N/16, K/4, 16, 4] layout both VNNI and AMX read (``Layout.packed``), once,
-at compile time where it is a constant. N must be a multiple of 16 and K of 4; rows and
-reductions of any other length run in the kernel (remainders through a zero-padded block,
-the last K % 64 columns with ``vpdpbusd``). A reduction under 128 (a 1x1 convolution of 64
-channels, MobileNetV2's narrow ones) is refused for ``x86_vnni``, which the default template
-list puts after it: one or two ``tdpbusd`` a call leave the block's zeroing and write-back
-the whole cost (ResNet-50's res2 1x1 expansion: 404 GOPS on AMX, 605 on VNNI, one thread).
+* ``x86_amx``: u8 activations x i8 weights -> int32 (quantized models).
+* ``x86_amx_bf16``: bf16 x bf16 -> float32 (a float model run with ``--precision bf16``;
+  every product is exact in float32, the sums round in float32 as TVM's build does, in
+  another order: outputs agree to float32 rounding).
+
+The kernel (``csrc/amx_shim.c``, one code path for both: lengths counted in bytes) keeps 2 x 2
+accumulator tiles in the tile registers over the whole reduction, so the template declares it
+as a library call that takes a block's exact M, N and K (``resize``): activations are read in
+place, row-strided; the weight is packed into the [N/16, K/g, 16, g] layout (g = 4 int8 or 2
+bf16: 4 bytes) both AVX-512 and AMX read (``Layout.packed``), once, at compile time where it
+is a constant. N must be a multiple of 16 and K of g; rows and reductions of any other length
+run in the kernel (remainders through a zero-padded block, the last bytes of K under 64 with
+``vpdpbusd`` / ``vdpbf16ps``). A reduction under 128 bytes (a 1x1 convolution of 64 int8
+channels, MobileNetV2's narrow ones) is refused for the vector template the default list puts
+after it (`tirbyoc.app.run.FALLBACKS`): one or two tile products a call leave the block's
+zeroing and write-back the whole cost (ResNet-50's res2 1x1 expansion: 404 GOPS on AMX, 605
+on VNNI, one thread).
 
 Linux gives a process the tile registers only when asked (``arch_prctl``): the library asks
-when it is loaded, in whatever process loads it. ``x86_amx_emulated`` is the same template
-with the kernel built as portable C (the same 32-bit sums): it verifies every AMX rewrite on
-a CPU without AMX; its times are not AMX's, and `tirbyoc run` reports none.
+when it is loaded, in whatever process loads it. ``x86_amx_emulated`` and
+``x86_amx_bf16_emulated`` are the same templates with the kernel built as portable C (int8:
+the same 32-bit sums, bit for bit; bf16: float32 sums of the same exact products): they verify
+every AMX rewrite on a CPU without AMX; their times are not AMX's, and `tirbyoc run` reports
+none.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 from typing import Optional
@@ -34,42 +45,90 @@ from typing import Optional
 from tirbyoc import Cost, ExternLibrary, Intrinsic, IntrinsicGroup, Layout, Operand, Role, Runtime, Template, TirbyocError
 
 
-NAME = "x86_amx"
-EMULATED_NAME = "x86_amx_emulated"
 TARGET = {"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2}
 EMULATED_TARGET = {"kind": "llvm", "num-cores": 2}
-PANEL, GROUP = 16, 4  # B's packing: 16 output channels x 4 reduction bytes per 64-byte row
+PANEL, GROUP_BYTES = 16, 4  # B's packing: 16 output channels x 4 reduction bytes per 64-byte row
 # The matcher's first tile; `resize` re-declares the kernel for a block's exact extents. A
 # reduction tile wider than a convolution's channels makes the matcher fuse (kh, kw, c) into
 # one reduction of 9 x c, so that the accumulators stay in tiles over all of it.
 TILE, TILE_K = 32, 1024
-MIN_K = 128  # shorter reductions are refused: `x86_vnni`, next in the list, is faster there (below)
-WEIGHT = Layout.packed((PANEL, GROUP))
+MIN_K_BYTES = 128  # shorter reductions are refused: the vector template next in the list is faster there
 STRIDED = Layout.row_strided()
 SOURCE = Path(__file__).parent / "csrc" / "amx_shim.c"
 ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA, SYS_ARCH_PRCTL = 0x1023, 18, 158
 
+
+@dataclass(frozen=True)
+class Kernel:
+    """One GEMM kernel of the C shims as a template declares it: its template name, C entry
+    point, element types (A, B, accumulator C), the instruction it runs and the CPU flags it
+    needs (/proc/cpuinfo's names). The packed weight's group is 4 bytes of B, so
+    ``group`` = 4 int8 or 2 bf16; ``min_k`` the shortest reduction it takes (elements)."""
+
+    name: str
+    symbol: str
+    a: str
+    b: str
+    c: str
+    instruction: str
+    flags: tuple
+    min_k: int = 0
+    pads_k: bool = False  # a reduction not a multiple of ``group`` is padded (else refused: a
+    # template after it in the list takes it unpadded, as x86_vnni does AMX-INT8's)
+    shorter: str = ""  # the vector template that takes reductions under ``min_k`` faster
+
+    @property
+    def group(self) -> int:
+        return GROUP_BYTES // (2 if self.b == "bfloat16" else 1)
+
+    @property
+    def weight(self) -> Layout:
+        return Layout.packed((PANEL, self.group))
+
+    @property
+    def types(self) -> str:
+        return {"uint8": "u8", "int8": "i8", "bfloat16": "bf16", "int32": "i32", "float32": "f32"}[self.a] + "".join(
+            {"int8": "i8", "bfloat16": "bf16", "int32": "i32", "float32": "f32"}[t] for t in (self.b, self.c))
+
+
+INT8 = Kernel("x86_amx", "tirbyoc_amx_gemm_u8s8", "uint8", "int8", "int32", "tdpbusd",
+              ("amx_tile", "amx_int8", "avx512_vnni"), MIN_K_BYTES,
+              shorter="AVX-512 VNNI (x86_vnni)")
+BF16 = Kernel("x86_amx_bf16", "tirbyoc_amx_gemm_bf16", "bfloat16", "bfloat16", "float32", "tdpbf16ps",
+              ("amx_tile", "amx_bf16", "avx512_bf16"), MIN_K_BYTES // 2, pads_k=True,
+              shorter="AVX512_BF16 (x86_avx512_bf16)")
+INT8_EMULATED = replace(INT8, name="x86_amx_emulated", symbol="tirbyoc_amx_emulated_gemm_u8s8", flags=())
+BF16_EMULATED = replace(BF16, name="x86_amx_bf16_emulated", symbol="tirbyoc_amx_emulated_gemm_bf16", flags=())
+NAME, EMULATED_NAME = INT8.name, INT8_EMULATED.name
+MIN_K = INT8.min_k
+
 LIBRARY = ExternLibrary(name="tirbyoc_amx_shim", sources=[SOURCE],
-                        symbols=["tirbyoc_amx_gemm_u8s8", "tirbyoc_amx_granted"])
+                        symbols=[INT8.symbol, BF16.symbol, "tirbyoc_amx_granted"])
 EMULATED_LIBRARY = ExternLibrary(name="tirbyoc_amx_shim_emulated", sources=[SOURCE],
-                                 symbols=["tirbyoc_amx_emulated_gemm_u8s8", "tirbyoc_amx_emulated_granted"],
+                                 symbols=[INT8_EMULATED.symbol, BF16_EMULATED.symbol, "tirbyoc_amx_emulated_granted"],
                                  defines=["TIRBYOC_AMX_EMULATED"])
 
 
+def bits(dtype: str) -> str:
+    """The type a pointer to ``dtype`` elements is declared with: bfloat16 as its 16 bits.
+    TVM 0.27's BF16ComputeLegalize turns a ``bfloat16`` pointer annotation into ``float32``
+    (as if it were arithmetic) while the buffer becomes ``uint16``, and the build then fails."""
+    return "uint16" if dtype == "bfloat16" else dtype
+
+
 @cache
-def gemm(m: int, n: int, k: int, emulated: bool = False) -> Intrinsic:
-    """C[m, n] += u8 A[m, k] . i8 B[n, k] (B packed [n/16, k/4, 16, 4]) with AMX tiles."""
-    name = EMULATED_NAME if emulated else NAME
-    symbol = "tirbyoc_amx_emulated_gemm_u8s8" if emulated else "tirbyoc_amx_gemm_u8s8"
+def gemm(m: int, n: int, k: int, kernel: Kernel = INT8) -> Intrinsic:
+    """C[m, n] += A[m, k] . B[n, k] in ``kernel``'s types (B packed [n/16, k/g, 16, g])."""
+    g = kernel.group
 
     def build():
         from tvm.script import tirx as T
 
         @T.prim_func(s_tir=True)
         def desc(
-            A: T.Buffer((m, k), "uint8", offset_factor=1),
-            B: T.Buffer((n, k), "int8", offset_factor=1),
-            C: T.Buffer((m, n), "int32", offset_factor=1),
+            A: T.Buffer((m, k), kernel.a, offset_factor=1),
+            B: T.Buffer((n, k), kernel.b, offset_factor=1),
+            C: T.Buffer((m, n), kernel.c, offset_factor=1),
         ) -> None:
             with T.sblock("root"):
                 T.reads(C[0:m, 0:n], A[0:m, 0:k], B[0:n, 0:k])
@@ -77,89 +136,98 @@ def gemm(m: int, n: int, k: int, emulated: bool = False) -> Intrinsic:
                 for i, j, kk in T.grid(m, n, k):
                     with T.sblock("update"):
                         vi, vj, vk = T.axis.remap("SSR", [i, j, kk])
-                        C[vi, vj] = C[vi, vj] + T.cast(A[vi, vk], "int32") * T.cast(B[vj, vk], "int32")
+                        C[vi, vj] = C[vi, vj] + T.cast(A[vi, vk], kernel.c) * T.cast(B[vj, vk], kernel.c)
 
         @T.prim_func(s_tir=True)
         def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
             sa = T.int32()
             sc = T.int32()
-            A = T.match_buffer(a, (m, k), "uint8", strides=[sa, 1], offset_factor=1)
-            B = T.match_buffer(b, (n // PANEL, k // GROUP, PANEL, GROUP), "int8", offset_factor=1)
-            C = T.match_buffer(c, (m, n), "int32", strides=[sc, 1], offset_factor=1)
+            A = T.match_buffer(a, (m, k), kernel.a, strides=[sa, 1], offset_factor=1)
+            B = T.match_buffer(b, (n // PANEL, k // g, PANEL, g), kernel.b, offset_factor=1)
+            C = T.match_buffer(c, (m, n), kernel.c, strides=[sc, 1], offset_factor=1)
             with T.sblock("root"):
-                T.reads(C[0:m, 0:n], A[0:m, 0:k], B[0 : n // PANEL, 0 : k // GROUP, 0:PANEL, 0:GROUP])
+                T.reads(C[0:m, 0:n], A[0:m, 0:k], B[0 : n // PANEL, 0 : k // g, 0:PANEL, 0:g])
                 T.writes(C[0:m, 0:n])
-                T.evaluate(T.call_extern("int32", symbol, m, n, k, A.access_ptr("r"), sa,
-                                         B.access_ptr("r"), C.access_ptr("rw"), sc))
+                T.evaluate(T.call_extern("int32", kernel.symbol, m, n, k,
+                                         T.tvm_access_ptr(T.type_annotation(bits(kernel.a)), A.data, A.elem_offset,
+                                                          sa * m, 1), sa,
+                                         T.tvm_access_ptr(T.type_annotation(bits(kernel.b)), B.data, B.elem_offset,
+                                                          n * k, 1),
+                                         C.access_ptr("rw"), sc))
 
         return desc, impl
 
     return Intrinsic(
-        f"{name}.gemm_{m}x{n}x{k}_u8i8i32", Role.COMPUTE,
-        [Operand("A", (m, k), "uint8", layout=STRIDED), Operand("B", (n, k), "int8", layout=WEIGHT),
-         Operand("C", (m, n), "int32", layout=STRIDED)],
+        f"{kernel.name}.gemm_{m}x{n}x{k}_{kernel.types}", Role.COMPUTE,
+        [Operand("A", (m, k), kernel.a, layout=STRIDED), Operand("B", (n, k), kernel.b, layout=kernel.weight),
+         Operand("C", (m, n), kernel.c, layout=STRIDED)],
         [("i", m, "S"), ("j", n, "S"), ("k", k, "R")], build,
-        cost=Cost(cycles=max(1.0, m * n * k / 1024.0)),
-        doc=("tdpbusd" + (" emulated" if emulated else "") + f": C[{m},{n}] += u8 A[{m},{k}] . i8 B "
-             "(B packed [N/16, K/4, 16, 4]; 2x2 accumulator tiles kept over K)"),
+        cost=Cost(cycles=max(1.0, m * n * k * (GROUP_BYTES // g) / 1024.0)),
+        doc=(f"{kernel.instruction}" + (" emulated" if not kernel.flags else "")
+             + f": C[{m},{n}] {kernel.c} += A[{m},{k}] . B in {kernel.a} (B packed [N/16, K/{g}, 16, {g}])"),
     )
 
 
 @cache
-def zero_block(emulated: bool = False) -> Intrinsic:
-    """C[32, 32] int32 = 0 in 16-lane vector stores, row by row (a row-strided block): the
-    register block's init, which TVM's scalar loop made as slow as the AMX call itself."""
-    name = EMULATED_NAME if emulated else NAME
+def zero_block(kernel: Kernel = INT8) -> Intrinsic:
+    """C[32, 32] = 0 in 16-lane vector stores, row by row (a row-strided block): the register
+    block's init, which TVM's scalar loop made as slow as the AMX call itself."""
+    dtype = kernel.c
 
     def build():
         from tvm.script import tirx as T
 
         @T.prim_func(s_tir=True)
-        def desc(C: T.Buffer((TILE, TILE), "int32", offset_factor=1)) -> None:
+        def desc(C: T.Buffer((TILE, TILE), dtype, offset_factor=1)) -> None:
             with T.sblock("root"):
                 T.reads()
                 T.writes(C[0:TILE, 0:TILE])
                 for i, j in T.grid(TILE, TILE):
                     with T.sblock("init"):
                         vi, vj = T.axis.remap("SS", [i, j])
-                        C[vi, vj] = 0
+                        C[vi, vj] = T.cast(0, dtype)
 
         @T.prim_func(s_tir=True)
         def impl(c: T.handle) -> None:
             sc = T.int32()
-            C = T.match_buffer(c, (TILE, TILE), "int32", strides=[sc, 1], offset_factor=1)
+            C = T.match_buffer(c, (TILE, TILE), dtype, strides=[sc, 1], offset_factor=1)
             with T.sblock("root"):
                 T.reads()
                 T.writes(C[0:TILE, 0:TILE])
                 for i in T.serial(TILE):
                     for h in T.unroll(TILE // 16):
-                        C[i, T.ramp(h * 16, 1, 16)] = T.broadcast(T.int32(0), 16)
+                        C[i, T.ramp(h * 16, 1, 16)] = T.broadcast(T.cast(0, dtype), 16)
 
         return desc, impl
 
-    return Intrinsic(f"{name}.zero_{TILE}x{TILE}_int32", Role.INIT, [Operand("C", (TILE, TILE), "int32", layout=STRIDED)],
+    return Intrinsic(f"{kernel.name}.zero_{TILE}x{TILE}_{dtype}", Role.INIT,
+                     [Operand("C", (TILE, TILE), dtype, layout=STRIDED)],
                      [("i", TILE, "S"), ("j", TILE, "S")], build, cost=Cost(cycles=TILE * TILE / 16),
-                     doc=f"zero a {TILE}x{TILE} int32 accumulator block in 16-lane stores")
+                     doc=f"zero a {TILE}x{TILE} {dtype} accumulator block in 16-lane stores")
 
 
-def _group(emulated: bool, k: int = TILE_K) -> IntrinsicGroup:
-    """The GEMM group: 32 x 32 outputs a call (the kernel's 2x2 accumulator tiles, which the
-    CPU schedule keeps as one register block and writes back once, its epilogue fused), the
-    whole reduction; ``resize`` re-declares it for a block's exact K (a multiple of 4, the
-    packed weight's groups), and the block is padded to the 32 x 32 tile."""
+def kernel_group(kernel: Kernel, k: int = TILE_K) -> IntrinsicGroup:
+    """The GEMM group: 32 x 32 outputs a call (the kernel's register block, which the CPU
+    schedule keeps as one block and writes back once, its epilogue fused), the whole
+    reduction; ``resize`` re-declares it for a block's exact K (a multiple of the packed
+    weight's group), and the block is padded to the 32 x 32 tile."""
 
     def resize(ext: dict) -> IntrinsicGroup:
         depth = ext["vk"]
-        if depth % GROUP:
-            raise TirbyocError(f"the AMX kernel reads weights packed in groups of {GROUP} bytes: "
-                               f"K = {depth} must be a multiple of {GROUP}")
-        if depth < MIN_K:
-            raise TirbyocError(f"a reduction of {depth} (under {MIN_K}) is one or two tdpbusd a call beside "
-                               "the 32 x 32 block's zeroing and write-back; a VNNI template takes it faster")
-        return _group(emulated, depth)
+        if depth % kernel.group and kernel.pads_k:
+            depth += kernel.group - depth % kernel.group  # zeros in both operands' padding add nothing
+        elif depth % kernel.group:
+            raise TirbyocError(f"the {kernel.instruction} kernel reads weights packed in groups of "
+                               f"{kernel.group}: K = {depth} must be a multiple of {kernel.group}")
+        if depth < kernel.min_k:
+            raise TirbyocError(f"a reduction of {depth} (under {kernel.min_k}) is one or two {kernel.instruction} "
+                               f"a call beside the 32 x 32 block's zeroing and write-back; {kernel.shorter} "
+                               "takes it faster")
+        return kernel_group(kernel, depth)
 
-    return IntrinsicGroup("gemm_u8i8i32" + (f"_k{k}" if k != TILE_K else ""), compute=gemm(TILE, TILE, k, emulated),
-                          init=zero_block(emulated), resize=resize, resize_pads=True)
+    return IntrinsicGroup(f"gemm_{kernel.types}" + (f"_k{k}" if k != TILE_K else ""),
+                          compute=gemm(TILE, TILE, k, kernel), init=zero_block(kernel), resize=resize,
+                          resize_pads=True)
 
 
 def _syscall_grants_amx() -> bool:
@@ -171,37 +239,51 @@ def _syscall_grants_amx() -> bool:
         return False
 
 
-def _requires() -> Optional[str]:
+def missing_flags(kernel: Kernel, emulated_name: str) -> Optional[str]:
+    """Why this CPU cannot run ``kernel`` natively (None when it can): the flags it lacks."""
     from tirbyoc.decl.host import cpuinfo_flags
 
-    missing = [f for f in ("amx_tile", "amx_int8", "avx512_vnni") if f not in cpuinfo_flags()]
+    missing = [f for f in kernel.flags if f not in cpuinfo_flags()]
     if missing:
-        return (f"this CPU lacks {', '.join(missing)} (Intel AMX: Xeon Sapphire Rapids and later); "
-                f"-t {EMULATED_NAME} runs the same rewrite with the kernel in portable C "
-                "(its values, bit for bit; not its times)")
-    if not _syscall_grants_amx():
-        return ("Linux refused this process the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM); "
-                f"-t {EMULATED_NAME} runs the same rewrite without it")
+        return (f"this CPU lacks {', '.join(missing)} ({kernel.instruction}); -t {emulated_name} runs "
+                "the same rewrite with the kernel in portable C (its values; not its times)")
     return None
 
 
-def make_template(emulated: bool = False) -> Template:
-    """The AMX template; ``emulated``: ``x86_amx_emulated``, the kernel as portable C."""
+def _requires(kernel: Kernel, emulated: Kernel):
+    def check() -> Optional[str]:
+        why = missing_flags(kernel, emulated.name)
+        if why is None and not _syscall_grants_amx():
+            why = ("Linux refused this process the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM); "
+                   f"-t {emulated.name} runs the same rewrite without it")
+        return why
+
+    return check
+
+
+def make_template(emulated: bool = False, bf16: bool = False) -> Template:
+    """The AMX template: int8 (``x86_amx``) or, ``bf16``, ``x86_amx_bf16``; ``emulated``: the
+    kernel as portable C (``x86_amx_emulated``, ``x86_amx_bf16_emulated``)."""
+    native = BF16 if bf16 else INT8
+    kernel = (BF16_EMULATED if bf16 else INT8_EMULATED) if emulated else native
+    what = ("Intel AMX bf16 tiles (bf16 x bf16 -> float32, --precision bf16)" if bf16 else
+            "Intel AMX int8 tiles (u8 activations x i8 weights -> i32)")
     return Template(
-        name=EMULATED_NAME if emulated else NAME,
+        name=kernel.name,
         target=EMULATED_TARGET if emulated else TARGET,
         runtime=Runtime.EXTERN_C,
-        groups=(_group(emulated),),
+        groups=(kernel_group(kernel),),
         libraries=(EMULATED_LIBRARY if emulated else LIBRARY,),
-        requires=None if emulated else _requires,
-        doc=("Intel AMX int8 tiles (u8 activations x i8 weights -> i32), a GEMM kernel on packed weights"
-             + (", emulated in portable C" if emulated else "")),
-        emulates="tdpbusd (Intel AMX-INT8)" if emulated else "",
+        requires=None if emulated else _requires(native, BF16_EMULATED if bf16 else INT8_EMULATED),
+        doc=what + ", a GEMM kernel on packed weights" + (", emulated in portable C" if emulated else ""),
+        emulates=f"{native.instruction} (Intel AMX-{'BF16' if bf16 else 'INT8'})" if emulated else "",
         channels_last=True,
-        fuses_epilogues=True,  # requantized in each 32 x 32 block's write-back, stored as 8 bits
+        fuses_epilogues=True,  # each 32 x 32 block's write-back: requantized to 8 bits, or bias/ReLU/bf16
         params={"tile": TILE},
     )
 
 
 TEMPLATE = make_template()
 EMULATED = make_template(emulated=True)
+BF16_TEMPLATE = make_template(bf16=True)
+BF16_EMULATED_TEMPLATE = make_template(emulated=True, bf16=True)

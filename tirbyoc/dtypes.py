@@ -39,3 +39,15 @@ def is_valid_dtype(dtype: str) -> bool:
 
 def is_float(dtype: str) -> bool:
     return parse_dtype(dtype)[0] in ("float", "bfloat")
+
+
+def numpy_dtype(dtype: str):
+    """The numpy dtype holding TVM's ``dtype``: numpy's own, or ml_dtypes' ``bfloat16`` (the
+    type TVM's runtime tensors take and give for bfloat16; ml_dtypes comes with TVM)."""
+    import numpy as np  # deferred: listing templates imports this module and needs no numpy
+
+    if str(dtype) == "bfloat16":
+        import ml_dtypes  # deferred: as numpy
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(str(dtype))

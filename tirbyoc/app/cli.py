@@ -164,6 +164,7 @@ def _options(args, **flags) -> RunOptions:
     shapes, fast math where it has it) and those given."""
     return from_flags(target=_target_arg(args.target), seed=args.seed, obj=args.object,
                       input_shapes=_shapes_arg(args.input_shape), fast_math=getattr(args, "fast_math", None),
+                      precision=getattr(args, "precision", None),
                       **flags)
 
 

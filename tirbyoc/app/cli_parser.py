@@ -12,6 +12,10 @@ from tirbyoc.app.models import MODELS
 from tirbyoc.decl.registry import template_names
 from tirbyoc.relax.fast_math import ERF_ABS, EXP_REL
 
+PRECISION_HELP = ("bf16: a float model's convolutions and matmuls read bfloat16 and accumulate in float32 "
+                  "(AMX-BF16 or AVX512_BF16 templates by default); both builds compute it, and its "
+                  "accuracy against the float32 model is reported. Changes values: never implied")
+
 EXIT_CODES = """exit status:
   0  done (for run and sweep: the outputs match, or were not compared)
   1  run / sweep: the offloaded model's outputs differ from TVM's build
@@ -141,6 +145,7 @@ def _add_run(sub, common) -> None:
                    help="a named (symbolic) dimension of the model's inputs and the sizes to run it "
                         "at, from one build (repeatable; e.g. n=1,17,128)")
     p.add_argument("--fast-math", action="store_true", help=FAST_MATH_HELP)
+    p.add_argument("--precision", choices=("bf16",), help=PRECISION_HELP)
 
 
 def _add_tune(sub, common) -> None:
@@ -221,6 +226,7 @@ def _add_build(sub, common) -> None:
                    help="a named (symbolic) dimension's size for the sample inputs the library is checked "
                         "on; the library itself takes every size (repeatable)")
     p.add_argument("--fast-math", action="store_true", help=FAST_MATH_HELP)
+    p.add_argument("--precision", choices=("bf16",), help=PRECISION_HELP)
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
 
 

@@ -47,6 +47,7 @@ from tirbyoc.errors import TirbyocError
 from tirbyoc.offloading.devices import CPU, device_of
 from tirbyoc.offloading.lowering import PIPELINE
 from tirbyoc.relax.bridge import offload_module
+from tirbyoc.relax.bf16 import Bf16Report
 from tirbyoc.relax.fast_math import FastMathReport
 from tirbyoc.relax.prepack import pack_constant_weights
 from tirbyoc.relax.rest import schedule_rest_of
@@ -71,6 +72,7 @@ class Built:
     sample_inputs: list = field(default_factory=list, repr=False)
     cross: HexagonArtifact | None = None  # for a Hexagon target: what was written, how to link
     fast_math: FastMathReport | None = None  # --fast-math: what the library approximates
+    bf16: Bf16Report | None = None  # --precision bf16: the layers that read bfloat16
     emulates: dict = field(default_factory=dict)  # template -> the instruction its code emulates
     sized: object = None  # a model of named sizes: its MACs at the sample inputs' sizes (SizeRun)
 
@@ -88,6 +90,8 @@ class Built:
                 "offloaded_macs": self.report.offloaded_macs, "macs": self.report.total_macs,
                 "functions": [f.to_json() for f in self.report.functions],
                 "fast_math": self.fast_math.to_json() if self.fast_math is not None else None,
+                "precision": "bf16" if self.bf16 is not None else None,
+                "bf16": self.bf16.to_json() if self.bf16 is not None else None,
                 "emulates": self.emulates, "sized": self.sized.to_json() if self.sized is not None else None}
 
 
@@ -307,16 +311,17 @@ def build_library(model: str | None, templates=None, options: RunOptions | None 
     output = Path(output)
     if opts.target is not None:
         _exporter(make_target(opts.target))
-    tmpls, tgt = templates_and_target(templates, opts.target, model)
+    tmpls, tgt = templates_and_target(templates, opts.target, model, opts.precision)
     exporter = _exporter(tgt)
     if output.suffix not in exporter.suffixes:
         raise TirbyocError(f"{output}: the library is a shared object; name it "
                            + " or ".join(f"PATH{s}" for s in exporter.suffixes))
     progress.phase(importing(model))
     fast = FastMathReport() if opts.fast_math else None
+    bf16 = Bf16Report() if opts.precision == "bf16" else None
     spec, mod, entry, arrays = legalized_model(model, tmpls, opts.seed, opts.inputs, obj=opts.obj,
                                                input_shapes=opts.input_shapes, constant_weights=True,
-                                               fast_math=fast, sizes=size_bindings(opts.sizes)[0])
+                                               fast_math=fast, sizes=size_bindings(opts.sizes)[0], bf16=bf16)
     progress.phase(f"offloading to {', '.join(t.name for t in tmpls)}")
     tuned = tuned_schedules(opts.database) if opts.database is not None else None
     offloaded, report = offload_module(mod, tmpls, progress=progress.step, tuned=tuned,
@@ -330,7 +335,7 @@ def build_library(model: str | None, templates=None, options: RunOptions | None 
                   target=json.loads(str(tgt)), entry=entry,
                   inputs=[{"name": p.name, "shape": [_dim(d) for d in p.ty.shape.values], "dtype": str(p.ty.dtype)}
                           for p in params],
-                  report=report, linked=libs, sample_inputs=arrays, cross=cross, fast_math=fast,
+                  report=report, linked=libs, sample_inputs=arrays, cross=cross, fast_math=fast, bf16=bf16,
                   sized=_sized(mod, report, size_bindings(opts.sizes)[0]),
                   emulates={t.name: t.emulates for t in tmpls if t.emulates})
     if run_check and cross is None and all(t.runs_here() for t in tmpls):

@@ -20,6 +20,7 @@ from tirbyoc.app.preparation import (
     with_constant_weights,
 )
 from tirbyoc.errors import TirbyocError
+from tirbyoc.relax.bf16 import Bf16Report, bf16_of
 from tirbyoc.relax.bridge import fuse
 from tirbyoc.relax.fast_math import FastMathReport, fast_math_of
 from tirbyoc.relax.layout import LayoutReport, channels_last
@@ -40,7 +41,8 @@ def legalized_model(model: str | None, templates, seed: int, inputs: dict | None
                     obj: str | None = None, input_shapes: dict | None = None,
                     quantized: QuantizedReport | None = None, as_given: list | None = None,
                     constant_weights: bool = False, fast_math: FastMathReport | None = None,
-                    layout: LayoutReport | None = None, sizes: dict | None = None):
+                    layout: LayoutReport | None = None, sizes: dict | None = None,
+                    bf16: Bf16Report | None = None):
     """(spec, legalized module, entry function, inputs) of a model for ``templates``: the
     user's ``inputs`` (name -> array) where given, else seeded data in each input's domain
     (`tirbyoc.app.model_inputs`). A quantized model's chains are made integer first
@@ -54,7 +56,9 @@ def legalized_model(model: str | None, templates, seed: int, inputs: dict | None
     the report is filled in. For a template whose convolutions read NHWC the module is
     converted to NHWC once (`tirbyoc.relax.layout`; ``layout`` collects what it did), while
     ``as_given`` keeps the model's own layout. ``sizes``: the size of each named dimension of
-    the inputs drawn (``{"n": 17}``)."""
+    the inputs drawn (``{"n": 17}``). ``bf16``: when given, the model's float32 convolutions
+    and matmuls read bfloat16 (`tirbyoc.relax.bf16`) in this module, while ``as_given`` keeps
+    float32 (the accuracy the conversion costs is measured against it); the report is filled in."""
     spec, loaded = load_model(model, templates, obj, input_shapes)
     converted = integer_module(loaded, templates, quantized)
     if quantized is not None and converted is not loaded:
@@ -63,6 +67,9 @@ def legalized_model(model: str | None, templates, seed: int, inputs: dict | None
         fast, done = fast_math_of(converted)
         fast_math.add(done)
         loaded, converted = (fast if converted is loaded else fast_math_of(loaded)[0]), fast
+    if bf16 is not None:
+        converted, done = bf16_of(converted)
+        bf16.add(done)
     laid = (channels_last(converted, layout, reduction_tile(templates))[0] if wants_channels_last(templates)
             else converted)
     mod = relax.transform.LegalizeOps()(laid)

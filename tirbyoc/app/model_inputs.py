@@ -19,6 +19,7 @@ import numpy as np
 from tvm import relax
 
 from tirbyoc._tvm import tirx, tvm
+from tirbyoc.dtypes import numpy_dtype
 from tirbyoc.errors import TirbyocError
 from tirbyoc.ir.domains import Domain, buffer_domains, draw
 
@@ -131,7 +132,7 @@ def model_inputs(mod, entry: str, seed: int, given: dict | None = None,
 
 def _given(param, value) -> np.ndarray:
     dtype = str(param.ty.dtype)
-    arr = np.ascontiguousarray(np.asarray(value).astype(dtype))
+    arr = np.ascontiguousarray(np.asarray(value).astype(numpy_dtype(dtype)))
     want = _shape(param)
     if want is None:
         return arr  # a symbolic shape: the model checks it when it runs

@@ -21,6 +21,7 @@ class RunOptions:
     obj: str | None = None  # which object of a Python model file
     input_shapes: dict | None = None  # an ONNX model's input shapes, by input name
     fast_math: bool = False  # approximate float32 exp / erf / tanh in both builds
+    precision: str | None = None  # "bf16": convolutions and matmuls read bfloat16 in both builds
     database: str | None = None  # a `tirbyoc tune` work directory whose schedules apply
     repeat: int = 10  # runs per timing measurement (the minimum of 3 is reported)
     baseline: str = "default"  # how TVM builds the untouched model (`BASELINES`)

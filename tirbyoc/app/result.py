@@ -10,6 +10,7 @@ from tirbyoc.app.targets import BASELINES
 from tirbyoc.offloading.table import group_repeats, render
 from tirbyoc.relax.bridge import OffloadReport
 from tirbyoc.relax.emulated import EmulatedRuns
+from tirbyoc.relax.bf16 import Bf16Report
 from tirbyoc.relax.fast_math import FastMathReport
 from tirbyoc.relax.layout import LayoutReport
 from tirbyoc.relax.quantized import QuantizedReport
@@ -36,6 +37,7 @@ class RunResult:
     emulates: dict = field(default_factory=dict)  # template -> the instruction it emulates (untimed)
     layout: LayoutReport | None = None  # the model converted to NHWC once (a channels-last template)
     sizes: list | None = None  # --size: the model at each binding of its named dimensions (SizeRun)
+    bf16: Bf16Report | None = None  # --precision bf16: what was converted, its accuracy against fp32
 
     def to_json(self) -> dict:
         r = self.report
@@ -62,6 +64,8 @@ class RunResult:
             "emulates": self.emulates,
             "layout": self.layout.to_json() if self.layout is not None else None,
             "sizes": None if self.sizes is None else [s.to_json() for s in self.sizes],
+            "precision": "bf16" if self.bf16 is not None else None,
+            "bf16": self.bf16.to_json() if self.bf16 is not None else None,
         }
 
     def outcome(self) -> str:
@@ -102,6 +106,8 @@ class RunResult:
             text += f"\nquantized model: {self.quantized.describe()}"
         if self.fast_math is not None:
             text += f"\n{self.fast_math.describe()}"
+        if self.bf16 is not None:
+            text += f"\n{self.bf16.describe()}"
         if self.reference is not None:
             text += f"\nreference: {self.reference.describe()}"
         for name, st in self.simulation.items():

@@ -42,6 +42,7 @@ from tirbyoc.errors import ModelError, TirbyocError, last_line
 from tirbyoc.offloading.lowering import PIPELINE
 from tirbyoc.offloading.verification import compare_arrays
 from tirbyoc.offloading.devices import device_of
+from tirbyoc.relax.bf16 import Bf16Report
 from tirbyoc.relax.bridge import offload_module
 from tirbyoc.relax.emulated import EmulatedRuns, emulate_offloaded
 from tirbyoc.relax.fast_math import FastMathReport
@@ -53,8 +54,10 @@ from tirbyoc.tuning.apply import tuned_schedules
 
 INT8_TEMPLATES = ("x86_amx", "x86_vnni", "x86_avx512bw", "x86_avx2")  # this CPU's int8 cores, fastest first
 # a template whose kernel refuses some blocks (AMX: N not a multiple of 16) and the one tried next
-FALLBACKS = {"x86_amx": "x86_vnni"}
+FALLBACKS = {"x86_amx": "x86_vnni", "x86_amx_bf16": "x86_avx512_bf16"}
 FLOAT_TEMPLATES = ("x86_fp32_avx512", "x86_fp32_avx2", "blas")  # fp32 cores, fastest first
+BF16_TEMPLATES = ("x86_amx_bf16", "x86_avx512_bf16")  # --precision bf16: this CPU's bf16 cores, fastest first
+PRECISIONS = ("bf16",)  # what --precision converts a float model to (None: as the model gives it)
 
 
 class Progress:
@@ -91,18 +94,35 @@ class Progress:
         self.stream.flush()
 
 
-def default_templates(model: str | None = None) -> list[str]:
+def _first_runnable(order) -> list[str]:
+    """The first template of ``order`` this machine runs and, where it has one, the template
+    that takes what its kernel refuses (`FALLBACKS`); [] when none runs."""
+    for name in order:
+        if get_template(name).runs_here():
+            after = FALLBACKS.get(name)
+            return [name] + ([after] if after and get_template(after).runs_here() else [])
+    return []
+
+
+def default_templates(model: str | None = None, precision: str | None = None) -> list[str]:
     """The template a run uses when none is given: for a model known to be float
     (`is_float_model`), the fastest fp32 template this CPU runs (`FLOAT_TEMPLATES`: the
     AVX-512 fused multiply-add core, else the AVX2 one, else blas); otherwise (an int8 model,
     the default model, a model file not yet read) the fastest int8 template this CPU runs
     (`INT8_TEMPLATES`: AMX where Linux grants it, with VNNI for what its kernel refuses; else
-    VNNI, AVX-512 BW, AVX2), then those."""
-    order = FLOAT_TEMPLATES if is_float_model(model) else INT8_TEMPLATES + FLOAT_TEMPLATES
-    for name in order:
-        if get_template(name).runs_here():
-            after = FALLBACKS.get(name)
-            return [name] + ([after] if after and get_template(after).runs_here() else [])
+    VNNI, AVX-512 BW, AVX2), then those. With ``precision="bf16"``: the fastest bfloat16
+    template (`BF16_TEMPLATES`: AMX, else AVX512_BF16) followed by the fastest fp32 one, which
+    takes what the bf16 kernels do not (a matrix-vector product) with its operands widened
+    exactly; without a bf16 template, the fp32 one alone."""
+    if precision == "bf16":
+        chosen = [t for t in _first_runnable(BF16_TEMPLATES) + _first_runnable(FLOAT_TEMPLATES)]
+        if chosen:
+            return chosen
+    order = (BF16_TEMPLATES + FLOAT_TEMPLATES if precision == "bf16"
+             else FLOAT_TEMPLATES if is_float_model(model) else INT8_TEMPLATES + FLOAT_TEMPLATES)
+    chosen = _first_runnable(order)
+    if chosen:
+        return chosen
     raise TirbyocError(f"none of the default templates ({', '.join(order)}) runs on this machine; "
                        "pass --template")
 
@@ -170,11 +190,16 @@ UNSTABLE = ("TVM's build of the untouched model gives different outputs on the s
             "(does it read outside its inputs' valid domain?); give inputs with --inputs")
 
 
-def compare(new_out: np.ndarray, ref_out: np.ndarray):
+def compare(new_out: np.ndarray, ref_out: np.ndarray, rounding: str | None = None):
     """The outputs compared (`tirbyoc.offloading.verification.Comparison`): relative to the reference's
-    scale; ``passed`` None where the reference is degenerate."""
+    scale; ``passed`` None where the reference is degenerate. ``rounding``: the narrowest
+    dtype the model rounds its activations to between layers, when narrower than its output
+    (bfloat16 under ``--precision bf16``): float32 sums in another order land a value on the
+    other side of a bfloat16 rounding now and then, one bfloat16 step apart, so the whole
+    model is compared at that dtype's tolerance (each offloaded function alone was verified
+    at float32's)."""
 
-    return compare_arrays(ref_out, new_out)
+    return compare_arrays(ref_out, new_out, rounding)
 
 
 @dataclass
@@ -194,12 +219,13 @@ class OffloadRun:
 
 
 def run_offloaded(mod, tmpls, target, entry, arrays, ref_out, *, repeat: int = 10, progress=None,
-                  tuned=None, profile: bool = False, builds: dict | None = None) -> OffloadRun:
+                  tuned=None, profile: bool = False, builds: dict | None = None,
+                  rounding: str | None = None) -> OffloadRun:
     """Offload ``mod`` (legalized) to ``tmpls`` (``tuned``: schedules to prefer, see
     `offload`), build, run once (simulators measuring that run), time, compare with
     ``ref_out``. Code for an emulated target (Hexagon) runs PrimFunc by PrimFunc under the
     emulator, the rest of the model here, untimed. ``profile``: also time each offloaded
-    PrimFunc alone (`tirbyoc.app.profiling`)."""
+    PrimFunc alone (`tirbyoc.app.profiling`). ``rounding``: as `compare`'s."""
     offloaded, report = offload_module(mod, tmpls, progress=progress, tuned=tuned)
     offloaded, packed = pack_constant_weights(offloaded)
     report.packed = packed
@@ -223,27 +249,29 @@ def run_offloaded(mod, tmpls, target, entry, arrays, ref_out, *, repeat: int = 1
                                          list(sims.values()), timed=timed, builds=builds)
     if profile and timed:
         profile_functions(mod, offloaded, report, target, repeat, progress=progress)
-    return OffloadRun(report, compare(new_out, ref_out), ms, dict(zip(sims, stats)), missing,
+    return OffloadRun(report, compare(new_out, ref_out, rounding), ms, dict(zip(sims, stats)), missing,
                       new_out, emulated, offloaded)
 
 
-def templates_and_target(templates, target, model: str | None = None):
-    """The templates (default: `default_templates` for ``model``) and the completed, checked
-    target (default: the first template's) they run on."""
-    tmpls = [as_template(t) for t in (list(templates) if templates else default_templates(model))]
+def templates_and_target(templates, target, model: str | None = None, precision: str | None = None):
+    """The templates (default: `default_templates` for ``model`` at ``precision``) and the
+    completed, checked target (default: the first template's) they run on."""
+    tmpls = [as_template(t) for t in (list(templates) if templates else default_templates(model, precision))]
     tgt = check_target(run_target(tmpls[0], target))
     check_templates_on_target(tmpls, tgt)
     return tmpls, tgt
 
 
 def _references(model, mod, untouched, tgt, entry, arrays, repeat, baseline, time_baseline,
-                quantized: QuantizedReport, builds: dict | None = None):
+                quantized: QuantizedReport, builds: dict | None = None, bf16: Bf16Report | None = None):
     """(the output the offloaded model must give, latencies). The baseline is TVM's build of
     the model as given, timed. For a QDQ model made integer, the offload is checked against
     TVM's build of the integer model (exact), and the integer model against the float QDQ
     graph, in output quantization steps (``quantized.float_max_abs_diff``, ``.step``):
     integers are exact where the float graph rounds its sums, so a value on a rounding
-    boundary can land one step apart."""
+    boundary can land one step apart. A model converted to bfloat16 (``bf16``) likewise: the
+    offload is checked against TVM's build of the bfloat16 model, which is measured against
+    the float32 model as given (`Bf16Report.measure`)."""
     out, ms, _ = build_reference(untouched, tgt, entry, arrays, repeat, baseline, time_baseline, builds)
     latency = {"baseline": ms} if ms is not None else {}
     if quantized.integer and out is not None:
@@ -254,6 +282,11 @@ def _references(model, mod, untouched, tgt, entry, arrays, repeat, baseline, tim
             if quantized.step is None and str(model or "").endswith(".onnx"):
                 quantized.step = output_step(model)
         out = integer_out
+    if bf16 is not None and bf16.converted and out is not None:
+        bf16_out, _, _ = build_reference(mod, tgt, entry, arrays, repeat, baseline, timed=False, builds=builds)
+        if bf16_out is not None:
+            bf16.measure(bf16_out, out)
+        out = bf16_out
     return out, latency
 
 
@@ -267,12 +300,13 @@ def _at_sizes(model, mod, untouched, tgt, entry, opts, quantized, done, runs, bu
         if i:
             arrays = model_inputs(mod, entry, opts.seed, opts.inputs, binding)
             ref_out, latency = _references(model, mod, untouched, target, entry, arrays, opts.repeat,
-                                           opts.baseline, timed, quantized, builds)
+                                           opts.baseline, timed, quantized, builds,
+                                           Bf16Report() if opts.precision == "bf16" else None)
             comparison = None
             if done.module is not None and ref_out is not None:
                 new_out, ms, _ = build_and_time(done.module, target, entry, arrays, opts.repeat,
                                                 timed=done.ms is not None, builds=builds)
-                comparison = compare(new_out, ref_out)
+                comparison = compare(new_out, ref_out, "bfloat16" if opts.precision == "bf16" else None)
                 latency.update({"offloaded": ms} if ms is not None else {})
         offloaded, total = coverage_at(mod, done.report, binding)
         out.append(SizeRun(binding, offloaded, total, None if comparison is None else comparison.passed,
@@ -280,8 +314,11 @@ def _at_sizes(model, mod, untouched, tgt, entry, opts, quantized, done, runs, bu
     return out
 
 
-def _check_reference(reference: str | None, model: str | None) -> None:
+def _check_options(reference: str | None, model: str | None, precision: str | None = None) -> None:
     """Refuse, before any work, a reference that cannot run on ``model``."""
+    if precision not in (None,) + PRECISIONS:
+        raise TirbyocError(f"precision {precision!r}: the one conversion is {', '.join(PRECISIONS)} "
+                           "(leave it out to run the model in its own precision)")
     if reference not in (None, "onnxruntime"):
         raise TirbyocError(f"reference {reference!r}: the one independent reference is onnxruntime")
     if reference is not None and not str(model or "").endswith(".onnx"):
@@ -297,20 +334,20 @@ def run_model(model: str | None = None, templates: list | None = None, options: 
     fields as keywords: ``repeat=1``)."""
     opts = options_of(options, changes, "run_model")
     opts = replace(opts, sizes=sizes_to_run(model, opts.sizes))
-    _check_reference(opts.reference, model)
+    _check_options(opts.reference, model, opts.precision)
     tuned = tuned_schedules(opts.database) if opts.database is not None else None
     progress = progress or Progress(enabled=False)
-    tmpls, tgt = templates_and_target(templates, opts.target, model)
-    names = [t.name for t in tmpls]
-    seconds = {}
+    tmpls, tgt = templates_and_target(templates, opts.target, model, opts.precision)
+    names, seconds = [t.name for t in tmpls], {}
     t0 = time.perf_counter()
     progress.phase(importing(model))
-    quantized, fast, layout = QuantizedReport(), (FastMathReport() if opts.fast_math else None), LayoutReport()
+    quantized, fast, layout, bf16 = QuantizedReport(), (FastMathReport() if opts.fast_math else None), \
+        LayoutReport(), (Bf16Report() if opts.precision == "bf16" else None)
     as_given, runs, builds = [], size_bindings(opts.sizes), {}
     spec, mod, entry, arrays = legalized_model(model, tmpls, opts.seed, opts.inputs, obj=opts.obj,
                                                quantized=quantized, input_shapes=opts.input_shapes,
                                                as_given=as_given, constant_weights=True, fast_math=fast,
-                                               layout=layout, sizes=runs[0])
+                                               layout=layout, sizes=runs[0], bf16=bf16)
     seconds["import"] = time.perf_counter() - t0
     ref_out, latency = None, {}
     if all(t.runs_here() for t in tmpls):
@@ -318,13 +355,14 @@ def run_model(model: str | None = None, templates: list | None = None, options: 
         progress.phase("building and running TVM's build of the untouched model")
         timed = opts.time_baseline and not device_of(tgt).emulated  # an emulator's time is not the device's
         ref_out, latency = _references(model, mod, as_given[0], model_target(tgt), entry, arrays,
-                                       opts.repeat, opts.baseline, timed, quantized, builds)
+                                       opts.repeat, opts.baseline, timed, quantized, builds, bf16)
         seconds["baseline"] = time.perf_counter() - t0
     unstable = "baseline" in seconds and ref_out is None
     t0 = time.perf_counter()
     progress.phase(f"offloading to {', '.join(names)}, building and running")
     done = run_offloaded(mod, tmpls, tgt, entry, arrays, ref_out, repeat=opts.repeat,
-                         progress=progress.step, tuned=tuned, profile=opts.profile, builds=builds)
+                         progress=progress.step, tuned=tuned, profile=opts.profile, builds=builds,
+                         rounding="bfloat16" if bf16 is not None and bf16.converted else None)
     comparison, missing = done.comparison, done.missing + ([UNSTABLE] if unstable else [])
     if done.ms is not None:
         latency["offloaded"] = done.ms
@@ -345,7 +383,7 @@ def run_model(model: str | None = None, templates: list | None = None, options: 
                      latency_ms=latency, seconds=seconds, not_run="; ".join(missing) or None,
                      simulation=done.simulation, comparison=comparison, baseline=opts.baseline,
                      quantized=quantized if quantized.integer or quantized.kept else None, reference=ref,
-                     emulated=done.emulated, fast_math=fast,
+                     emulated=done.emulated, fast_math=fast, bf16=bf16,
                      emulates={t.name: t.emulates for t in tmpls if t.emulates},
                      layout=layout if layout.convolutions else None, sizes=sized)
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tirbyoc._tvm import PrimCall, TensorLoad, expr_dtype, iter_stores, prim_expr, tirx
-from tirbyoc.dtypes import parse_dtype
+from tirbyoc.dtypes import numpy_dtype, parse_dtype
 from tirbyoc.errors import VerificationError
 from tirbyoc.ir.tir_walk import iter_exprs
 
@@ -125,8 +125,7 @@ def random_array(shape, dtype: str, rng: np.random.Generator, *, full_range: boo
     if dtype == "bool":
         return rng.integers(0, 2, size=shape).astype(bool)
     if dtype.startswith(("float", "bfloat")):
-        np_dtype = "float32" if dtype.startswith("bfloat") else dtype
-        return rng.uniform(-1.0, 1.0, size=shape).astype(np_dtype)
+        return rng.uniform(-1.0, 1.0, size=shape).astype(numpy_dtype(dtype))
     raise VerificationError(f"cannot make test data of dtype {dtype!r}")
 
 
@@ -158,8 +157,7 @@ def draw(shape, dtype: str, rng: np.random.Generator, domain: Domain | None = No
             values = magnitude * rng.choice([-1.0, 1.0], size=shape)
     else:
         values = rng.uniform(low, high, size=shape)
-    np_dtype = "float32" if dtype.startswith("bfloat") else dtype
-    return values.astype(np_dtype)
+    return values.astype(numpy_dtype(dtype))
 
 
 __all__ = ["Domain", "buffer_domains", "draw", "random_array"]

@@ -1,0 +1,131 @@
+"""bf16: float models with --precision bf16, on AMX-BF16 (tdpbf16ps) and AVX512_BF16 (vdpbf16ps).
+
+The conversion (`tirbyoc.relax.bf16`) is checked on real Relax modules; every offload is
+verified against TVM's build of the same bfloat16 function (float32 sums: agreement to float32
+rounding) natively where the CPU has the instructions and everywhere through
+``x86_amx_bf16_emulated``; the kernels' machine code holds the instructions they promise.
+"""
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from cpu_templates import runnable
+from tvm import relax
+from tvm.script import relax as R
+
+import tirbyoc
+from tirbyoc.offloading.verification import compare_arrays, tolerance
+from tirbyoc.relax.bf16 import Bf16Report, bf16_of
+from tirbyoc.testing.workloads import conv2d, matmul
+
+TEMPLATES = ["x86_amx_bf16", "x86_avx512_bf16", "x86_amx_bf16_emulated"]
+BF = dict(a="bfloat16", b="bfloat16", c="float32")
+
+WORKLOADS = {
+    "matmul": lambda: matmul(128, 256, 512, **BF),
+    "weights [N, K], odd rows": lambda: matmul(100, 48, 300, **BF, trans_b=True),
+    "rows under a tile, K not a multiple of 32": lambda: matmul(5, 32, 70, **BF),
+    "odd K (a 7x7 RGB stem's 147)": lambda: matmul(64, 64, 147, **BF),
+    "conv NHWC 3x3": lambda: conv2d(1, 64, 14, 14, 64, 3, 3, layout="NHWC", dtype="bfloat16", acc="float32"),
+}
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_offloaded_whole_and_verified(name, workload):
+    runnable(name)
+    out = tirbyoc.offload(WORKLOADS[workload](), name)
+    assert out.coverage == 1.0, [b.reason for b in out.blocks]
+    assert out.verification.passed, out.verification.describe()
+    (core,) = out.offloaded
+    assert core.intrinsic.startswith(f"{name}.gemm_") and "bf16bf16f32" in core.intrinsic
+    assert any("pack" in str(s) and "16x2" in str(s) for s in core.steps), [str(s) for s in core.steps]
+
+
+def test_a_wrong_kernel_would_be_caught():
+    """The float32 tolerance the functions are verified at is far below a bf16 operand error:
+    a kernel that rounded its sums to bfloat16, or dropped one product, would fail."""
+    rng = np.random.default_rng(0)
+    a, b = rng.uniform(-1, 1, (64, 300)), rng.uniform(-1, 1, (300, 48))
+    ref = (a @ b).astype("float32")
+    one_product_lost = ref - (a[:, :1] @ b[:1, :]).astype("float32")
+    assert compare_arrays(ref, one_product_lost, "float32", 300).passed is False
+    rounded = ref.astype(tirbyoc.dtypes.numpy_dtype("bfloat16")).astype("float32")
+    assert compare_arrays(ref, rounded, "float32", 300).passed is False
+    # a bfloat16 output may be one rounding step apart, four at most
+    assert tolerance("bfloat16", 1, 1.0) == pytest.approx(4 * 2.0 ** -7 + tolerance("float32", 1, 1.0))
+
+
+@R.function
+def _conv_matmul(x: R.Tensor((1, 8, 6, 6), "float32"), w: R.Tensor((16, 8, 3, 3), "float32"),
+                 m: R.Tensor((16, 4), "float32"), i: R.Tensor((4, 4), "int32")):
+    with R.dataflow():
+        y = R.nn.conv2d(x, w, padding=[1, 1, 1, 1])
+        z = R.matmul(R.permute_dims(R.mean(y, axis=[2, 3]), [0, 1]), m)
+        k = R.matmul(i, i)  # integers are left as they are
+        R.output(z, k)
+    return z, k
+
+
+def test_conversion_reads_bf16_and_accumulates_in_float32():
+    mod, report = bf16_of(tvm_module(_conv_matmul))
+    assert dict(report.converted) == {"conv2d": 1, "matmul": 1} and dict(report.kept) == {"matmul": 1}
+    legal = relax.transform.LegalizeOps()(mod)
+    scripts = [f.script() for gv, f in legal.functions.items() if "conv2d" in gv.name_hint or "matmul" in gv.name_hint]
+    assert any('T.Cast("float32", ' in s and '"bfloat16"' in s for s in scripts)
+    assert "bf16: 1 conv2d, 1 matmul read bfloat16" in report.describe()
+
+
+def test_accuracy_is_measured_against_float32():
+    report = Bf16Report()
+    ref = np.array([[0.1, 0.9, 0.3], [0.5, 0.2, 0.4]], "float32")
+    report.measure(ref + np.array([[0.0, 0.0, 0.0], [-0.2, 0.0, 0.0]], "float32"), ref)
+    assert report.max_rel_err == pytest.approx(0.2 / 0.9)
+    assert report.argmax_agreement == 0.5 and report.rows == 2
+
+
+def tvm_module(func):
+    import tvm
+
+    return tvm.IRModule({"main": func})
+
+
+def test_a_float_model_runs_in_bf16_verified_and_its_accuracy_reported():
+    from tirbyoc.app.run import run_model
+
+    names = (["x86_amx_bf16", "x86_fp32_avx512"] if tirbyoc.get_template("x86_amx_bf16").runs_here()
+             else ["x86_amx_bf16_emulated"])
+    result = run_model("builtin:cnn", names, precision="bf16", repeat=1)
+    assert result.verified, result.outcome()
+    assert result.bf16 is not None and result.bf16.converted and result.bf16.max_rel_err is not None
+    assert 0 < result.bf16.max_rel_err < 0.05  # bf16 changed values, a little
+    kernels = [f.kernel() for f in result.report.functions if f.offloaded]
+    assert any(k.startswith(names[0]) for k in kernels), kernels
+    assert result.to_json()["precision"] == "bf16"
+
+
+def test_precision_is_checked():
+    from tirbyoc.app.run import run_model
+
+    with pytest.raises(tirbyoc.TirbyocError, match="precision 'fp8'"):
+        run_model("builtin:mlp", ["x86_amx_bf16_emulated"], precision="fp8", repeat=1)
+
+
+@pytest.mark.parametrize("module, ops", [
+    ("x86_amx", ("ldtilecfg", "tileloadd", "tdpbf16ps", "tilestored", "vdpbf16ps")),
+    ("x86_avx512_bf16", ("vdpbf16ps",)),
+])
+def test_the_kernels_are_bf16_machine_code(module, ops):
+    """Built and read on any x86-64 machine; run only where the CPU has the instructions."""
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.skip("objdump (binutils) is not installed")
+    import importlib
+
+    path = importlib.import_module(f"tirbyoc_intrinsics.{module}").LIBRARY.build()
+    text = subprocess.run([objdump, "-d", "--no-show-raw-insn", str(path)], capture_output=True, text=True,
+                          check=True).stdout
+    for op in ops:
+        assert op in text, op
