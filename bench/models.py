@@ -12,7 +12,12 @@ template of that precision this CPU runs, the choice `tirbyoc run` makes: fp32 t
 x86_fp32_avx512 with AVX-512, else x86_fp32_avx2, else blas (`tirbyoc.app.run.FLOAT_TEMPLATES`);
 int8 to x86_amx (then x86_vnni for what its kernel refuses) where AMX is granted, else
 x86_vnni with AVX-512 VNNI, else x86_avx512bw, else x86_avx2 (`INT8_TEMPLATES`).
-``--fp32-template blas`` / ``--int8-template x86_avx2`` force one.
+``--precisions bf16`` runs the float file as ``tirbyoc run --precision bf16`` does (its
+convolutions and matmuls on bfloat16, summed in float32) on x86_amx_bf16 or x86_avx512_bf16
+(then the fp32 template for what they refuse): its peer is OpenVINO's default precision (bf16
+where the CPU has it); ONNX Runtime runs the float32 model, and the row gives both bf16
+engines' accuracy against it (largest error over the output's scale, top-1 agreement).
+``--fp32-template blas`` / ``--int8-template x86_avx2`` / ``--bf16-template`` force one.
 Weights are constants, as deployed (`tirbyoc run` does the same).
 
 Each engine runs in its own process, its thread pool sized before it starts (TVM_NUM_THREADS,
@@ -30,7 +35,7 @@ first thread count (each built and timed alone, times its call sites), and the m
 against ONNX Runtime a plot of it.
 
     python bench/models.py [--models resnet18,resnet50,mobilenet_v2,bert_base] [--threads 1,2]
-                           [--int8 | --precisions fp32,int8] [--int8-template NAME] [--fp32-template NAME]
+                           [--int8 | --precisions fp32,int8,bf16] [--int8-template NAME] [--fp32-template NAME]
                            [--rounds 5] [--fast-math]
                            [--out bench/results/models.json]
 """
@@ -58,14 +63,14 @@ def template_for(precision: str, args) -> str:
     (``--int8-template`` / ``--fp32-template``), or the fastest template of that precision this
     CPU runs (the first of `INT8_TEMPLATES` / `FLOAT_TEMPLATES` that runs here: the choice
     `tirbyoc run` makes)."""
-    forced = args.int8_template if precision == "int8" else args.fp32_template
+    forced = {"int8": args.int8_template, "bf16": args.bf16_template}.get(precision, args.fp32_template)
     if forced:
         return forced
     import tirbyoc  # deferred: imports TVM, after the thread count is set
-    from tirbyoc.app.run import FLOAT_TEMPLATES, INT8_TEMPLATES
+    from tirbyoc.app.run import FALLBACKS, FLOAT_TEMPLATES, INT8_TEMPLATES, default_templates
 
-    from tirbyoc.app.run import FALLBACKS
-
+    if precision == "bf16":
+        return ",".join(default_templates(precision="bf16"))
     order = INT8_TEMPLATES if precision == "int8" else FLOAT_TEMPLATES
     first = next((t for t in order if tirbyoc.get_template(t).runs_here()), order[-1])
     after = FALLBACKS.get(first)
@@ -89,10 +94,13 @@ def _timer(vm, entry, args, dev, repeat):
     return lambda: float(timer(*args).results[0]) * 1e3
 
 
-def tvm_engines(path: Path, template: str, group: str, repeat: int, fast_math: bool = False):
+def tvm_engines(path: Path, template: str, group: str, repeat: int, fast_math: bool = False,
+                precision: str = "fp32"):
     """(name -> a callable timing one measurement in ms, name -> output, facts): the tirbyoc
     group (compile-time packed weights, and per-call packing) or TVM's default build;
-    ``fast_math``: both groups approximate the model's transcendental functions alike."""
+    ``fast_math``: both groups approximate the model's transcendental functions alike;
+    ``precision="bf16"``: both run the model's convolutions and matmuls on bfloat16
+    (`tirbyoc.relax.bf16`), so that TVM's build checks tirbyoc's like with like."""
     import tvm  # deferred: after the thread count is set
 
     from tirbyoc._tvm import make_target, relax_vm
@@ -100,6 +108,7 @@ def tvm_engines(path: Path, template: str, group: str, repeat: int, fast_math: b
     from tirbyoc.app.run import model_output
     from tirbyoc.app.targets import complete_target
     from tirbyoc.offloading.lowering import PIPELINE
+    from tirbyoc.relax.bf16 import Bf16Report
     from tirbyoc.relax.bridge import offload_module
     from tirbyoc.relax.fast_math import FastMathReport
     from tirbyoc.relax.prepack import pack_constant_weights
@@ -108,8 +117,12 @@ def tvm_engines(path: Path, template: str, group: str, repeat: int, fast_math: b
     tgt = make_target(complete_target({"kind": "llvm"}))
     fast = FastMathReport() if fast_math else None
     templates = template.split(",")
-    _, mod, entry, arrays = legalized_model(str(path), templates, 0, constant_weights=True, fast_math=fast)
+    bf16 = Bf16Report() if precision == "bf16" else None
+    _, mod, entry, arrays = legalized_model(str(path), templates, 0, constant_weights=True, fast_math=fast,
+                                            bf16=bf16)
     facts, builds = {"fast_math": None if fast is None else dict(fast.replaced)}, {"tvm_default": (mod, 1)}
+    if bf16 is not None:
+        facts["bf16_converted"] = dict(bf16.converted)
     if group == "tirbyoc":
         offloaded, report = offload_module(mod, templates)
         packed, report.packed = pack_constant_weights(offloaded)
@@ -250,7 +263,8 @@ def worker(args) -> None:
         timers, outs, facts = openvino_engine(path, inputs, args.threads, args.repeat)
     else:
         template = template_for(args.precision, args)
-        timers, outs, facts, arrays = tvm_engines(path, template, args.group, args.repeat, args.fast_math)
+        timers, outs, facts, arrays = tvm_engines(path, template, args.group, args.repeat, args.fast_math,
+                                                  args.precision)
         np.savez(inputs, *arrays)
     samples = {k: [] for k in timers}
     for _ in range(args.rounds):
@@ -284,6 +298,7 @@ def _worker_command(args, threads: str, model: str, precision: str, group: str, 
     cmd += ["--fast-math"] if args.fast_math else []
     cmd += ["--int8-template", args.int8_template] if args.int8_template else []
     cmd += ["--fp32-template", args.fp32_template] if args.fp32_template else []
+    cmd += ["--bf16-template", args.bf16_template] if args.bf16_template else []
     return cmd, env
 
 
@@ -369,9 +384,12 @@ def measure(args, threads: str, name: str, precision: str) -> dict:
             row.update(got)
         out = {k: np.load(Path(outputs) / f"{k}.npy") for k in samples}
     median = {k: statistics.median(v) for k, v in samples.items()}
-    vs_tvm = compare(out["tirbyoc"].ravel(), out["tvm_default"].ravel())
+    vs_tvm = compare(out["tirbyoc"].ravel(), out["tvm_default"].ravel(), "bfloat16" if precision == "bf16" else None)
     step = output_step(model_file(name, precision, Path(args.cache)))
     agree, ort_err = agrees(out["tirbyoc"].ravel(), out["onnxruntime"].ravel(), step)
+    if precision == "bf16":  # ONNX Runtime runs the float32 model: the accuracy bf16 costs, both bf16 engines
+        row["accuracy_vs_fp32"] = {k: _accuracy(out[k], out["onnxruntime"]) for k in ("tirbyoc", "openvino") if k in out}
+        agree = row["accuracy_vs_fp32"]["tirbyoc"]["top1_agreement"] in (None, 1.0)
     row.update(latency_ms=median, samples_ms=samples,
                checks={"verified_vs_tvm": vs_tvm.passed, "max_abs_err_vs_tvm": vs_tvm.abs_err,
                        "same_as_per_call_packing": bool(np.array_equal(out["tirbyoc"], out["tirbyoc_per_call_packing"])),
@@ -390,6 +408,19 @@ def measure(args, threads: str, name: str, precision: str) -> dict:
     print(f"[{threads} thread(s)] {name} {precision}: "
           + ", ".join(f"{k} {v:.2f} ms" for k, v in median.items()), file=sys.stderr, flush=True)
     return row
+
+
+def _accuracy(mine, fp32) -> dict:
+    """A bf16 output against the float32 model's (`Bf16Report.measure`): the largest error over
+    the output's scale, and, for a classifier (1000 ImageNet classes a row), whether each
+    row's top-1 class agrees."""
+    from tirbyoc.relax.bf16 import Bf16Report
+
+    report = Bf16Report()
+    width = 1000 if mine.size % 1000 == 0 else mine.size
+    report.measure(mine.reshape(-1, width), fp32.reshape(-1, width))
+    top1 = report.argmax_agreement if width == 1000 else None
+    return {"max_rel_err": report.max_rel_err, "top1_agreement": top1, "rows": report.rows if top1 is not None else 0}
 
 
 def table(rows) -> str:
@@ -499,8 +530,9 @@ def main() -> None:
     parser.add_argument("--int8-template", help="the int8 template timed (default: the fastest this CPU runs)")
     parser.add_argument("--fp32-template", help="the fp32 template timed (default: the fastest this CPU runs; "
                                                 "blas for the library GEMM)")
-    parser.add_argument("--precisions", help="the precisions measured, comma-separated (default fp32; "
-                                             "--int8: fp32,int8)")
+    parser.add_argument("--bf16-template", help="the bf16 template timed (default: the fastest this CPU runs)")
+    parser.add_argument("--precisions", help="the precisions measured, comma-separated: fp32, int8, bf16 "
+                                             "(default fp32; --int8: fp32,int8)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeat", type=int, default=3, help="runs per measurement (TVM's default build: 1)")
     parser.add_argument("--cache", help="folder for the ONNX files (default: a temporary one)")
