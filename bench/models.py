@@ -28,7 +28,11 @@ times (`alternate`): on a shared host a slow minute falls on both engines, not o
 ran then (two runs timed one engine after the other read ResNet-18 at 0.90x and 1.02x of ONNX
 Runtime, every function moving alike). tirbyoc's two variants share a process (the same
 pools) and are timed interleaved; TVM's default build, a sanity check minutes slower, runs in
-a process of its own after them. Medians are reported. Every row is checked: the offloaded build against TVM's build of the
+a process of its own after them. Medians are reported, with each peer's per-round ratio range;
+after ``--rounds`` rounds more are run (up to ``--max-rounds``) while the middle half of a
+peer's per-round ratios spans more than ``--spread`` of their median (`settled`): on this host
+one engine's figure moved 1.8x between minutes, and a headline ratio must not be one lucky or
+unlucky minute. Every row is checked: the offloaded build against TVM's build of the
 same model, and against ONNX Runtime (one output quantization step for a QDQ model, a relative
 tolerance for a float one). Every model and precision also gets a per-PrimFunc profile at the
 first thread count (each built and timed alone, times its call sites), and the model slowest
@@ -36,7 +40,7 @@ against ONNX Runtime a plot of it.
 
     python bench/models.py [--models resnet18,resnet50,mobilenet_v2,bert_base] [--threads 1,2]
                            [--int8 | --precisions fp32,int8,bf16] [--int8-template NAME] [--fp32-template NAME]
-                           [--rounds 5] [--fast-math]
+                           [--rounds 5] [--max-rounds 15] [--spread 0.10] [--fast-math]
                            [--out bench/results/models.json]
 """
 
@@ -323,7 +327,8 @@ def _line(proc, wanted) -> str | None:
 def alternate(args, threads: str, model: str, precision: str, groups: list, outputs: str) -> dict:
     """Run the engine ``groups`` in processes of their own, alive together, timed in turns: each
     builds (in order: the first writes the inputs the others read) and waits; then, ``--rounds``
-    times, each in turn times one round while the others are stopped (SIGSTOP: an engine
+    times and more until the ratios are `settled` (``--max-rounds`` at most), each in turn
+    times one round while the others are stopped (SIGSTOP: an engine
     waiting on its input still ran threads that took ONNX Runtime's second core from it, 8.1 ->
     15 ms on ResNet-18). Returns their facts, with every round's samples."""
     procs = {}
@@ -336,13 +341,18 @@ def alternate(args, threads: str, model: str, precision: str, groups: list, outp
                 raise SystemExit(f"{model} {precision} {group} on {threads} thread(s) failed to build")
         for proc in procs.values():
             os.kill(proc.pid, signal.SIGSTOP)
-        for _ in range(args.rounds):
+        seen, rounds = {}, 0
+        while rounds < args.rounds or (rounds < args.max_rounds and not settled(seen, args.spread)):
+            rounds += 1
             for group, proc in procs.items():
                 os.kill(proc.pid, signal.SIGCONT)
                 proc.stdin.write("run\n")
                 proc.stdin.flush()
-                if not _line(proc, lambda line: line.startswith("{")):  # its samples; it keeps them too
+                line = _line(proc, lambda line: line.startswith("{"))  # its samples; it keeps them too
+                if not line:
                     raise SystemExit(f"{model} {precision} {group} on {threads} thread(s) stopped mid-run")
+                for k, ms in json.loads(line).items():
+                    seen.setdefault(k, []).append(ms)
                 os.kill(proc.pid, signal.SIGSTOP)
         for proc in procs.values():
             os.kill(proc.pid, signal.SIGCONT)
@@ -398,7 +408,8 @@ def measure(args, threads: str, name: str, precision: str) -> dict:
                        "max_abs_err_vs_onnxruntime": ort_err},
                speedup_vs_onnxruntime=median["onnxruntime"] / median["tirbyoc"],
                speedup_vs_openvino=median["openvino"] / median["tirbyoc"] if "openvino" in median else None,
-               ratio_spread=ratio_spread(samples),
+               ratio_spread=ratio_spread(samples), ratio_iqr=ratio_iqr(samples),
+               rounds=len(samples.get("tirbyoc", [])),
                speedup_vs_tvm_default=median["tvm_default"] / median["tirbyoc"],
                packing_gain=median["tirbyoc_per_call_packing"] / median["tirbyoc"],
                seconds=time.perf_counter() - t0)
@@ -446,6 +457,25 @@ def table(rows) -> str:
                     "yes" if c["verified_vs_tvm"] and c["agrees_with_onnxruntime"] else "NO"))
     return render(("model", "precision", "template", "threads", "tirbyoc ms", "TVM default ms", "ORT ms",
                    "OpenVINO ms", "tirbyoc vs ORT (round range)", "vs OpenVINO (round range)", "checked"), out)
+
+
+def ratio_iqr(samples: dict) -> dict:
+    """Per peer, the interquartile range of its per-round ratios to tirbyoc over their median:
+    how far apart the middle half of the rounds put the ratio (unlike the full range, it does
+    not grow with more rounds, so it says when more rounds stop moving the median)."""
+    out = {}
+    for peer in ("onnxruntime", "openvino"):
+        ratios = [p / t for p, t in zip(samples.get(peer, []), samples.get("tirbyoc", [])) if t > 0]
+        if len(ratios) >= 4:
+            q1, _, q3 = statistics.quantiles(ratios, n=4)
+            out[peer] = (q3 - q1) / statistics.median(ratios)
+    return out
+
+
+def settled(samples: dict, spread: float) -> bool:
+    """Whether every peer's per-round ratio is settled: its `ratio_iqr` at most ``spread``."""
+    iqr = ratio_iqr(samples)
+    return bool(iqr) and all(v <= spread for v in iqr.values())
 
 
 def ratio_spread(samples: dict) -> dict:
@@ -533,7 +563,13 @@ def main() -> None:
     parser.add_argument("--bf16-template", help="the bf16 template timed (default: the fastest this CPU runs)")
     parser.add_argument("--precisions", help="the precisions measured, comma-separated: fp32, int8, bf16 "
                                              "(default fp32; --int8: fp32,int8)")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5, help="rounds timed in turns, at least (default 5)")
+    parser.add_argument("--max-rounds", type=int, default=15,
+                        help="rounds at most: after --rounds, more are run while a peer's per-round ratio "
+                             "to tirbyoc is spread wider than --spread (default 15)")
+    parser.add_argument("--spread", type=float, default=0.10,
+                        help="the interquartile range of the per-round ratios, over their median, that "
+                             "counts as settled (default 0.10)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per measurement (TVM's default build: 1)")
     parser.add_argument("--cache", help="folder for the ONNX files (default: a temporary one)")
     parser.add_argument("--fast-math", action="store_true",

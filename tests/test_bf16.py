@@ -129,3 +129,17 @@ def test_the_kernels_are_bf16_machine_code(module, ops):
                           check=True).stdout
     for op in ops:
         assert op in text, op
+
+
+def test_the_command_line_takes_precision_bf16(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "tirbyoc", "run", "-q", "-m", "builtin:mlp", "-t",
+                           "x86_amx_bf16_emulated", "--precision", "bf16", "--repeat", "1", "--json"],
+                          cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["precision"] == "bf16" and out["verified"] and out["bf16"]["converted"]["matmul"] >= 1
+    assert out["bf16"]["max_rel_err"] is not None

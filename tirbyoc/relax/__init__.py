@@ -1,11 +1,14 @@
 """tirbyoc's IRModule => IRModule passes, in the order they run in a Relax pipeline::
 
-    [QuantizedToInteger] -> [FastMath] -> [ChannelsLast] -> Dispatch(rules) -> LegalizeOps -> [FuseOps / FuseTIR]
+    [QuantizedToInteger] -> [FastMath] -> [Bfloat16] -> [ChannelsLast] -> Dispatch(rules) -> LegalizeOps
+        -> [FuseOps / FuseTIR]
         -> OffloadTIR(templates) -> PackConstantWeights -> ScheduleRest(target) -> tvm.compile
 
 `QuantizedToInteger` makes a quantized (QDQ) model's float conv/matmul chains integer cores
 (`tirbyoc.relax.quantized`); `FastMath`, opt-in, computes float32 erf, tanh, exp, softmax,
 sigmoid, SiLU and GELU with TVM's vectorizable approximations (`tirbyoc.relax.fast_math`);
+`Bfloat16`, opt-in, makes a float model's convolutions and matmuls read bfloat16 with float32
+sums (`tirbyoc.relax.bf16`);
 `ChannelsLast` converts the convolutions and everything between them to NHWC once, for a
 template whose cores read channels innermost (`tirbyoc.relax.layout`);
 `Dispatch` rewrites Relax operators into hand-written TIR or
@@ -17,6 +20,7 @@ TVM's pipeline would, and runs their loops in parallel and in vectors, bit for b
 build computes them (`tirbyoc.relax.rest`).
 """
 
+from tirbyoc.relax.bf16 import Bf16Report, Bfloat16
 from tirbyoc.relax.bridge import OffloadReport, OffloadTIR
 from tirbyoc.relax.dispatch import Dispatch, DispatchReport, LibraryKernel, Matched, Rule, TIRKernel
 from tirbyoc.relax.fast_math import FastMath, FastMathReport
@@ -25,6 +29,6 @@ from tirbyoc.relax.prepack import PackConstantWeights, PackedWeights
 from tirbyoc.relax.quantized import QuantizedReport, QuantizedToInteger
 from tirbyoc.relax.rest import RestSchedule, ScheduleRest
 
-__all__ = ["ChannelsLast", "Dispatch", "DispatchReport", "FastMath", "FastMathReport", "LayoutReport", "LibraryKernel", "Matched", "OffloadReport", "OffloadTIR",
+__all__ = ["Bf16Report", "Bfloat16", "ChannelsLast", "Dispatch", "DispatchReport", "FastMath", "FastMathReport", "LayoutReport", "LibraryKernel", "Matched", "OffloadReport", "OffloadTIR",
            "PackConstantWeights", "PackedWeights",
            "QuantizedReport", "QuantizedToInteger", "RestSchedule", "Rule", "ScheduleRest", "TIRKernel"]

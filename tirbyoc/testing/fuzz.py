@@ -5,7 +5,7 @@ a matmul (loop order, transposed operands, commuted product, init inside or out)
 matmul, a conv2d (NCHW / NHWC, stride, padding, dilation), a depthwise conv, a pooling, an
 elementwise op or a non-multiply-add reduction, written with tirbyoc's TVMScript generators or
 legalized from Relax operators - with extents that include 1, primes and values around each
-intrinsic's width, and int8 / uint8 / int32 / float16 / float32 operands. `run_case` offloads it
+intrinsic's width, and int8 / uint8 / int32 / float16 / bfloat16 / float32 operands. `run_case` offloads it
 to a template that runs here (on this CPU, or under qemu-hexagon) *without* tirbyoc's own
 verification, then builds the result and the untouched function and compares them on inputs
 of its own. Outcomes are exactly:
@@ -46,9 +46,9 @@ from tirbyoc.testing.workloads import matmul
 EXTENTS = (1, 2, 3, 4, 5, 7, 8, 13, 15, 16, 17, 31, 32, 33, 63, 64, 65)
 MATMUL_DTYPES = (("uint8", "int8", "int32"), ("int8", "int8", "int32"), ("uint8", "uint8", "int32"),
                  ("float32", "float32", "float32"), ("float16", "float16", "float32"),
-                 ("float16", "float16", "float16"), ("int32", "int32", "int32"))
+                 ("float16", "float16", "float16"), ("int32", "int32", "int32"), ("bfloat16", "bfloat16", "float32"))
 CONV_DTYPES = (("uint8", "int8", "int32"), ("int8", "int8", "int32"), ("float32", "float32", "float32"),
-               ("float16", "float16", "float32"))
+               ("float16", "float16", "float32"), ("bfloat16", "bfloat16", "float32"))
 KINDS = ("matmul", "matmul", "matmul", "batch_matmul", "conv2d", "conv2d", "depthwise", "pool",
          "elementwise", "reduce_sum")
 MAX_MACS = 1 << 20  # keeps a case around a second on two cores
