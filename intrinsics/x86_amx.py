@@ -56,6 +56,7 @@ MIN_K_BYTES = 128  # shorter reductions are refused: the vector template next in
 STRIDED = Layout.row_strided()
 SOURCE = Path(__file__).parent / "csrc" / "amx_shim.c"
 ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA, SYS_ARCH_PRCTL = 0x1023, 18, 158
+SHORT_TYPES = {"uint8": "u8", "int8": "i8", "bfloat16": "bf16", "int32": "i32", "float32": "f32"}
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ class Kernel:
 
     @property
     def group(self) -> int:
-        return GROUP_BYTES // (2 if self.b == "bfloat16" else 1)
+        return GROUP_BYTES // (2 if self.b == "bfloat16" else 1)  # int8 or bfloat16
 
     @property
     def weight(self) -> Layout:
@@ -87,8 +88,8 @@ class Kernel:
 
     @property
     def types(self) -> str:
-        return {"uint8": "u8", "int8": "i8", "bfloat16": "bf16", "int32": "i32", "float32": "f32"}[self.a] + "".join(
-            {"int8": "i8", "bfloat16": "bf16", "int32": "i32", "float32": "f32"}[t] for t in (self.b, self.c))
+        """``u8i8i32``, ``bf16bf16f32``: the element types in the intrinsics' names."""
+        return "".join(SHORT_TYPES[t] for t in (self.a, self.b, self.c))
 
 
 INT8 = Kernel("x86_amx", "tirbyoc_amx_gemm_u8s8", "uint8", "int8", "int32", "tdpbusd",
@@ -99,21 +100,12 @@ BF16 = Kernel("x86_amx_bf16", "tirbyoc_amx_gemm_bf16", "bfloat16", "bfloat16", "
               shorter="AVX512_BF16 (x86_avx512_bf16)")
 INT8_EMULATED = replace(INT8, name="x86_amx_emulated", symbol="tirbyoc_amx_emulated_gemm_u8s8", flags=())
 BF16_EMULATED = replace(BF16, name="x86_amx_bf16_emulated", symbol="tirbyoc_amx_emulated_gemm_bf16", flags=())
-NAME, EMULATED_NAME = INT8.name, INT8_EMULATED.name
-MIN_K = INT8.min_k
 
 LIBRARY = ExternLibrary(name="tirbyoc_amx_shim", sources=[SOURCE],
                         symbols=[INT8.symbol, BF16.symbol, "tirbyoc_amx_granted"])
 EMULATED_LIBRARY = ExternLibrary(name="tirbyoc_amx_shim_emulated", sources=[SOURCE],
                                  symbols=[INT8_EMULATED.symbol, BF16_EMULATED.symbol, "tirbyoc_amx_emulated_granted"],
                                  defines=["TIRBYOC_AMX_EMULATED"])
-
-
-def bits(dtype: str) -> str:
-    """The type a pointer to ``dtype`` elements is declared with: bfloat16 as its 16 bits.
-    TVM 0.27's BF16ComputeLegalize turns a ``bfloat16`` pointer annotation into ``float32``
-    (as if it were arithmetic) while the buffer becomes ``uint16``, and the build then fails."""
-    return "uint16" if dtype == "bfloat16" else dtype
 
 
 @cache
@@ -148,12 +140,8 @@ def gemm(m: int, n: int, k: int, kernel: Kernel = INT8) -> Intrinsic:
             with T.sblock("root"):
                 T.reads(C[0:m, 0:n], A[0:m, 0:k], B[0 : n // PANEL, 0 : k // g, 0:PANEL, 0:g])
                 T.writes(C[0:m, 0:n])
-                T.evaluate(T.call_extern("int32", kernel.symbol, m, n, k,
-                                         T.tvm_access_ptr(T.type_annotation(bits(kernel.a)), A.data, A.elem_offset,
-                                                          sa * m, 1), sa,
-                                         T.tvm_access_ptr(T.type_annotation(bits(kernel.b)), B.data, B.elem_offset,
-                                                          n * k, 1),
-                                         C.access_ptr("rw"), sc))
+                T.evaluate(T.call_extern("int32", kernel.symbol, m, n, k, A.access_ptr("r"), sa,
+                                         B.access_ptr("r"), C.access_ptr("rw"), sc))
 
         return desc, impl
 

@@ -242,6 +242,7 @@ def is_host_target(target) -> bool:
 # ``tvm_stack_make_array(buffer_data(buf), shape, strides, ndim, dtype, elem_offset)``).
 MAKE_ARRAY = "tirx.tvm_stack_make_array"
 BUFFER_DATA = "tirx.buffer_data"
+ACCESS_PTR = "tirx.tvm_access_ptr"  # (type_annotation(dtype), data, offset, extent, rw mask)
 CALL_PACKED = "tirx.tvm_call_packed"
 
 

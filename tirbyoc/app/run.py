@@ -115,12 +115,11 @@ def default_templates(model: str | None = None, precision: str | None = None) ->
     takes what the bf16 kernels do not (a matrix-vector product) with its operands widened
     exactly; without a bf16 template, the fp32 one alone."""
     if precision == "bf16":
-        chosen = [t for t in _first_runnable(BF16_TEMPLATES) + _first_runnable(FLOAT_TEMPLATES)]
-        if chosen:
-            return chosen
-    order = (BF16_TEMPLATES + FLOAT_TEMPLATES if precision == "bf16"
-             else FLOAT_TEMPLATES if is_float_model(model) else INT8_TEMPLATES + FLOAT_TEMPLATES)
-    chosen = _first_runnable(order)
+        order = BF16_TEMPLATES + FLOAT_TEMPLATES
+        chosen = _first_runnable(BF16_TEMPLATES) + _first_runnable(FLOAT_TEMPLATES)
+    else:
+        order = FLOAT_TEMPLATES if is_float_model(model) else INT8_TEMPLATES + FLOAT_TEMPLATES
+        chosen = _first_runnable(order)
     if chosen:
         return chosen
     raise TirbyocError(f"none of the default templates ({', '.join(order)}) runs on this machine; "
@@ -290,9 +289,12 @@ def _references(model, mod, untouched, tgt, entry, arrays, repeat, baseline, tim
     return out, latency
 
 
-def _at_sizes(model, mod, untouched, tgt, entry, opts, quantized, done, runs, builds, first) -> list[SizeRun]:
+def _at_sizes(model, mod, untouched, tgt, entry, opts, quantized, done, runs, builds, first,
+              bf16: Bf16Report | None = None) -> list[SizeRun]:
     """The model at each binding of its sizes (`tirbyoc.app.sizes`), both builds made once and
-    run again with inputs of those sizes; ``first``: the first binding's (comparison, latency)."""
+    run again with inputs of those sizes; ``first``: the first binding's (comparison, latency);
+    ``bf16``: the model's conversion to bfloat16, when it was converted: at each size the
+    offload is checked against TVM's build of the bfloat16 model, as at the first."""
     target, out = model_target(tgt), []
     timed = opts.time_baseline and not device_of(tgt).emulated
     for i, binding in enumerate(runs):
@@ -301,12 +303,12 @@ def _at_sizes(model, mod, untouched, tgt, entry, opts, quantized, done, runs, bu
             arrays = model_inputs(mod, entry, opts.seed, opts.inputs, binding)
             ref_out, latency = _references(model, mod, untouched, target, entry, arrays, opts.repeat,
                                            opts.baseline, timed, quantized, builds,
-                                           Bf16Report() if opts.precision == "bf16" else None)
+                                           replace(bf16) if bf16 is not None else None)  # the run's own stays
             comparison = None
             if done.module is not None and ref_out is not None:
                 new_out, ms, _ = build_and_time(done.module, target, entry, arrays, opts.repeat,
                                                 timed=done.ms is not None, builds=builds)
-                comparison = compare(new_out, ref_out, "bfloat16" if opts.precision == "bf16" else None)
+                comparison = compare(new_out, ref_out, bf16.rounding if bf16 is not None else None)
                 latency.update({"offloaded": ms} if ms is not None else {})
         offloaded, total = coverage_at(mod, done.report, binding)
         out.append(SizeRun(binding, offloaded, total, None if comparison is None else comparison.passed,
@@ -315,7 +317,8 @@ def _at_sizes(model, mod, untouched, tgt, entry, opts, quantized, done, runs, bu
 
 
 def _check_options(reference: str | None, model: str | None, precision: str | None = None) -> None:
-    """Refuse, before any work, a reference that cannot run on ``model``."""
+    """Refuse, before any work, a precision tirbyoc has no conversion to, or a reference that
+    cannot run on ``model``."""
     if precision not in (None,) + PRECISIONS:
         raise TirbyocError(f"precision {precision!r}: the one conversion is {', '.join(PRECISIONS)} "
                            "(leave it out to run the model in its own precision)")
@@ -362,7 +365,7 @@ def run_model(model: str | None = None, templates: list | None = None, options: 
     progress.phase(f"offloading to {', '.join(names)}, building and running")
     done = run_offloaded(mod, tmpls, tgt, entry, arrays, ref_out, repeat=opts.repeat,
                          progress=progress.step, tuned=tuned, profile=opts.profile, builds=builds,
-                         rounding="bfloat16" if bf16 is not None and bf16.converted else None)
+                         rounding=bf16.rounding if bf16 is not None else None)
     comparison, missing = done.comparison, done.missing + ([UNSTABLE] if unstable else [])
     if done.ms is not None:
         latency["offloaded"] = done.ms
@@ -375,7 +378,7 @@ def run_model(model: str | None = None, templates: list | None = None, options: 
     if opts.sizes:
         progress.phase(f"running both builds at {len(runs)} sizes")
         sized = _at_sizes(model, mod, as_given[0], tgt, entry, opts, quantized, done, runs, builds,
-                          (comparison, dict(latency)))
+                          (comparison, dict(latency)), bf16)
     target_json = json.loads(str(model_target(tgt)))  # the target both builds really used
     return RunResult(model=spec, templates=names, target=target_json, report=done.report,
                      verified=None if comparison is None else comparison.passed,

@@ -217,6 +217,7 @@ class Intrinsic:
     def _funcs_checked(self):
         if self._funcs is None:
             # deferred: `import tirbyoc` stays free of TVM (importing it costs ~1.3 s)
+            from tirbyoc.decl.bf16_pointers import bf16_pointers_as_bits
             from tirbyoc.decl.intrinsic_check import check_intrinsic
 
             try:
@@ -232,7 +233,7 @@ class Intrinsic:
                     f"intrinsic {self.name!r}: builder must return (desc, impl), got {type(funcs).__name__}"
                 )
             check_intrinsic(self, *funcs)
-            self._funcs = funcs
+            self._funcs = (funcs[0], bf16_pointers_as_bits(funcs[1]))
         return self._funcs
 
     @property

@@ -35,14 +35,7 @@ import numpy as np
 from tvm import relax
 from tvm.relax import expr_functor
 
-from tirbyoc._tvm import tvm
-
-CONVERTED_OPS = {"relax.nn.conv1d": "conv1d", "relax.nn.conv2d": "conv2d", "relax.nn.conv3d": "conv3d",
-                 "relax.matmul": "matmul"}
-# the float32 result of a bfloat16 layer is checked against TVM's bfloat16 build within this
-# (relative to the output's scale): the sums' order differs, each rounding is float32's
-AGREEMENT_REL = 1e-3
-
+from tirbyoc.relax.mutation import mutate_functions, reporting_pass
 
 @dataclass
 class Bf16Report:
@@ -57,6 +50,13 @@ class Bf16Report:
     max_rel_err: float | None = None
     argmax_agreement: float | None = None
     rows: int = 0
+
+    @property
+    def rounding(self) -> str | None:
+        """The dtype the converted model rounds its activations to between layers (what the
+        whole model's output is compared at: `tirbyoc.app.run.compare`); None when nothing
+        was converted."""
+        return "bfloat16" if self.converted else None
 
     def add(self, other: "Bf16Report") -> None:
         self.converted.update(other.converted)
@@ -109,9 +109,13 @@ def _conv(make):
     return rebuild
 
 
-REBUILD = {"conv1d": _conv(relax.op.nn.conv1d), "conv2d": _conv(relax.op.nn.conv2d),
-           "conv3d": _conv(relax.op.nn.conv3d),
-           "matmul": lambda call, a, b, out_dtype: relax.op.matmul(a, b, out_dtype=out_dtype)}
+# relax op -> (short name in the report, the call rebuilt from (call, operands..., out_dtype))
+CONVERTED_OPS = {
+    "relax.nn.conv1d": ("conv1d", _conv(relax.op.nn.conv1d)),
+    "relax.nn.conv2d": ("conv2d", _conv(relax.op.nn.conv2d)),
+    "relax.nn.conv3d": ("conv3d", _conv(relax.op.nn.conv3d)),
+    "relax.matmul": ("matmul", lambda call, a, b, out_dtype: relax.op.matmul(a, b, out_dtype=out_dtype)),
+}
 
 
 @expr_functor.mutator
@@ -124,40 +128,30 @@ class _Narrower(relax.PyExprMutator):
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
-        name = CONVERTED_OPS.get(getattr(call.op, "name", None))
-        if name is None:
+        op = getattr(call.op, "name", None)
+        if op not in CONVERTED_OPS:
             return call
+        name, rebuild = CONVERTED_OPS[op]
         out = str(getattr(call.attrs, "out_dtype", "") or "")
         if any(_dtype(a) != "float32" for a in call.args[:2]) or out not in ("", "void", "float32"):
             self.report.kept[name] += 1
             return call
         self.report.converted[name] += 1
         args = [self.builder_.emit(relax.op.astype(a, "bfloat16")) for a in call.args[:2]]
-        return REBUILD[name](call, *args, "float32")
+        return rebuild(call, *args, "float32")
 
 
 def bf16_of(mod) -> tuple[object, Bf16Report]:
     """(``mod`` with its float32 convolutions and matmuls reading bfloat16, what was
     converted). Before legalization: the ops are Relax operators, not yet PrimFuncs."""
     report = Bf16Report()
-    mutator = _Narrower(mod, report)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            mutator.builder_.update_func(gv, mutator.visit_expr(func))
-    return (mutator.builder_.get() if report.converted else mod), report
+    new = mutate_functions(mod, _Narrower(mod, report))
+    return (new if report.converted else mod), report
 
 
 def Bfloat16(report: Bf16Report | None = None):  # noqa: N802 - a pass, named as TVM's are
     """`bf16_of` as an IRModule pass; ``report``, when given, is filled in."""
-
-    @tvm.transform.module_pass(opt_level=0, name="tirbyoc.Bfloat16")
-    def _pass(mod, _ctx):
-        new, done = bf16_of(mod)
-        if report is not None:
-            report.add(done)
-        return new
-
-    return _pass
+    return reporting_pass(bf16_of, report, "tirbyoc.Bfloat16")
 
 
-__all__ = ["AGREEMENT_REL", "Bf16Report", "Bfloat16", "CONVERTED_OPS", "bf16_of"]
+__all__ = ["Bf16Report", "Bfloat16", "CONVERTED_OPS", "bf16_of"]

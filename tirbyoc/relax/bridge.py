@@ -40,6 +40,7 @@ from tirbyoc.matching.matcher import match
 from tirbyoc.offloading.offloader import offload
 from tirbyoc.offloading.whole_function import find_whole_call, verify_whole_call
 from tirbyoc.rewrite.weight_layout import LAYOUT_FREE_ATTR
+from tirbyoc.relax.mutation import mutate_functions
 from tirbyoc.rewrite.steps import StepKind
 
 OPAQUE = 8  # relay/relax OpPatternKind::kOpaque
@@ -251,11 +252,7 @@ def replace_call_tir(mod, gvs, rewrite):
                     return new
             return op
 
-    rewriter = _Rewriter(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-    new = rewriter.builder_.get()
+    new = mutate_functions(mod, _Rewriter(mod))
     called = [v for f in new.functions.values() if isinstance(f, relax.Function)
               for v in relax.analysis.all_global_vars(f)]
     dropped = [gv for gv in gvs if not any(v.same_as(gv) for v in called)]

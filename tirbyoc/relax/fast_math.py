@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from tvm import relax, topi
 from tvm.relax import expr_functor
 
-from tirbyoc._tvm import tirx, tvm
+from tirbyoc._tvm import tirx
+from tirbyoc.relax.mutation import mutate_functions, reporting_pass
 
 ERF_ABS = 5e-7  # measured 4.2e-7 (at -3.32)
 TANH_ABS = 5e-7  # measured 3.2e-7 (at -5.95)
@@ -131,24 +132,13 @@ def fast_math_of(mod) -> tuple[object, FastMathReport]:
     """(``mod`` with its float32 transcendental ops approximated, what was replaced). Before
     legalization: the ops are Relax operators, not yet PrimFuncs."""
     report = FastMathReport()
-    mutator = _Approximator(mod, report)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            mutator.builder_.update_func(gv, mutator.visit_expr(func))
-    return (mutator.builder_.get() if report.replaced else mod), report
+    new = mutate_functions(mod, _Approximator(mod, report))
+    return (new if report.replaced else mod), report
 
 
 def FastMath(report: FastMathReport | None = None):  # noqa: N802 - a pass, named as TVM's are
     """`fast_math_of` as an IRModule pass; ``report``, when given, is filled in."""
-
-    @tvm.transform.module_pass(opt_level=0, name="tirbyoc.FastMath")
-    def _pass(mod, _ctx):
-        new, done = fast_math_of(mod)
-        if report is not None:
-            report.add(done)
-        return new
-
-    return _pass
+    return reporting_pass(fast_math_of, report, "tirbyoc.FastMath")
 
 
 __all__ = ["APPROXIMATIONS", "EXP_REL", "ERF_ABS", "FastMath", "FastMathReport", "TANH_ABS", "fast_math_of"]
