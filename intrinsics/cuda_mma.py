@@ -1,5 +1,9 @@
 """cuda_mma: tensor-core fragments through WMMA (16x16x16, fp16 -> fp32 and int8 -> int32).
 
+Each group also declares its fast kernel (`KERNELS`: ldmatrix + mma.sync, 2x2 warps of
+64x64 per 128x128 block, a 4-buffer cp.async pipeline), which every GEMM one of its block
+tiles divides is scheduled as; the WMMA intrinsics below take the rest (one warp per block).
+
 Groups follow TVM's ``MultiLevelTilingTensorCore`` shape: ``init`` fills the accumulator
 fragment, ``load_a`` / ``load_b`` move shared-memory tiles into ``wmma.matrix_a/b``
 fragments, ``compute`` is one ``mma_sync``, ``store`` writes the accumulator fragment back.
@@ -9,7 +13,8 @@ Tile windows are read row-strided (the leading stride is passed to the WMMA call
 from functools import cache
 from typing import Optional
 
-from tirbyoc import Cost, Intrinsic, IntrinsicGroup, Layout, Operand, Role, Runtime, Scope, Template
+from tirbyoc import (BlockTiling, Cost, Intrinsic, IntrinsicGroup, Layout, Operand, Role, Runtime, Scope,
+                     Template, TensorCoreKernel)
 
 NAME = "cuda_mma"
 M = N = K = 16
@@ -192,10 +197,29 @@ def store(acc_dtype: str, scope: str = "global") -> Intrinsic:
                      doc=f"wmma::store_matrix_sync -> {scope}")
 
 
+# The fast kernel's block tiles, largest first: 8 warps of 64x64 for large GEMMs, BitBLAS's
+# and TVM dlight's 128x128 with 2x2 warps of 64x64, smaller ones for GEMMs that would leave
+# most multiprocessors idle. block_k: two mma steps per pipeline stage.
+def _tilings(mma_k: int) -> tuple[BlockTiling, ...]:
+    k = 2 * mma_k
+    return (BlockTiling(256, 128, k, 4, 2), BlockTiling(128, 256, k, 2, 4), BlockTiling(128, 128, k, 2, 2),
+            BlockTiling(128, 64, k, 2, 2), BlockTiling(64, 64, k, 2, 2), BlockTiling(32, 32, k, 1, 1))
+
+
+KERNELS = {
+    "float16": TensorCoreKernel("float16", "float32", (16, 16, 16), _tilings(16), stages=3, swizzle=True,
+                                doc="ldmatrix(.trans) + mma.sync.m16n8k16, 4 buffers of A/B in flight"),
+    # int8's ldmatrix has no transposing form: B must be [N, K] (a weight packed once);
+    # TVM 0.27's permuted layout does not vectorize 8-bit copies, so rows are padded instead
+    "int8": TensorCoreKernel("int8", "int32", (16, 16, 32), _tilings(32), stages=3, swizzle=False, pad=16,
+                             b_layouts=("nk",), doc="ldmatrix + mma.sync.m16n8k32, B as [N, K]"),
+}
+
+
 def _group(in_dtype: str, acc_dtype: str) -> IntrinsicGroup:
     return IntrinsicGroup(f"wmma_{in_dtype}_{acc_dtype}", compute=mma(in_dtype, acc_dtype),
                           init=fill(acc_dtype), loads=(load("a", in_dtype), load("b", in_dtype)),
-                          store=store(acc_dtype))
+                          store=store(acc_dtype), kernel=KERNELS[in_dtype])
 
 
 def _requires() -> Optional[str]:
@@ -210,6 +234,7 @@ TEMPLATE = Template(
     runtime=Runtime.DEVICE,
     groups=(_group("float16", "float32"), _group("int8", "int32")),
     scopes=(Scope(SHARED, 48 * 1024, 16, "per-block shared memory"),
+            Scope("shared.dyn", 163 * 1024, 16, "per-block dynamic shared memory (sm_80's most)"),
             Scope(FRAG_A, None, 16, "WMMA A fragments (registers)"),
             Scope(FRAG_B, None, 16, "WMMA B fragments (registers)"),
             Scope(ACC, None, 16, "WMMA accumulator fragments (registers)")),

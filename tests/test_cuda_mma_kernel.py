@@ -1,8 +1,11 @@
 """Tensor-core kernels from `tirbyoc.offload(func, "cuda_mma")`.
 
-The engine's CUDA schedule: one warp per thread block owning 2x2 output fragments, tiles
-staged global -> shared (the warp's 32 threads copy) -> WMMA fragments, mma_sync, the
-accumulator stored after the reduction; every copy tensorized with the group's intrinsics.
+Two CUDA schedules. A plain GEMM one of the group's declared block tiles divides becomes the
+tensor-core kernel (`tirbyoc.rewrite.tensor_core`: 2x2 warps, ldmatrix + mma.sync, a cp.async
+pipeline through dynamic shared memory). Everything else gets one warp per thread block owning
+2x2 output fragments, tiles staged global -> shared (the warp's 32 threads copy) -> WMMA
+fragments, mma_sync, the accumulator stored after the reduction; every copy tensorized with
+the group's intrinsics.
 Codegen, the CUDA compiler (NVRTC from the ``cuda`` extra's wheels, or a toolkit's nvcc) and
 the disassembler run here without a GPU: every kernel becomes machine code for Ampere and
 Hopper whose instructions include the tensor-core MMA (HMMA for fp16, IMMA for int8). The
@@ -29,7 +32,14 @@ CASES = {
     "f16 conv NHWC 3x3": lambda: conv2d(1, 32, 9, 9, 32, 3, 3, layout="NHWC", dtype="float16",
                                         acc="float32"),
     "f16 M, N, K at run time (padded)": lambda: matmul(0, 0, 0, "float16", "float16", "float32", symbolic="mnk"),
+    "f16 256^3": lambda: matmul(256, 256, 256, "float16", "float16", "float32"),
+    "f16 512x256x128 weights [N, K]": lambda: matmul(512, 256, 128, "float16", "float16", "float32", trans_b=True),
+    "i8 256^3 weights [N, K]": lambda: matmul(256, 256, 256, "int8", "int8", "int32", trans_b=True),
 }
+# the cases the tensor-core kernel takes (plain GEMMs a declared block tile divides; int8 with
+# B as [N, K]); the others get one warp per block
+KERNEL = {"f16 64^3", "f16 weights [N, K]", "f16 batched", "f16 256^3", "f16 512x256x128 weights [N, K]",
+          "i8 256^3 weights [N, K]"}
 
 
 @pytest.fixture(scope="module")
@@ -41,17 +51,28 @@ def offloaded(case):
     out = tirbyoc.offload(CASES[case](), "cuda_mma")
     (block,) = out.blocks
     assert block.offloaded, block.reason
-    roles = {name.split(".")[1].split("_")[0] for name in block.intrinsic.split(", ")}
-    assert roles == {"mma", "fill", "load", "store"}, block.intrinsic
+    names = block.intrinsic.split(", ")
+    if case in KERNEL:  # TVM's own ldmatrix / mma.sync intrinsics
+        kinds = {name.split("_")[1] if name.startswith("mma_") else name for name in names}
+        assert {"fill", "ldmatrix", "store"} <= kinds and len(names) == 5, block.intrinsic
+        assert any("tensor-core kernel:" in str(step) for step in block.steps), block.steps
+    else:
+        roles = {name.split(".")[1].split("_")[0] for name in names}
+        assert roles == {"mma", "fill", "load", "store"}, block.intrinsic
     return out
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_offload_builds_a_wmma_kernel(cuda_mma, case):
+def test_offload_builds_a_tensor_core_kernel(cuda_mma, case):
     out = offloaded(case)
     source = cuda_source(build(out.func, cuda_mma.tvm_target()))
-    for call in ("fill_fragment", "load_matrix_sync", "mma_sync", "store_matrix_sync"):
-        assert f"nvcuda::wmma::{call}" in source, call
+    if case in KERNEL:
+        for ptx in ("ldmatrix.sync.aligned", "mma.sync.aligned", "cp.async"):
+            assert ptx in source, ptx
+        assert "nvcuda::wmma" not in source
+    else:
+        for call in ("fill_fragment", "load_matrix_sync", "mma_sync", "store_matrix_sync"):
+            assert f"nvcuda::wmma::{call}" in source, call
     assert "__shared__" in source and "threadIdx.x" in source and "blockIdx" in source
     if not cuda_mma.runs_here():
         # offload itself built the kernel before saying it cannot run it
@@ -98,9 +119,27 @@ def test_offloaded_kernel_is_tensor_core_machine_code(kernel_sources, case, arch
     assert cubin[:4] == b"\x7fELF"  # a cubin is an ELF image
     if cuda_toolchain.disassembler() is None:
         pytest.skip(f"no CUDA disassembler to read the machine code: {cuda_toolchain.CUDA_EXTRA}")
-    mma = cuda_toolchain.tensor_core_ops(cuda_toolchain.sass(cubin))
+    assembly = cuda_toolchain.sass(cubin)
+    mma = cuda_toolchain.tensor_core_ops(assembly)
     expected = "IMMA" if case.startswith("i8") else "HMMA"
     assert mma and all(op.startswith(expected) for op in mma), (case, arch, mma)
+    if case in KERNEL:  # shared -> registers by ldmatrix, global -> shared by cp.async
+        ops = {op.split(".")[0] for op in cuda_toolchain.opcodes(assembly)}
+        assert {"LDSM", "LDGSTS"} <= ops, (case, arch, sorted(ops))
+
+
+def test_the_kernel_says_why_it_does_not_take_a_block():
+    steps = [str(s) for s in tirbyoc.offload(CASES["i8 64^3"](), "cuda_mma").blocks[0].steps]
+    assert any("tensor-core kernel does not fit: B is [K, N]; the kernel's int8 ldmatrix reads B only as nk"
+               in s for s in steps), steps
+    steps = [str(s) for s in tirbyoc.offload(CASES["f16 conv NHWC 3x3"](), "cuda_mma").blocks[0].steps]
+    assert any("the reduction has loops outside the intrinsic's" in s for s in steps), steps
+
+
+def test_the_kernel_picks_the_largest_tile_that_fills_the_gpu():
+    steps = [str(s) for s in tirbyoc.offload(matmul(2048, 2048, 64, "float16", "float16", "float32"),
+                                              "cuda_mma", verify=False).blocks[0].steps]
+    assert "tensor-core kernel: 128x128x32 block, 2x2 warps of 64x64, 256 thread blocks" in steps, steps
 
 
 def test_sass_opcodes_are_read_with_predicates_and_modifiers():

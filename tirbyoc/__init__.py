@@ -16,6 +16,7 @@ from tirbyoc.decl.extern import ExternLibrary, PackedFunction
 from tirbyoc.decl.intrinsic import DENSE, Axis, Cost, Intrinsic, IntrinsicGroup, Layout, Operand, Role
 from tirbyoc.decl.registry import get_template, register_template, template_names, templates
 from tirbyoc.decl.scope import GLOBAL, Scope
+from tirbyoc.decl.tensor_core import BlockTiling, TensorCoreKernel
 from tirbyoc.decl.template import Runtime, Template
 from tirbyoc.errors import (
     DeclarationError,
@@ -54,9 +55,9 @@ def __getattr__(name):
 
 
 __all__ = [
-    "Axis", "BlockALU", "BlockDMA", "Cost", "DENSE", "DeclarationError", "ExternLibrary", "ExternLibraryError", "GLOBAL", "PackedFunction",
+    "Axis", "BlockALU", "BlockDMA", "BlockTiling", "Cost", "DENSE", "DeclarationError", "ExternLibrary", "ExternLibraryError", "GLOBAL", "PackedFunction",
     "Intrinsic", "IntrinsicError", "IntrinsicGroup", "Layout", "Operand", "RegistrationConflict",
-    "RewriteError", "Role", "Runtime", "Scope", "ScopeError", "Template", "TemplateError", "TirbyocError",
+    "RewriteError", "Role", "Runtime", "Scope", "ScopeError", "TensorCoreKernel", "Template", "TemplateError", "TirbyocError",
     "UnknownTemplateError", "VerificationError", "get_template", "register_template", "template_names", "templates",
     *_LAZY,
 ]

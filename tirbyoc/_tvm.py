@@ -161,6 +161,11 @@ def to_tensor(array, device=None):
     return tvm.runtime.tensor(array, device=device or tvm.cpu())
 
 
+# software_pipeline_async_stages becomes cp.async only with this option (the tensor-core
+# kernel's pipeline, `tirbyoc.rewrite.tensor_core`); it changes nothing in other kernels
+CUDA_PASS_CONFIG = {"tirx.use_async_copy": True}
+
+
 def build(func_or_mod, target, pipeline: str = "default"):
     """Compile a PrimFunc or IRModule of PrimFuncs for ``target`` (a Target or dict) with the
     TIR ``pipeline`` (a registered name).
@@ -168,7 +173,20 @@ def build(func_or_mod, target, pipeline: str = "default"):
     For a CUDA target on a machine without a GPU the result holds the generated CUDA source
     only; `tirbyoc.offloading.cuda_toolchain.compile_cubin` compiles it to machine code.
     """
-    return tvm.compile(func_or_mod, target=make_target(target), tir_pipeline=pipeline)
+    target = make_target(target)
+    if str(target.kind.name) != "cuda":
+        return tvm.compile(func_or_mod, target=target, tir_pipeline=pipeline)
+    with tvm.transform.PassContext(opt_level=tvm.transform.PassContext.current().opt_level,
+                                   config={**CUDA_PASS_CONFIG, **dict(tvm.transform.PassContext.current().config)}):
+        return tvm.compile(func_or_mod, target=target, tir_pipeline=pipeline)
+
+
+def cuda_intrinsics():
+    """``tvm.s_tir.tensor_intrin.cuda``: TVM's ldmatrix / mma.sync intrinsics and their layouts."""
+    # deferred: importing it parses ~90 TVMScript functions (~15 s); only a tensor-core rewrite pays
+    from tvm.s_tir.tensor_intrin import cuda
+
+    return cuda
 
 
 def cuda_source(executable) -> str:

@@ -18,6 +18,7 @@ from typing import Callable, Iterable
 
 from tirbyoc.decl.extern import PackedFunction
 from tirbyoc.decl.layout import Layout
+from tirbyoc.decl.tensor_core import TensorCoreKernel
 from tirbyoc.dtypes import dtype_bytes, is_valid_dtype
 from tirbyoc.errors import IntrinsicError
 
@@ -311,6 +312,10 @@ class IntrinsicGroup:
     is nothing but that computation over its own parameters (one block, zero init, every
     operand addressed in place, no padding), the Relax bridge replaces its ``call_tir`` with
     ``R.call_dps_packed`` of this function and attaches the library to the module.
+
+    ``kernel``: for a GPU group, the fast tensor-core kernel its computation is scheduled as
+    where one of its block tiles fits (`tirbyoc.decl.tensor_core.TensorCoreKernel`); the
+    group's own intrinsics (one warp per block) take the shapes it does not.
     """
 
     name: str
@@ -322,6 +327,7 @@ class IntrinsicGroup:
     resize: Callable[[dict], "IntrinsicGroup"] | None = field(default=None, compare=False)
     packed: PackedFunction | None = field(default=None, compare=False)
     resize_pads: bool = False
+    kernel: TensorCoreKernel | None = field(default=None, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "loads", tuple(self.loads))
@@ -342,6 +348,8 @@ class IntrinsicGroup:
                 )
         if self.packed is not None and not isinstance(self.packed, PackedFunction):
             raise IntrinsicError(f"group {self.name!r}: packed must be a PackedFunction, got {self.packed!r}")
+        if self.kernel is not None and not isinstance(self.kernel, TensorCoreKernel):
+            raise IntrinsicError(f"group {self.name!r}: kernel must be a TensorCoreKernel, got {self.kernel!r}")
         if self.resize is not None and not callable(self.resize):
             raise IntrinsicError(f"group {self.name!r}: resize must be callable, got {self.resize!r}")
 

@@ -1,5 +1,9 @@
 """GPU staging for warp-level intrinsics (tensor-core fragments): the CUDA schedule.
 
+Where the group declares a tensor-core kernel and it fits the block (a plain GEMM a block
+tile divides), the block is scheduled as that kernel (`tirbyoc.rewrite.tensor_core`: many
+warps, ldmatrix + mma.sync, a cp.async pipeline). Otherwise, the one-warp schedule below.
+
 A WMMA-style template computes on fragments (``wmma.matrix_a/b``, ``wmma.accumulator``)
 that its load intrinsics fill from shared memory and its store intrinsic drains to global.
 The rewrite gives each thread block one warp that owns ``bm x bn`` output tiles (fragments
@@ -23,6 +27,7 @@ from tirbyoc.rewrite.cpu import loop_extent
 from tirbyoc.rewrite.pipeline import stage
 from tirbyoc.rewrite.state import Loops, RewriteState
 from tirbyoc.rewrite.steps import StepKind
+from tirbyoc.rewrite.tensor_core import apply_kernel
 
 WARP = 32
 
@@ -57,6 +62,11 @@ def stage_fragments(state: RewriteState) -> RewriteState | None:
                            "to move tiles in and out")
     if len(loops.axis_spatial) != 2 or len(loops.axis_reduce) != 1:
         raise RewriteError(f"{state.where}: the CUDA schedule expects an (i, j, k) intrinsic")
+    if group.kernel is not None:
+        why_not = apply_kernel(state)
+        if why_not is None:
+            return state
+        state.record(StepKind.SCHEDULE, f"one warp per block (the tensor-core kernel does not fit: {why_not})")
     io, jo = loops.axis_spatial
     bm, bn = _per_warp(loop_extent(sch, io)), _per_warp(loop_extent(sch, jo))
     with state.step(StepKind.SPLIT, f"one warp per block computing {bm}x{bn} "

@@ -41,7 +41,7 @@ ORDER = (
     ("tile", "stages", "split each intrinsic axis into tiles"),
     ("scratchpad", "dma", "tiles staged per tile into bounded scratchpads"),
     ("epilogue", "epilogue", "the chain after the core on its accumulator tile (an accelerator's ALU)"),
-    ("fragments", "cuda", "warp tiles and their fragment copies"),
+    ("fragments", "cuda", "the group's tensor-core kernel, or warp tiles and their fragment copies"),
     ("schedule", "stages", "the target's default schedule (register blocks, parallel loops) or the caller's"),
     ("dma copies", "dma", "tile copies tensorized with the template's DMA intrinsics"),
     ("fragment copies", "cuda", "fragment copies tensorized in 16x16 tiles"),

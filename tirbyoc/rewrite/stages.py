@@ -150,7 +150,7 @@ def schedule_outer_loops(state: RewriteState) -> RewriteState | None:
 def decompose(state: RewriteState) -> RewriteState | None:
     loops = state.loops
     reduce_loops = loops.outer_reduce + loops.axis_reduce
-    if state.pattern.init_value is None or not reduce_loops:
+    if state.compute_tensorized or state.pattern.init_value is None or not reduce_loops:
         return None
     with state.step(StepKind.DECOMPOSE, "decompose_reduction (split off the init)"):
         state.init_block = state.sch.decompose_reduction(state.block, reduce_loops[0])
@@ -158,7 +158,9 @@ def decompose(state: RewriteState) -> RewriteState | None:
 
 
 @stage("tensorize")
-def tensorize_compute(state: RewriteState) -> RewriteState:
+def tensorize_compute(state: RewriteState) -> RewriteState | None:
+    if state.compute_tensorized:
+        return None
     intrin = state.match.intrinsic
     intrin.register()
     with state.step(StepKind.TENSORIZE, f"tensorize with {intrin.name}"):
@@ -170,7 +172,7 @@ def tensorize_compute(state: RewriteState) -> RewriteState:
 @stage("init")
 def tensorize_init(state: RewriteState) -> RewriteState | None:
     group = state.match.group
-    if state.init_block is None or group is None or group.init is None:
+    if state.compute_tensorized or state.init_block is None or group is None or group.init is None:
         return None
     init_loops = state.sch.get_loops(state.init_block)
     n_spatial = sum(1 for a in state.match.axes if a.kind == "S")

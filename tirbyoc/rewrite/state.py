@@ -51,6 +51,8 @@ class RewriteState:
       ``fragment_copies``: "fragments" -> "fragment copies";
       ``copy_intrinsics`` and ``intrinsics``: the stages that tensorize -> the result's list;
       ``init_block``: "decompose" -> "init";
+      ``compute_tensorized``: "fragments" (the tensor-core kernel) -> "decompose", "tensorize",
+      "init", which then have nothing left to do;
       ``fused``: "epilogue" (the blocks it ran on the accumulator) -> the result;
       ``func``: "link" (the rewritten PrimFunc) -> `tirbyoc.rewrite.tensorize`.
     """
@@ -75,6 +77,7 @@ class RewriteState:
     intrinsics: list = field(default_factory=list)  # compute and init intrinsics used
     func: object = None  # the result, once the last stage ran
     fused: list = field(default_factory=list)  # (block, what runs it) fused after the core
+    compute_tensorized: bool = False  # a kernel stage tensorized compute and init itself
 
     @property
     def where(self) -> str:

@@ -1,0 +1,345 @@
+"""The fast tensor-core kernel: ldmatrix + mma.sync, many warps, a cp.async pipeline.
+
+Where a group declares a `TensorCoreKernel` and one of its block tiles fits the block, the
+"fragments" stage schedules the GEMM as the kernels a cuBLAS user gets, not one warp per block:
+
+    blockIdx.x over (batch, C's block tiles):                 block_m x block_n outputs
+      threadIdx.z, threadIdx.y over warps_m x warps_n warps:  each keeps its C tiles in registers
+        accumulators = 0                                      (mma fill)
+        for k0 in K / block_k:                                software-pipelined, `stages` deep
+          A, B tiles: global -> shared.dyn, 16 bytes a thread (cp.async), XOR-swizzled
+          for k1 in block_k / mma_k:
+            A, B fragments: shared -> registers (ldmatrix; .trans for a [K, N] fp16 B)
+            mma.sync on every (i, j) fragment pair of the warp
+      C tiles: registers -> shared.dyn -> global, 16 bytes a thread
+
+Everything is TVM's own: the schedule primitives, the ``permuted_layout`` and
+``software_pipeline_*`` annotations its lowering acts on (cp.async needs the build option
+``tirx.use_async_copy``, set by `tirbyoc._tvm.build` for CUDA targets), and the intrinsics of
+``tvm.s_tir.tensor_intrin.cuda`` (``get_mma_intrin_group``, imported on first use: ~15 s). The block must be a plain GEMM:
+A[(b,) i, k], B[(b,) k, j] or B[(b,) j, k], C[(b,) i, j] in the kernel's types, static sizes
+that the chosen block tile divides; `fit` says why not otherwise, and the caller keeps the
+one-warp schedule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+from tirbyoc._tvm import TensorIntrin, cuda_intrinsics
+from tirbyoc.decl.tensor_core import WARP, BlockTiling, TensorCoreKernel
+from tirbyoc.decl.tvm_registry import register_tensor_intrin
+from tirbyoc.dtypes import dtype_bytes
+from tirbyoc.rewrite.state import RewriteState
+from tirbyoc.rewrite.steps import StepKind
+
+SHARED_DYN = "shared.dyn"
+VECTOR_BYTES = 16  # a thread's global <-> shared copy: one 128-bit access
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """What `fit` found: the kernel, its block tile, B's layout and the GEMM's sizes."""
+
+    kernel: TensorCoreKernel
+    tiling: BlockTiling
+    b_layout: str  # "kn" or "nk"
+    m: int
+    n: int
+    k: int
+    batch: int
+
+    @property
+    def blocks(self) -> int:
+        return self.batch * (self.m // self.tiling.block_m) * (self.n // self.tiling.block_n)
+
+
+def _plain_indices(region) -> list[str] | None:
+    """The block iterator each dimension of ``region`` is indexed by, or None when an index is
+    anything but one iterator (an offset, a sum: a window, not a plain GEMM operand)."""
+    names = []
+    for r in region.region:
+        if not hasattr(r.min, "name") or int(r.extent) != 1:
+            return None
+        names.append(str(r.min.name))
+    return names
+
+
+def _operand_layouts(state: RewriteState) -> tuple[str | None, str]:
+    """(B's layout "kn" / "nk", or None with the reason the block is not a plain GEMM)."""
+    block = state.sch.get(state.block)
+    names = [str(iv.var.name) for iv in block.iter_vars]
+    *outer, vi, vj, vk = names
+    by_buffer = {str(r.source.name): _plain_indices(r) for r in block.reads}
+    out = _plain_indices(block.writes[0])
+    ops = {op.operand: op for op in state.match.operands}
+    want_a = outer + [vi, vk]
+    a = by_buffer.get(state.feeding(ops["A"], "read"))
+    b = by_buffer.get(state.feeding(ops["B"], "read"))
+    if out != outer + [vi, vj]:
+        return None, "C is not written as C[(b,) i, j]"
+    if a != want_a:
+        return None, "A is not read as A[(b,) i, k]"
+    if b == outer + [vk, vj]:
+        return "kn", ""
+    if b == outer + [vj, vk]:
+        return "nk", ""
+    return None, "B is not read as B[(b,) k, j] or B[(b,) j, k]"
+
+
+def _sizes(state: RewriteState) -> tuple[int, int, int, int] | None:
+    """(batch, M, N, K) of the block, or None when one is known only at run time."""
+    block = state.sch.get(state.block)
+    extents = []
+    for iv in block.iter_vars:
+        if not hasattr(iv.dom.extent, "value"):
+            return None
+        extents.append(int(iv.dom.extent.value))
+    *outer, m, n, k = extents
+    return prod(outer), m, n, k
+
+
+def _choose_tiling(kernel: TensorCoreKernel, batch: int, m: int, n: int, k: int) -> BlockTiling | None:
+    """The first declared tile that divides the GEMM and leaves ``min_blocks`` thread blocks,
+    else the last one that divides it."""
+    fitting = [t for t in kernel.tilings if m % t.block_m == 0 and n % t.block_n == 0 and k % t.block_k == 0]
+    for t in fitting:
+        if batch * (m // t.block_m) * (n // t.block_n) >= kernel.min_blocks:
+            return t
+    return fitting[-1] if fitting else None
+
+
+def fit(state: RewriteState) -> KernelPlan | str:
+    """The plan for this block, or why the group's kernel does not take it."""
+    group = state.match.group
+    kernel = group.kernel if group is not None else None
+    if kernel is None:
+        return "the group declares no tensor-core kernel"
+    if state.loops.outer_reduce:
+        return "the reduction has loops outside the intrinsic's (a window): the kernel takes plain GEMMs"
+    if len(state.loops.axis_spatial) != 2 or len(state.loops.axis_reduce) != 1:
+        return "the kernel expects an (i, j, k) intrinsic"
+    staged = [op.operand for op in state.match.operands if state.feeding(op, "write" if op.is_output else "read")
+              != op.buffer]
+    if staged:
+        return f"{', '.join(staged)} would be read from a staged copy (padded or re-laid-out); the kernel " \
+               "reads its operands in place"
+    dtypes = {op.operand: str(state.match.intrinsic.operand(op.operand).dtype) for op in state.match.operands}
+    if (dtypes.get("A"), dtypes.get("B"), dtypes.get("C")) != (kernel.in_dtype, kernel.in_dtype, kernel.acc_dtype):
+        return f"the kernel is declared for {kernel.in_dtype} -> {kernel.acc_dtype}"
+    sizes = _sizes(state)
+    if sizes is None:
+        return "a size is known only at run time"
+    batch, m, n, k = sizes
+    b_layout, why = _operand_layouts(state)
+    if b_layout is None:
+        return why
+    if b_layout not in kernel.b_layouts:
+        return (f"B is [{'K, N' if b_layout == 'kn' else 'N, K'}]; the kernel's {kernel.in_dtype} ldmatrix "
+                f"reads B only as {' or '.join(kernel.b_layouts)}")
+    tiling = _choose_tiling(kernel, batch, m, n, k)
+    if tiling is None:
+        sizes_txt = ", ".join(t.describe().split(" block")[0] for t in kernel.tilings)
+        return f"no declared block tile ({sizes_txt}) divides {m}x{n}x{k}"
+    shared = state.template.scope(SHARED_DYN, missing_ok=True) if state.template is not None else None
+    need = kernel.shared_bytes(tiling, dtype_bytes(kernel.in_dtype), dtype_bytes(kernel.acc_dtype))
+    if shared is None or (shared.capacity is not None and need > shared.capacity):
+        return f"the {tiling.describe()} tile needs {need} bytes of {SHARED_DYN}; the template declares " \
+               f"{shared.capacity if shared else 0}"
+    return KernelPlan(kernel, tiling, b_layout, m, n, k, batch)
+
+
+def _tvm_intrinsics(plan: KernelPlan) -> dict:
+    """TVM's mma intrinsic group for this kernel (init, load_a, load_b, compute, store),
+    registering the shared.dyn forms TVM 0.27 declares but does not register (int8's)."""
+    tc = cuda_intrinsics()
+    kern = plan.kernel
+    kdim, nk = kern.mma_shape[2], plan.b_layout == "nk"
+    names = tc.get_mma_intrin_group(SHARED_DYN, SHARED_DYN, kern.in_dtype, kern.acc_dtype, False, nk)
+    pairs = {names["load_a"]: lambda: tc.get_ldmatrix_intrin(kdim, kern.in_dtype, "A", False, SHARED_DYN),
+             names["load_b"]: lambda: tc.get_ldmatrix_intrin(kdim, kern.in_dtype, "B", nk, SHARED_DYN),
+             names["store"]: lambda: tc.get_mma_store_intrin(kern.acc_dtype, 8, SHARED_DYN, False)}
+    for name, make in pairs.items():
+        if TensorIntrin.get(name, allow_missing=True) is None:
+            register_tensor_intrin(name, *make())
+    return names
+
+
+def _fragment_layout(plan: KernelPlan, operand: str):
+    """(rows, cols, the 16 x k tile -> (lane, element) map ldmatrix leaves in registers) of an
+    operand's fragment, as TVM's intrinsics declare it."""
+    tc = cuda_intrinsics()
+    tm, _, tk = plan.kernel.mma_shape
+    if tk == 16:
+        rows, cols = (tk, tm) if operand == "B" and plan.b_layout == "kn" else (tm, tk)
+        return rows, cols, tc.shared_16x16_to_ldmatrix_32x8_layout
+    if operand == "B" and plan.b_layout == "kn":
+        return tk, tm, tc.shared_32x16_to_ldmatrix_32x16_layout
+    return tm, tk, tc.shared_16x32_to_ldmatrix_32x16_layout
+
+
+def _gemm_loops(state: RewriteState, plan: KernelPlan):
+    """The tiled (io, jo, ko, ii, ji, ki) loops put back into whole i, j, k axes, re-cut into
+    the kernel's mma tiles; the mma tile blockized. Returns (outer loops, i, j, k, tile block)."""
+    sch, loops = state.sch, state.loops
+    (io, jo), (ko,), (ii, ji, ki) = loops.axis_spatial, loops.axis_reduce, loops.inner[:3]
+    sch.reorder(io, ii, jo, ji, ko, ki)
+    i, j, k = sch.fuse(io, ii), sch.fuse(jo, ji), sch.fuse(ko, ki)
+    tm, tn, tk = plan.kernel.mma_shape
+    i, i_in = sch.split(i, [None, tm])
+    j, j_in = sch.split(j, [None, tn])
+    k, k_in = sch.split(k, [None, tk])
+    sch.reorder(i, j, k, i_in, j_in, k_in)
+    tile = sch.blockize(i_in)
+    return list(loops.outer_spatial), i, j, k, tile
+
+
+def _block_and_warps(sch, plan: KernelPlan, outer, i, j, k):
+    """Cut i, j, k into (block, warp, per-warp) and bind them; returns (block axis, k0, k1)."""
+    t, (tm, tn, tk) = plan.tiling, plan.kernel.mma_shape
+    i0, i1, i2 = sch.split(i, [None, t.warps_m, t.block_m // t.warps_m // tm])
+    j0, j1, j2 = sch.split(j, [None, t.warps_n, t.block_n // t.warps_n // tn])
+    k0, k1 = sch.split(k, [None, t.block_k // tk])
+    sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2)
+    bx = sch.fuse(*outer, i0, j0)
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(i1, "threadIdx.z")
+    sch.bind(j1, "threadIdx.y")
+    return bx, k0, k1
+
+
+def _threads_copy(sch, block, plan: KernelPlan, elem_bytes: int) -> None:
+    """A shared-memory tile copy spread over the block's threads, 16 bytes per thread access."""
+    t = plan.tiling
+    fused = sch.fuse(*sch.get_loops(block)[-2:])
+    _, tz, ty, tx, vec = sch.split(fused, [None, t.warps_m, t.warps_n, WARP, VECTOR_BYTES // elem_bytes])
+    sch.bind(tz, "threadIdx.z")
+    sch.bind(ty, "threadIdx.y")
+    sch.bind(tx, "threadIdx.x")
+    sch.vectorize(vec)
+
+
+def _stage_input(state: RewriteState, plan: KernelPlan, tile, operand: str, k0, k1):
+    """One input: global -> shared.dyn per k0 step (swizzled or padded), shared -> ldmatrix
+    fragments per k1 step. Returns the fragment copy block (tensorized later)."""
+    sch, kern = state.sch, plan.kernel
+    op = next(o for o in state.match.operands if o.operand == operand)
+    index = [str(r.source.name) for r in sch.get(tile).reads].index(op.buffer)
+    shared = sch.cache_read(tile, index, SHARED_DYN)
+    sch.compute_at(shared, k0)
+    _threads_copy(sch, shared, plan, dtype_bytes(kern.in_dtype))
+    if kern.swizzle:
+        sch.annotate(shared, "permuted_layout", f"g2s_{operand}")
+    else:
+        sch.storage_align(shared, 0, axis=-2, factor=16, offset=kern.pad)
+    frag = sch.cache_read(tile, index, "warp")
+    sch.compute_at(frag, k1)
+    rows, cols, lane_map = _fragment_layout(plan, operand)
+    r, c = sch.get_loops(frag)[-2:]
+    r0, r1 = sch.split(r, [None, rows])
+    c0, c1 = sch.split(c, [None, cols])
+    sch.reorder(r0, c0, r1, c1)
+    sch.transform_layout(frag, ("write", 0), lambda *ix: (
+        *ix[:-2], ix[-2] // rows, ix[-1] // cols, *lane_map(ix[-2] % rows, ix[-1] % cols)))
+    if kern.swizzle:
+        sch.annotate(sch.blockize(sch.get_loops(frag)[-2]), "permuted_layout", f"s2l_{operand}")
+    return frag
+
+
+def _stage_output(state: RewriteState, plan: KernelPlan, tile, bx):
+    """C: mma accumulators -> shared.dyn (per warp, in the fragment layout) -> global, 16 bytes
+    a thread. Returns the register -> shared copy block (tensorized later)."""
+    sch, t, (tm, tn, _) = state.sch, plan.tiling, plan.kernel.mma_shape
+    out = sch.cache_write(tile, 0, SHARED_DYN)
+    sch.reverse_compute_at(out, bx)
+    _threads_copy(sch, out, plan, dtype_bytes(plan.kernel.acc_dtype))
+    sch.annotate(out, "permuted_layout", "s2g_C")
+    regs = sch.cache_write(tile, 0, "warp")
+    r, c = sch.get_loops(regs)[-2:]
+    r1, r2, r3 = sch.split(r, [t.warps_m, None, tm])
+    c1, c2, c3 = sch.split(c, [t.warps_n, None, tn])
+    sch.reorder(r1, c1, r2, c2, r3, c3)
+    sch.bind(r1, "threadIdx.z")
+    sch.bind(c1, "threadIdx.y")
+    tc = cuda_intrinsics()
+    sch.transform_layout(regs, ("read", 0), lambda *ix: (
+        *ix[:-2], ix[-2] // tm, ix[-1] // tn, *tc.shared_16x16_to_ldmatrix_32x8_layout(ix[-2] % tm, ix[-1] % tn)))
+    sch.annotate(sch.blockize(sch.get_loops(regs)[-2]), "permuted_layout", "l2s_C")
+    return regs
+
+
+def _tensorize_all(state: RewriteState, plan: KernelPlan, tile, k0, frags, regs) -> list[str]:
+    """The init split off at k0; fill, ldmatrix, mma and the accumulator store tensorized with
+    TVM's intrinsics; the k0 loop software-pipelined (cp.async for the shared copies)."""
+    sch = state.sch
+    names = _tvm_intrinsics(plan)
+    init = sch.get_child_blocks(sch.decompose_reduction(tile, k0))[0]
+    sch.tensorize(sch.get_loops(init)[-2], names["init"])
+    sch.tensorize(sch.get_loops(frags["A"])[-2], names["load_a"])
+    sch.tensorize(sch.get_loops(frags["B"])[-2], names["load_b"])
+    sch.tensorize(sch.get_loops(state.block)[-3], names["compute"])
+    sch.tensorize(sch.get_loops(regs)[-2], names["store"])
+    sch.annotate(k0, "software_pipeline_stage", [0, 0, plan.kernel.stages])
+    sch.annotate(k0, "software_pipeline_order", [0, 1, 2])
+    sch.annotate(k0, "software_pipeline_async_stages", [0])
+    return [names[r] for r in ("compute", "init", "load_a", "load_b", "store")]
+
+
+def _fold_staged_inputs(state: RewriteState) -> list[str]:
+    """Inline the copies earlier stages staged A or B into (a transpose the one-warp schedule
+    needs): the kernel reads either layout in place. Returns the operands folded back."""
+    sch, folded = state.sch, []
+    for op in state.match.operands:
+        if op.is_output:
+            continue
+        fed = state.feeding(op, "read")
+        if fed == op.buffer:
+            continue
+        for producer in sch.get_producers(state.block):
+            if [str(w.source.name) for w in sch.get(producer).writes] == [fed]:
+                sch.compute_inline(producer)
+                folded.append(op.operand)
+    return folded
+
+
+def apply_kernel(state: RewriteState) -> str | None:
+    """Schedule the block as its group's tensor-core kernel; None when done, else why not
+    (the state then is as it was, for the one-warp schedule)."""
+    saved = state.sch
+    state.sch = saved.copy()  # the copy keeps the block and loop handles
+    try:
+        folded = _fold_staged_inputs(state)
+    except Exception as err:  # noqa: BLE001 - TVM refuses an inline with its own error kinds
+        state.sch = saved
+        return f"a staged copy of an input could not be folded back ({type(err).__name__})"
+    plan = fit(state)
+    if isinstance(plan, str):
+        state.sch = saved
+        return plan
+    if folded:
+        state.record(StepKind.IN_PLACE, f"{' and '.join(folded)} read in place by the tensor-core kernel "
+                                        "(the staged copy folded back)")
+    schedule_kernel(state, plan)
+    return None
+
+
+def schedule_kernel(state: RewriteState, plan: KernelPlan) -> None:
+    """Carry out ``plan`` on the state's block (see the module's docstring); records its steps."""
+    sch, t = state.sch, plan.tiling
+    with state.step(StepKind.SPLIT, f"tensor-core kernel: {t.describe()}, {plan.blocks} thread blocks"):
+        outer, i, j, k, tile = _gemm_loops(state, plan)
+        bx, k0, k1 = _block_and_warps(sch, plan, outer, i, j, k)
+    how = "XOR-swizzled" if plan.kernel.swizzle else f"rows padded by {plan.kernel.pad}"
+    with state.step(StepKind.STAGE, f"A and B through {SHARED_DYN} ({how}, 16-byte copies) into ldmatrix "
+                                    f"fragments; B read as [{'K, N' if plan.b_layout == 'kn' else 'N, K'}]"):
+        frags = {name: _stage_input(state, plan, tile, name, k0, k1) for name in ("A", "B")}
+    with state.step(StepKind.STAGE, f"C from registers through {SHARED_DYN} to global"):
+        regs = _stage_output(state, plan, tile, bx)
+    with state.step(StepKind.TENSORIZE, f"ldmatrix + mma.sync, a {plan.kernel.stages + 1}-buffer cp.async "
+                                        "pipeline over K"):
+        state.intrinsics.extend(_tensorize_all(state, plan, tile, k0, frags, regs))
+    state.compute_tensorized = True
+
+
+__all__ = ["KernelPlan", "apply_kernel", "fit", "schedule_kernel"]
