@@ -197,13 +197,16 @@ def store(acc_dtype: str, scope: str = "global") -> Intrinsic:
                      doc=f"wmma::store_matrix_sync -> {scope}")
 
 
-# The fast kernel's block tiles, largest first: 8 warps of 64x64 for large GEMMs, BitBLAS's
-# and TVM dlight's 128x128 with 2x2 warps of 64x64, smaller ones for GEMMs that would leave
-# most multiprocessors idle. block_k: two mma steps per pipeline stage.
+# The fast kernel's block tiles, largest first: BitBLAS's and TVM dlight's 128x128 with 2x2
+# warps of 64x64, smaller ones for GEMMs that would leave most multiprocessors idle; block_k:
+# two mma steps per pipeline stage. Measured on an H100 (bench/results/cuda_mma_h100.json,
+# every tile timed at every size): 128x128 is the fastest from 2048^3 up, 128x64 and 64x64 at
+# 1024^3 (0.8-1.2x cuBLAS); 8 warps of 64x64 (256x128, 128x256) were slower at every size, and
+# a deeper block_k or pipeline gained nothing (bench/results/cuda_mma_h100_stages.json).
 def _tilings(mma_k: int) -> tuple[BlockTiling, ...]:
     k = 2 * mma_k
-    return (BlockTiling(256, 128, k, 4, 2), BlockTiling(128, 256, k, 2, 4), BlockTiling(128, 128, k, 2, 2),
-            BlockTiling(128, 64, k, 2, 2), BlockTiling(64, 64, k, 2, 2), BlockTiling(32, 32, k, 1, 1))
+    return (BlockTiling(128, 128, k, 2, 2), BlockTiling(128, 64, k, 2, 2), BlockTiling(64, 64, k, 2, 2),
+            BlockTiling(32, 32, k, 1, 1))
 
 
 KERNELS = {
@@ -212,7 +215,7 @@ KERNELS = {
     # int8's ldmatrix has no transposing form: B must be [N, K] (a weight packed once);
     # TVM 0.27's permuted layout does not vectorize 8-bit copies, so rows are padded instead
     "int8": TensorCoreKernel("int8", "int32", (16, 16, 32), _tilings(32), stages=3, swizzle=False, pad=16,
-                             b_layouts=("nk",), doc="ldmatrix + mma.sync.m16n8k32, B as [N, K]"),
+                             b_layouts=("nk",), doc="ldmatrix + mma.sync.m16n8k32, B as [N, K], 4 buffers in flight"),
 }
 
 
