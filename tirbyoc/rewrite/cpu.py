@@ -30,7 +30,7 @@ from tirbyoc._tvm import SPATIAL, s_tir, tirx, vector_bytes, vector_registers
 from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.ir.tir_walk import constant_divisors, uses_var
 from tirbyoc.rewrite.prefetch import mark_weight_prefetch, prefetches
-from tirbyoc.rewrite.stack import REGISTER_BLOCK_BYTES, TILE_BLOCK_BYTES, WRITEBACK_ATTR
+from tirbyoc.rewrite.stack import CALL_BLOCK_BYTES, REGISTER_BLOCK_BYTES, TILE_BLOCK_BYTES, WRITEBACK_ATTR
 from tirbyoc.rewrite.weight_layout import operand_bytes, tiles_outermost, weight_operand, weights_first
 
 MAX_ACCUMULATORS = 24  # leave registers for the operands (32 zmm on AVX-512)
@@ -146,6 +146,16 @@ def _weight_tile_bytes(match) -> int:
     """Bytes of one intrinsic call's weight tile (0: no weight operand)."""
     op = weight_operand(match)
     return prod(op.tile) * dtype_bytes(match.intrinsic.operand(op.operand).dtype) if op is not None else 0
+
+
+def _call_is_a_block(match, tile_bytes: int) -> bool:
+    """Whether one call's output is a register block by itself (if it outgrows the vector
+    registers): its accumulators live in the tile registers during the call (AMX: 2x2 tiles,
+    4 KB; up to 32 rows x 512 columns for a kernel whose calls have a fixed tile the block is
+    padded to), and the buffer it loads them from and stores them to is written back once, its
+    epilogue fused there. A library call re-sized to the block (blas) writes in place instead."""
+    group = match.group
+    return tile_bytes <= (CALL_BLOCK_BYTES if group is not None and group.resize_pads else TILE_BLOCK_BYTES)
 
 
 def _heuristic_block(sch, mloop, nloop, tile_bytes, registers=32):
@@ -294,10 +304,7 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
     # A block that accumulates into values a separate init block wrote has no T.init: its
     # accumulator cannot start from zero in registers, and TVM will not parallelise it.
     has_init = sch.get(block).init is not None
-    # a call whose own output outgrows the vector registers (AMX: 2x2 tiles, 4 KB) is a block
-    # by itself: its accumulators live in the tile registers during the call, and the buffer
-    # it loads them from and stores them to is written back once, its epilogue fused there
-    blocked = reductions and tile_bytes <= TILE_BLOCK_BYTES and has_init
+    blocked = reductions and _call_is_a_block(match, tile_bytes) and has_init
     operands = operand_bytes(sch, block, mloop) if blocked and mloop is not None else None
     mr, nr = (_block_for(sch, (mloop, nloop, reductions), match, target, choose, operands and operands[0])
               if blocked else (1, 1))

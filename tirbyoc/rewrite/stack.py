@@ -28,7 +28,8 @@ REGISTER_BLOCKS_ATTR = "tirbyoc.register_blocks"  # function attribute: the accu
 WRITEBACK_ATTR = "tirbyoc.writeback"  # marks the register block's write-back (set by `tirbyoc.rewrite.cpu`)
 DISABLE_LOWER_BUILTIN = "disable_lower_builtin"  # TVM's allocation annotation: leave it an alloca
 REGISTER_BLOCK_BYTES = 2048  # 32 zmm registers: no register block is larger
-TILE_BLOCK_BYTES = 4096  # AMX's four accumulator tiles: the largest block a single call makes
+TILE_BLOCK_BYTES = 4096  # a call's output kept as a block of its own: AMX's four accumulator tiles
+CALL_BLOCK_BYTES = 32 * 512 * 4  # ... for a kernel that pads blocks to its call tile: an AMX call's 32 x 512 int32
 
 
 def mark_register_blocks(func):
@@ -49,7 +50,7 @@ def _on_stack(names: set[str]):
         if buf.name not in names or str(buf.scope()) != "global" \
                 or not all(isinstance(d, tirx.IntImm) for d in buf.shape):
             return node
-        if prod(int(d) for d in buf.shape) * dtype_bytes(str(buf.dtype)) > TILE_BLOCK_BYTES:
+        if prod(int(d) for d in buf.shape) * dtype_bytes(str(buf.dtype)) > CALL_BLOCK_BYTES:
             return node
         annotations = {**dict(node.annotations or {}), DISABLE_LOWER_BUILTIN: tirx.IntImm("bool", 1)}
         return tirx.AllocBuffer(buf, annotations, node.span)
@@ -67,5 +68,5 @@ def keep_register_blocks_on_stack(func):
     return func if body.same_as(func.body) else func.with_body(body)
 
 
-__all__ = ["REGISTER_BLOCKS_ATTR", "REGISTER_BLOCK_BYTES", "TILE_BLOCK_BYTES", "keep_register_blocks_on_stack",
+__all__ = ["CALL_BLOCK_BYTES", "REGISTER_BLOCKS_ATTR", "REGISTER_BLOCK_BYTES", "TILE_BLOCK_BYTES", "keep_register_blocks_on_stack",
            "mark_register_blocks"]
