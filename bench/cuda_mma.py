@@ -182,7 +182,14 @@ def alternatives(case, peer) -> dict:
     for t in kernel.tilings:
         if m % t.block_m == 0 and n % t.block_n == 0 and k % t.block_k == 0:
             out[t.describe()] = variant_row(with_kernel(template, dtype, tilings=(t,), min_blocks=1), case, peer)
-    return {"tilings": out, "one_warp": variant_row(with_kernel(template, dtype, kernel=None), case, peer)}
+    rasters = {}
+    if min(m, n) >= 2048:  # thread blocks in groups of block rows (L2 reuse), on the first tile that fits
+        t = next(t for t in kernel.tilings if m % t.block_m == 0 and n % t.block_n == 0 and k % t.block_k == 0)
+        for g in (4, 8):
+            rasters[f"{t.describe()}, groups of {g} block rows"] = variant_row(
+                with_kernel(template, dtype, tilings=(t,), min_blocks=1, raster=g), case, peer)
+    return {"tilings": out, "rasters": rasters,
+            "one_warp": variant_row(with_kernel(template, dtype, kernel=None), case, peer)}
 
 
 def measure(case, cpu_check_max: int, compare: bool) -> dict:

@@ -136,6 +136,23 @@ def test_the_kernel_says_why_it_does_not_take_a_block():
     assert any("the reduction has loops outside the intrinsic's" in s for s in steps), steps
 
 
+def test_thread_blocks_can_run_in_groups_of_block_rows(cuda_mma):
+    from dataclasses import replace
+
+    groups = tuple(replace(g, kernel=replace(g.kernel, raster=4)) if g.kernel else g for g in cuda_mma.groups)
+    out = tirbyoc.offload(matmul(1024, 512, 64, "float16", "float16", "float32"), replace(cuda_mma, groups=groups),
+                          verify=False)
+    steps = [str(s) for s in out.blocks[0].steps]
+    assert any("thread blocks, in groups of 4 block rows" in s for s in steps), steps
+    source = cuda_source(build(out.func, cuda_mma.tvm_target()))
+    assert "mma.sync.aligned" in source and "cp.async" in source
+    # 1024 / 64 = 16 block rows of 64x64 tiles: 4 divides them; 3 does not, and row order stays
+    groups = tuple(replace(g, kernel=replace(g.kernel, raster=3)) if g.kernel else g for g in cuda_mma.groups)
+    out = tirbyoc.offload(matmul(1024, 512, 64, "float16", "float16", "float32"), replace(cuda_mma, groups=groups),
+                          verify=False)
+    assert not any("groups of" in str(s) for s in out.blocks[0].steps)
+
+
 def test_the_kernel_picks_the_largest_tile_that_fills_the_gpu():
     steps = [str(s) for s in tirbyoc.offload(matmul(2048, 2048, 64, "float16", "float16", "float32"),
                                               "cuda_mma", verify=False).blocks[0].steps]

@@ -14,7 +14,10 @@ states them as data and the rewrite (`tirbyoc.rewrite.tensor_core`) carries them
   ``cp.async``) and how shared memory avoids bank conflicts (``swizzle``: TVM's
   ``permuted_layout``; otherwise rows padded by ``pad`` elements);
 - the weight layouts the instruction can read: int8's ``ldmatrix`` has no transposing form, so
-  an int8 B operand must be [N, K] (``b_layouts=("nk",)``).
+  an int8 B operand must be [N, K] (``b_layouts=("nk",)``);
+- the order thread blocks are numbered in (``raster``): 1 walks C's block tiles row by row;
+  g > 1 walks groups of g block rows column by column, so that blocks running together share
+  B's columns as well as A's rows in L2.
 """
 
 from __future__ import annotations
@@ -56,7 +59,9 @@ class TensorCoreKernel:
     tiles, tried in order. ``stages``: pipeline depth over the reduction. ``swizzle``: XOR-
     permuted shared memory (else ``pad`` elements per row). ``b_layouts``: "kn" (B[k, n]) and /
     or "nk" (B[n, k]). ``min_blocks``: fewest thread blocks a tiling may leave (a tiling with
-    fewer is passed over for the next, smaller one; the last one is always allowed).
+    fewer is passed over for the next, smaller one; the last one is always allowed). ``raster``:
+    block rows per group in the thread blocks' order (a GEMM whose block rows it does not
+    divide keeps row order).
     """
 
     in_dtype: str
@@ -68,6 +73,7 @@ class TensorCoreKernel:
     pad: int = 8
     b_layouts: tuple[str, ...] = ("kn", "nk")
     min_blocks: int = 132
+    raster: int = 1
     doc: str = field(default="", compare=False)
 
     def __post_init__(self):
@@ -82,6 +88,8 @@ class TensorCoreKernel:
                     or t.block_k % tk):
                 raise IntrinsicError(f"tiling {t.describe()} is not made of whole {tm}x{tn}x{tk} "
                                      "tiles per warp")
+        if isinstance(self.raster, bool) or not isinstance(self.raster, int) or self.raster < 1:
+            raise IntrinsicError(f"raster must be a positive int (block rows per group), got {self.raster!r}")
         if self.stages < 1:
             raise IntrinsicError(f"pipeline stages must be >= 1, got {self.stages}")
         bad = set(self.b_layouts) - {"kn", "nk"}

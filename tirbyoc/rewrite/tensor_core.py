@@ -45,6 +45,7 @@ class KernelPlan:
     kernel: TensorCoreKernel
     tiling: BlockTiling
     b_layout: str  # "kn" or "nk"
+    raster: int  # block rows per group in the thread blocks' order (1: row order)
     m: int
     n: int
     k: int
@@ -147,7 +148,9 @@ def fit(state: RewriteState) -> KernelPlan | str:
     if shared is None or (shared.capacity is not None and need > shared.capacity):
         return f"the {tiling.describe()} tile needs {need} bytes of {SHARED_DYN}; the template declares " \
                f"{shared.capacity if shared else 0}"
-    return KernelPlan(kernel, tiling, b_layout, m, n, k, batch)
+    rows = m // tiling.block_m
+    raster = kernel.raster if kernel.raster > 1 and rows % kernel.raster == 0 else 1
+    return KernelPlan(kernel, tiling, b_layout, raster, m, n, k, batch)
 
 
 def _tvm_intrinsics(plan: KernelPlan) -> dict:
@@ -202,7 +205,12 @@ def _block_and_warps(sch, plan: KernelPlan, outer, i, j, k):
     j0, j1, j2 = sch.split(j, [None, t.warps_n, t.block_n // t.warps_n // tn])
     k0, k1 = sch.split(k, [None, t.block_k // tk])
     sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2)
-    bx = sch.fuse(*outer, i0, j0)
+    if plan.raster > 1:  # groups of `raster` block rows, walked column by column
+        group, i0 = sch.split(i0, [None, plan.raster])
+        sch.reorder(group, j0, i0)
+        bx = sch.fuse(*outer, group, j0, i0)
+    else:
+        bx = sch.fuse(*outer, i0, j0)
     sch.bind(bx, "blockIdx.x")
     sch.bind(i1, "threadIdx.z")
     sch.bind(j1, "threadIdx.y")
@@ -327,7 +335,8 @@ def apply_kernel(state: RewriteState) -> str | None:
 def schedule_kernel(state: RewriteState, plan: KernelPlan) -> None:
     """Carry out ``plan`` on the state's block (see the module's docstring); records its steps."""
     sch, t = state.sch, plan.tiling
-    with state.step(StepKind.SPLIT, f"tensor-core kernel: {t.describe()}, {plan.blocks} thread blocks"):
+    order = f", in groups of {plan.raster} block rows" if plan.raster > 1 else ""
+    with state.step(StepKind.SPLIT, f"tensor-core kernel: {t.describe()}, {plan.blocks} thread blocks{order}"):
         outer, i, j, k, tile = _gemm_loops(state, plan)
         bx, k0, k1 = _block_and_warps(sch, plan, outer, i, j, k)
     how = "XOR-swizzled" if plan.kernel.swizzle else f"rows padded by {plan.kernel.pad}"
