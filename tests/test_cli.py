@@ -33,6 +33,12 @@ def test_intrinsics_takes_several_templates_after_one_flag(tmp_path):
     assert code == 0 and {r["template"] for r in json.loads(out)} == {"vta", "blas"}
 
 
+def test_intrinsics_lists_a_groups_tensor_core_kernel(tmp_path):
+    code, out, _ = tirbyoc("intrinsics", "--template", "cuda_mma", cwd=tmp_path)
+    assert code == 0 and "tensor-core kernel" in out
+    assert "ldmatrix + mma.sync 16x16x32 int8 -> int32" in out and "B as nk" in out
+
+
 @pytest.mark.parametrize("target,message", [
     ("{kind: llvm}", "is not valid JSON"),
     ('{"kind": "llvm", "mcpu": "skylake"}', "LLVM would abort"),

@@ -185,3 +185,18 @@ def test_offloaded_kernel_matches_the_default_build(cuda_mma, case):
         pytest.skip(cuda_mma.unavailable_reason())
     out = offloaded(case)
     assert out.verification.passed, out.verification.describe()
+
+
+def test_a_kernel_declaration_is_checked_when_it_is_made():
+    from tirbyoc import BlockTiling, IntrinsicError, TensorCoreKernel
+
+    ok = TensorCoreKernel("float16", "float32", (16, 16, 16), [BlockTiling(128, 128, 32)])
+    assert ok.describe().startswith("ldmatrix + mma.sync 16x16x16 float16 -> float32; tiles 128x128x32")
+    for bad, why in [(dict(tilings=[BlockTiling(100, 128, 32, 2, 2)]), "whole 16x16x16 tiles"),
+                     (dict(tilings=[]), "at least one BlockTiling"),
+                     (dict(raster=0), "raster must be a positive int"),
+                     (dict(b_layouts=("km",)), "b_layouts must be some of")]:
+        args = dict(in_dtype="float16", acc_dtype="float32", mma_shape=(16, 16, 16),
+                    tilings=[BlockTiling(128, 128, 32)]) | bad
+        with pytest.raises(IntrinsicError, match=why):
+            TensorCoreKernel(**args)

@@ -69,6 +69,11 @@ def cmd_intrinsics(args) -> int:
           ",".join(f"{k}:{v}" for k, v in r["dtypes"].items()),
           ",".join(sorted(set(r["scopes"].values())))] for r in rows],
     ))
+    kernels = [[t.name, g.name, g.kernel.describe()] for t in (get_template(n) for n in names)
+               for g in t.groups if g.kernel is not None]
+    if kernels:  # the declared tensor-core kernels the groups' GEMMs are scheduled as
+        print()
+        print(render(["template", "group", "tensor-core kernel"], kernels))
     print()
     print(render(
         ["template", "runtime", "target", "runs here"],

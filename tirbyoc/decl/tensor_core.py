@@ -96,6 +96,14 @@ class TensorCoreKernel:
         if bad or not self.b_layouts:
             raise IntrinsicError(f"b_layouts must be some of 'kn', 'nk'; got {self.b_layouts}")
 
+    def describe(self) -> str:
+        """One line for listings (`tirbyoc intrinsics`)."""
+        m, n, k = self.mma_shape
+        smem = "XOR-swizzled" if self.swizzle else f"rows padded by {self.pad}"
+        tiles = ", ".join(f"{t.block_m}x{t.block_n}x{t.block_k}" for t in self.tilings)
+        return (f"ldmatrix + mma.sync {m}x{n}x{k} {self.in_dtype} -> {self.acc_dtype}; tiles {tiles}; "
+                f"{self.stages + 1} buffers in flight ({smem}); B as {' or '.join(self.b_layouts)}")
+
     def shared_bytes(self, t: BlockTiling, in_bytes: int, acc_bytes: int) -> int:
         """Shared memory one block needs: the pipeline's A and B tiles, or the C tile staged on
         its way out (they are never live together, and TVM's merging of dynamic shared
