@@ -52,13 +52,20 @@ def gemm(m, n, k, dtype, acc):
     return matmul(m, n, k, dtype, dtype, acc, trans_b=dtype == "int8")
 
 
+def group_of(template, dtype: str):
+    """The template's group whose operands are ``dtype``."""
+    return next(g for g in template.groups if g.compute.operands[0].dtype == dtype)
+
+
 def with_kernel(template, dtype: str, **changes):
     """``template`` with the ``dtype`` group's tensor-core kernel changed (``kernel=None``:
     removed, leaving the one-warp schedule)."""
     from dataclasses import replace
 
+    changed = group_of(template, dtype)
+
     def group(g):
-        if g.compute.operands[0].dtype != dtype:
+        if g is not changed:
             return g
         if "kernel" in changes:
             return replace(g, kernel=changes["kernel"])
@@ -177,14 +184,14 @@ def alternatives(case, peer) -> dict:
     """Every other declared tile that divides the GEMM, and the one-warp schedule."""
     _, m, n, k, dtype, _ = case
     template = tirbyoc.get_template("cuda_mma")
-    kernel = next(g.kernel for g in template.groups if g.compute.operands[0].dtype == dtype)
+    kernel = group_of(template, dtype).kernel
     out = {}
     for t in kernel.tilings:
-        if m % t.block_m == 0 and n % t.block_n == 0 and k % t.block_k == 0:
+        if t.divides(m, n, k):
             out[t.describe()] = variant_row(with_kernel(template, dtype, tilings=(t,), min_blocks=1), case, peer)
     rasters = {}
     if min(m, n) >= 2048:  # thread blocks in groups of block rows (L2 reuse), on the first tile that fits
-        t = next(t for t in kernel.tilings if m % t.block_m == 0 and n % t.block_n == 0 and k % t.block_k == 0)
+        t = next(t for t in kernel.tilings if t.divides(m, n, k))
         for g in (4, 8):
             rasters[f"{t.describe()}, groups of {g} block rows"] = variant_row(
                 with_kernel(template, dtype, tilings=(t,), min_blocks=1, raster=g), case, peer)

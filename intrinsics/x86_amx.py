@@ -196,7 +196,7 @@ def zero_block(kernel: Kernel = INT8, cols: int = TILE) -> Intrinsic:
                      doc=f"zero a {TILE}x{cols} {dtype} accumulator block in 16-lane stores")
 
 
-def call_columns(n: int, k_bytes: int = 0) -> int:
+def call_columns(n: int, k_bytes: int) -> int:
     """The output channels one call covers. Where a call's 32 rows of A fit in L1 (32 x K
     bytes up to `L1_BYTES`) the kernel reads them from there for every 32 columns: all of a
     layer's ``n`` (padded to the packed weight's 16) up to `MAX_COLS`, else the largest

@@ -42,11 +42,15 @@ class BlockTiling:
     warps_n: int = 2
 
     @property
-    def threads(self) -> int:
-        return self.warps_m * self.warps_n * WARP
+    def size(self) -> str:
+        return f"{self.block_m}x{self.block_n}x{self.block_k}"
+
+    def divides(self, m: int, n: int, k: int) -> bool:
+        """Whether a GEMM of m x n x k is made of whole blocks of this tile."""
+        return m % self.block_m == 0 and n % self.block_n == 0 and k % self.block_k == 0
 
     def describe(self) -> str:
-        return (f"{self.block_m}x{self.block_n}x{self.block_k} block, {self.warps_m}x{self.warps_n} warps of "
+        return (f"{self.size} block, {self.warps_m}x{self.warps_n} warps of "
                 f"{self.block_m // self.warps_m}x{self.block_n // self.warps_n}")
 
 
@@ -100,7 +104,7 @@ class TensorCoreKernel:
         """One line for listings (`tirbyoc intrinsics`)."""
         m, n, k = self.mma_shape
         smem = "XOR-swizzled" if self.swizzle else f"rows padded by {self.pad}"
-        tiles = ", ".join(f"{t.block_m}x{t.block_n}x{t.block_k}" for t in self.tilings)
+        tiles = ", ".join(t.size for t in self.tilings)
         return (f"ldmatrix + mma.sync {m}x{n}x{k} {self.in_dtype} -> {self.acc_dtype}; tiles {tiles}; "
                 f"{self.stages + 1} buffers in flight ({smem}); B as {' or '.join(self.b_layouts)}")
 

@@ -22,14 +22,13 @@ All with TVM's primitives (`cache_read`/`cache_write` into the template's scopes
 
 from __future__ import annotations
 
+from tirbyoc.decl.tensor_core import WARP
 from tirbyoc.errors import RewriteError
 from tirbyoc.rewrite.cpu import loop_extent
 from tirbyoc.rewrite.pipeline import stage
 from tirbyoc.rewrite.state import Loops, RewriteState
 from tirbyoc.rewrite.steps import StepKind
 from tirbyoc.rewrite.tensor_core import apply_kernel
-
-WARP = 32
 
 
 def _per_warp(tiles: int | None, most: int = 2) -> int:

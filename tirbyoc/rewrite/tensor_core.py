@@ -104,7 +104,7 @@ def _sizes(state: RewriteState) -> tuple[int, int, int, int] | None:
 def _choose_tiling(kernel: TensorCoreKernel, batch: int, m: int, n: int, k: int) -> BlockTiling | None:
     """The first declared tile that divides the GEMM and leaves ``min_blocks`` thread blocks,
     else the last one that divides it."""
-    fitting = [t for t in kernel.tilings if m % t.block_m == 0 and n % t.block_n == 0 and k % t.block_k == 0]
+    fitting = [t for t in kernel.tilings if t.divides(m, n, k)]
     for t in fitting:
         if batch * (m // t.block_m) * (n // t.block_n) >= kernel.min_blocks:
             return t
@@ -141,8 +141,7 @@ def fit(state: RewriteState) -> KernelPlan | str:
                 f"reads B only as {' or '.join(kernel.b_layouts)}")
     tiling = _choose_tiling(kernel, batch, m, n, k)
     if tiling is None:
-        sizes_txt = ", ".join(t.describe().split(" block")[0] for t in kernel.tilings)
-        return f"no declared block tile ({sizes_txt}) divides {m}x{n}x{k}"
+        return f"no declared block tile ({', '.join(t.size for t in kernel.tilings)}) divides {m}x{n}x{k}"
     shared = state.template.scope(SHARED_DYN, missing_ok=True) if state.template is not None else None
     need = kernel.shared_bytes(tiling, dtype_bytes(kernel.in_dtype), dtype_bytes(kernel.acc_dtype))
     if shared is None or (shared.capacity is not None and need > shared.capacity):
