@@ -180,26 +180,41 @@ def variant_row(template, case, peer) -> dict:
         return {"verified": False, "error": f"{type(err).__name__}: {str(err)[-300:]}"}
 
 
-def alternatives(case, peer) -> dict:
-    """Every other declared tile that divides the GEMM, and the one-warp schedule."""
+VARIANTS = ("tilings", "rasters", "fragments", "one_warp", "dlight")  # what --variants may name
+
+
+def alternatives(case, peer, variants=VARIANTS) -> dict:
+    """Beside the chosen schedule: every other declared tile that divides the GEMM
+    (``tilings``); from 2048, the first tile that fits with its thread blocks in groups of 4
+    and 8 block rows (``rasters``) and with its fragments double-buffered in registers at
+    block_k x1 and x2 (``fragments``); the one-warp schedule (``one_warp``)."""
+    from dataclasses import replace
+
     _, m, n, k, dtype, _ = case
     template = tirbyoc.get_template("cuda_mma")
     kernel = group_of(template, dtype).kernel
+    first = next((t for t in kernel.tilings if t.divides(m, n, k)), None)
     out = {}
-    for t in kernel.tilings:
-        if t.divides(m, n, k):
-            out[t.describe()] = variant_row(with_kernel(template, dtype, tilings=(t,), min_blocks=1), case, peer)
-    rasters = {}
-    if min(m, n) >= 2048:  # thread blocks in groups of block rows (L2 reuse), on the first tile that fits
-        t = next(t for t in kernel.tilings if t.divides(m, n, k))
-        for g in (4, 8):
-            rasters[f"{t.describe()}, groups of {g} block rows"] = variant_row(
-                with_kernel(template, dtype, tilings=(t,), min_blocks=1, raster=g), case, peer)
-    return {"tilings": out, "rasters": rasters,
-            "one_warp": variant_row(with_kernel(template, dtype, kernel=None), case, peer)}
+    if "tilings" in variants:
+        out["tilings"] = {t.describe(): variant_row(with_kernel(template, dtype, tilings=(t,), min_blocks=1), case, peer)
+                          for t in kernel.tilings if t.divides(m, n, k)}
+    if "rasters" in variants and first is not None and min(m, n) >= 2048:  # L2 reuse
+        out["rasters"] = {f"{first.describe()}, groups of {g} block rows": variant_row(
+            with_kernel(template, dtype, tilings=(first,), min_blocks=1, raster=g), case, peer) for g in (4, 8)}
+    if "fragments" in variants and first is not None and min(m, n) >= 2048:
+        rows = {}
+        for scale in (1, 2):
+            t = replace(first, block_k=first.block_k * scale)
+            if t.divides(m, n, k):
+                rows[f"{t.describe()}, ldmatrix one step ahead"] = variant_row(
+                    with_kernel(template, dtype, tilings=(t,), min_blocks=1, fragment_pipeline=True), case, peer)
+        out["fragments"] = rows
+    if "one_warp" in variants:
+        out["one_warp"] = variant_row(with_kernel(template, dtype, kernel=None), case, peer)
+    return out
 
 
-def measure(case, cpu_check_max: int, compare: bool) -> dict:
+def measure(case, cpu_check_max: int, compare: bool, variants=VARIANTS) -> dict:
     name, m, n, k, dtype, acc = case
     t0 = time.time()
     target = tirbyoc.get_template("cuda_mma").tvm_target()
@@ -219,7 +234,10 @@ def measure(case, cpu_check_max: int, compare: bool) -> dict:
     if verified:
         row.update(rates(time_kernel(out.func, target), peer, ops))
     if compare:
-        row.update(alternatives(case, peer))
+        row.update(alternatives(case, peer, variants))
+    if "dlight" not in variants:
+        row["seconds"] = round(time.time() - t0, 1)
+        return row
     try:
         plain = dlight_func(m, n, k, dtype, acc, target) if dtype == "float16" else None
         if plain is None:
@@ -241,7 +259,13 @@ def main(argv=None) -> int:
                     help="largest size checked against TVM's CPU build (larger: against torch on the GPU)")
     ap.add_argument("--no-compare", action="store_true",
                     help="time only the chosen schedule (not the other tiles and the one-warp schedule)")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help=f"what to time beside the chosen schedule, some of {', '.join(VARIANTS)}")
     args = ap.parse_args(argv)
+    variants = tuple(v for v in args.variants.split(",") if v)
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        ap.error(f"--variants: unknown {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
     if not cuda_available():
         print("no CUDA GPU visible to TVM here: this benchmark runs on a GPU machine", file=sys.stderr)
         return 2
@@ -253,7 +277,7 @@ def main(argv=None) -> int:
               "rows": rows}
     for case in cases([int(v) for v in args.sizes.split(",")]):
         progress(case[0])
-        rows.append(measure(case, args.cpu_check_max, not args.no_compare))
+        rows.append(measure(case, args.cpu_check_max, not args.no_compare, variants))
         print(json.dumps(rows[-1]), flush=True)
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")  # each row kept as it comes
     print(f"{'case':20} {'verified':9} {'ms':>8} {'TFLOP/s':>8} {'cuBLAS ms':>10} {'x cuBLAS':>9} "

@@ -181,6 +181,21 @@ def build(func_or_mod, target, pipeline: str = "default"):
         return tvm.compile(func_or_mod, target=target, tir_pipeline=pipeline)
 
 
+def gpu_default_schedule(func, target):
+    """``func`` as TVM's default CUDA pipeline schedules it (dlight's rules: the functions no
+    template took, and TVM's own build of a model), unless it is scheduled already (an
+    offloaded function is). Unscheduled, a function does not build for a GPU."""
+    from tvm.s_tir import dlight as dl  # deferred: only GPU builds need it
+
+    if func.attrs is not None and func.attrs.get("tirx.is_scheduled"):
+        return func
+    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    with make_target(target):
+        mod = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
+                                      dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)
+    return mod["main"]
+
+
 def cuda_intrinsics():
     """``tvm.s_tir.tensor_intrin.cuda``: TVM's ldmatrix / mma.sync intrinsics and their layouts."""
     # deferred: importing it parses ~90 TVMScript functions (~15 s); only a tensor-core rewrite pays
@@ -191,9 +206,12 @@ def cuda_intrinsics():
 
 def cuda_source(executable) -> str:
     """The generated CUDA C source inside a module built by :func:`build`."""
-    for module in executable.mod.imports:
+    todo = list(executable.mod.imports)
+    while todo:  # a Relax executable holds the CUDA module one level further down
+        module = todo.pop(0)
         if module.kind == "cuda":
             return str(module.inspect_source(""))
+        todo.extend(module.imports)
     raise ValueError("the built module holds no CUDA device code")
 
 

@@ -98,10 +98,21 @@ def resnet18(batch: int = 1, image: int = 224, classes: int = 1000, dtype: str =
 
 
 def bert_base(batch: int = 1, seq: int = 128, layers: int = 12, hidden: int = 768, heads: int = 12,
-              ffn: int = 3072, dtype: str = "float32"):
-    """BERT-base encoder: 12 layers of self-attention (12 heads) and a 3072-wide GELU FFN."""
+              ffn: int = 3072, dtype: str = "float32", accumulate: str | None = None):
+    """BERT-base encoder: 12 layers of self-attention (12 heads) and a 3072-wide GELU FFN.
+    ``accumulate``: the dtype the projections and attention matmuls sum in before rounding to
+    ``dtype`` (float32 for a float16 model, as PyTorch and cuBLAS compute a half-precision
+    model; None: in ``dtype`` itself, as TVM's operators do by default)."""
     nn = _nn()
     head = hidden // heads
+
+    def matmul(a, b):
+        if accumulate is None:
+            return nn.op.matmul(a, b)
+        return nn.op.astype(nn.op.matmul(a, b, out_dtype=accumulate), dtype)
+
+    def linear(lin, x):
+        return matmul(x, nn.op.permute_dims(lin.weight)) + lin.bias
 
     class Layer(nn.Module):
         def __init__(self):
@@ -113,15 +124,15 @@ def bert_base(batch: int = 1, seq: int = 128, layers: int = 12, hidden: int = 76
             self.ln2 = nn.LayerNorm(hidden, dtype=dtype)
 
         def forward(self, x):
-            qkv = nn.op.reshape(self.qkv(x), (batch, seq, 3, heads, head))
+            qkv = nn.op.reshape(linear(self.qkv, x), (batch, seq, 3, heads, head))
             q, k, v = nn.op.split(qkv, 3, axis=2)
             q, k, v = (nn.op.permute_dims(nn.op.reshape(t, (batch, seq, heads, head)), [0, 2, 1, 3])
                        for t in (q, k, v))
-            scores = nn.op.matmul(q, nn.op.permute_dims(k, [0, 1, 3, 2])) / float(head) ** 0.5
-            ctx = nn.op.matmul(nn.op.softmax(scores, axis=-1), v)
+            scores = matmul(q, nn.op.permute_dims(k, [0, 1, 3, 2])) / float(head) ** 0.5
+            ctx = matmul(nn.op.softmax(scores, axis=-1), v)
             ctx = nn.op.reshape(nn.op.permute_dims(ctx, [0, 2, 1, 3]), (batch, seq, hidden))
-            x = self.ln1(x + self.proj(ctx))
-            return self.ln2(x + self.down(nn.op.gelu(self.up(x))))
+            x = self.ln1(x + linear(self.proj, ctx))
+            return self.ln2(x + linear(self.down, nn.op.gelu(linear(self.up, x))))
 
     class Bert(nn.Module):
         def __init__(self):
@@ -135,6 +146,13 @@ def bert_base(batch: int = 1, seq: int = 128, layers: int = 12, hidden: int = 76
     spec = {"forward": {"x": nn.spec.Tensor((batch, seq, hidden), dtype)}}
     mod, _ = Bert().export_tvm(spec)
     return mod
+
+
+def bert_base_fp16(batch: int = 1, seq: int = 128, layers: int = 12):
+    """BERT-base in float16 as a GPU runs it: half-precision weights and activations, each
+    matmul summed in float32 and rounded once (PyTorch's ``model.half()``; the tensor cores'
+    fp16 -> fp32 mma)."""
+    return bert_base(batch, seq, layers, dtype="float16", accumulate="float32")
 
 
 def mlp(batch: int = 16, sizes=(256, 512, 512, 128), dtype: str = "float32"):
@@ -356,7 +374,7 @@ MODELS: dict[str, Callable] = {
     "resnet18": resnet18, "resnet18_int8": _int8(resnet18),
     "resnet50": resnet50, "resnet50_int8": _int8(resnet50),
     "mobilenet_v2": mobilenet_v2, "mobilenet_v2_int8": _int8(mobilenet_v2),
-    "bert_base": bert_base, "bert_base_int8": _int8(bert_base),
+    "bert_base": bert_base, "bert_base_int8": _int8(bert_base), "bert_base_fp16": bert_base_fp16,
     "llama_layer": llama_layer, "llama_layer_int8": _int8(llama_layer),
 }
 

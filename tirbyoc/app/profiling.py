@@ -7,17 +7,22 @@ import numpy as np
 
 from tirbyoc._tvm import tirx, tvm
 from tirbyoc.errors import TirbyocError
+from tirbyoc.offloading.devices import device_of
 from tirbyoc.offloading.verification import compile_func, concrete_params, make_inputs
 
 
 def time_function(func, target, repeat: int, seed: int = 0) -> float:
     """Milliseconds per call of one PrimFunc built for ``target``, on seeded inputs in its
-    domain (the best of 3 measurements of ``repeat`` calls)."""
+    domain (the best of 3 measurements of ``repeat`` calls), on the target's device (a GPU
+    function not scheduled yet is scheduled as TVM's default GPU pipeline would)."""
     arrays = make_inputs(func, concrete_params(func), None, seed)
+    device = device_of(target)
+    func = device.as_default_built(func, target)
     exe = compile_func(func, target, "timed")
     name = str(func.attrs["global_symbol"]) if func.attrs and "global_symbol" in func.attrs else "main"
-    timer = exe.mod.time_evaluator(name, tvm.cpu(), number=max(1, repeat), repeat=3)
-    return float(np.min(timer(*[tvm.runtime.tensor(a) for a in arrays]).results)) * 1e3
+    dev = device.runtime_device()
+    timer = exe.mod.time_evaluator(name, dev, number=max(1, repeat), repeat=3)
+    return float(np.min(timer(*[tvm.runtime.tensor(a, dev) for a in arrays]).results)) * 1e3
 
 
 def profile_functions(mod, offloaded, report, target, repeat: int, progress=None) -> None:

@@ -17,7 +17,7 @@ from dataclasses import field as dataclass_field
 
 import numpy as np
 
-from tirbyoc._tvm import is_host_target, relax_vm, tirx, tvm
+from tirbyoc._tvm import build, is_host_target, relax_vm, tirx, tvm
 from tirbyoc.app.frontends import is_float_model, sizes_to_run
 from tirbyoc.app.legalize import importing, legalized_model
 from tirbyoc.app.model_inputs import model_inputs
@@ -151,10 +151,10 @@ def build_and_time(mod, target, entry, arrays, repeat: int, simulators=(), *, tw
             for gv, func in mod.functions.items():
                 if isinstance(func, tirx.PrimFunc):
                     check_loaded(func, f"PrimFunc {gv.name_hint}")
-        exe = tvm.compile(mod, target=target, tir_pipeline=PIPELINE)
+        exe = build(mod, target, PIPELINE)
         if builds is not None:
             builds[key] = exe
-    dev = tvm.cpu()
+    dev = device_of(target).runtime_device()
     vm = relax_vm(exe, dev)
     args = [tvm.runtime.tensor(a, dev) for a in arrays]
     for sim in simulators:

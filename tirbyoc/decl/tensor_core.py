@@ -17,7 +17,10 @@ states them as data and the rewrite (`tirbyoc.rewrite.tensor_core`) carries them
   an int8 B operand must be [N, K] (``b_layouts=("nk",)``);
 - the order thread blocks are numbered in (``raster``): 1 walks C's block tiles row by row;
   g > 1 walks groups of g block rows column by column, so that blocks running together share
-  B's columns as well as A's rows in L2.
+  B's columns as well as A's rows in L2;
+- whether the fragments are double-buffered in registers (``fragment_pipeline``): the
+  ldmatrix of the next mma step issued before the current step's mma.sync, as TVM's
+  MetaSchedule tensor-core rule and CUTLASS do, so shared-memory latency hides behind math.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ class TensorCoreKernel:
     or "nk" (B[n, k]). ``min_blocks``: fewest thread blocks a tiling may leave (a tiling with
     fewer is passed over for the next, smaller one; the last one is always allowed). ``raster``:
     block rows per group in the thread blocks' order (a GEMM whose block rows it does not
-    divide keeps row order).
+    divide keeps row order). ``fragment_pipeline``: ldmatrix one mma step ahead of mma.sync.
     """
 
     in_dtype: str
@@ -78,6 +81,7 @@ class TensorCoreKernel:
     b_layouts: tuple[str, ...] = ("kn", "nk")
     min_blocks: int = 132
     raster: int = 1
+    fragment_pipeline: bool = False
     doc: str = field(default="", compare=False)
 
     def __post_init__(self):
@@ -105,8 +109,9 @@ class TensorCoreKernel:
         m, n, k = self.mma_shape
         smem = "XOR-swizzled" if self.swizzle else f"rows padded by {self.pad}"
         tiles = ", ".join(t.size for t in self.tilings)
+        ahead = "; ldmatrix one step ahead" if self.fragment_pipeline else ""
         return (f"ldmatrix + mma.sync {m}x{n}x{k} {self.in_dtype} -> {self.acc_dtype}; tiles {tiles}; "
-                f"{self.stages + 1} buffers in flight ({smem}); B as {' or '.join(self.b_layouts)}")
+                f"{self.stages + 1} buffers in flight ({smem}){ahead}; B as {' or '.join(self.b_layouts)}")
 
     def shared_bytes(self, t: BlockTiling, in_bytes: int, acc_bytes: int) -> int:
         """Shared memory one block needs: the pipeline's A and B tiles, or the C tile staged on

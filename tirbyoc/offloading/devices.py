@@ -24,6 +24,7 @@ from tirbyoc._tvm import (
     build,
     cuda_available,
     cuda_source,
+    gpu_default_schedule,
     host_cpu_features,
     host_target,
     is_host_target,
@@ -101,6 +102,10 @@ class Device:
     unavailable: Callable = _never
     advice: str = ""  # what a user without the device can do instead, for a refusal
     emulator_name: Callable = lambda target: ""  # how reports name an emulated device's runs
+    runtime_device: Callable = lambda: tvm.cpu()  # the TVM device a built module of this kind runs on
+    # an untouched PrimFunc as TVM's default pipeline for this device would build it (a GPU's
+    # is scheduled by dlight there: unscheduled, it does not build)
+    as_default_built: Callable = lambda func, target: func
 
     def model_target(self, target):
         """Where a model whose offloaded functions run on this device is built and run: the
@@ -150,6 +155,7 @@ def _cuda_cannot_run(func, target) -> str | None:
 
 CUDA = Device("cuda", lambda t: str(t.kind.name) == "cuda", _cuda_cannot_run,
               _run_built(lambda: tvm.cuda(0)), on_this_cpu=False, unavailable=_no_gpu,
+              runtime_device=lambda: tvm.cuda(0), as_default_built=gpu_default_schedule,
               advice="Without a GPU, `tirbyoc match` shows what offloads to cuda_mma, and "
                      "tirbyoc.offload(func, 'cuda_mma') builds the kernels and compiles them to GPU "
                      "machine code (NVRTC from `pip install 'tirbyoc[cuda]'`, or a toolkit's nvcc) "

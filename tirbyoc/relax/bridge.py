@@ -210,7 +210,9 @@ def _keep_identity(original, rewritten, template: str):
     for key, value in (original.attrs or {}).items():
         if key != "op_pattern":
             func = func.with_attr(key, value)
-    return func.with_attr("op_pattern", OPAQUE).with_attr(OFFLOADED_ATTR, template)
+    # scheduled: a GPU build's default pipeline (dlight) must not schedule it again
+    return (func.with_attr("op_pattern", OPAQUE).with_attr(OFFLOADED_ATTR, template)
+            .with_attr("tirx.is_scheduled", True))
 
 
 def _whole_call(func, templates, verify: bool):

@@ -58,13 +58,22 @@ class KernelPlan:
 
 def _plain_indices(region) -> list[str] | None:
     """The block iterator each dimension of ``region`` is indexed by, or None when an index is
-    anything but one iterator (an offset, a sum: a window, not a plain GEMM operand)."""
+    anything but one iterator (an offset, a sum: a window, not a plain GEMM operand). A
+    dimension of size 1 read at 0 (a batch of one whose loop the layout folded away) is left
+    out."""
     names = []
-    for r in region.region:
-        if not hasattr(r.min, "name") or int(r.extent) != 1:
+    for r, size in zip(region.region, region.source.shape):
+        if int(r.extent) != 1:
             return None
-        names.append(str(r.min.name))
+        if hasattr(r.min, "name"):
+            names.append(str(r.min.name))
+        elif not (_is_zero(r.min) and _is_zero(size - 1)):
+            return None
     return names
+
+
+def _is_zero(expr) -> bool:
+    return hasattr(expr, "value") and int(expr.value) == 0
 
 
 def _operand_layouts(state: RewriteState) -> tuple[str | None, str]:
@@ -82,9 +91,10 @@ def _operand_layouts(state: RewriteState) -> tuple[str | None, str]:
         return None, "C is not written as C[(b,) i, j]"
     if a != want_a:
         return None, "A is not read as A[(b,) i, k]"
-    if b == outer + [vk, vj]:
+    # B per batch, or one B for the whole batch (a weight: A[b, i, k] . W[k, j])
+    if b in (outer + [vk, vj], [vk, vj]):
         return "kn", ""
-    if b == outer + [vj, vk]:
+    if b in (outer + [vj, vk], [vj, vk]):
         return "nk", ""
     return None, "B is not read as B[(b,) k, j] or B[(b,) j, k]"
 
@@ -276,9 +286,10 @@ def _stage_output(state: RewriteState, plan: KernelPlan, tile, bx):
     return regs
 
 
-def _tensorize_all(state: RewriteState, plan: KernelPlan, tile, k0, frags, regs) -> list[str]:
+def _tensorize_all(state: RewriteState, plan: KernelPlan, tile, k0, k1, frags, regs) -> list[str]:
     """The init split off at k0; fill, ldmatrix, mma and the accumulator store tensorized with
-    TVM's intrinsics; the k0 loop software-pipelined (cp.async for the shared copies)."""
+    TVM's intrinsics; the k0 loop software-pipelined (cp.async for the shared copies), and the
+    k1 loop too where the kernel double-buffers its fragments (ldmatrix one step ahead)."""
     sch = state.sch
     names = _tvm_intrinsics(plan)
     init = sch.get_child_blocks(sch.decompose_reduction(tile, k0))[0]
@@ -287,9 +298,15 @@ def _tensorize_all(state: RewriteState, plan: KernelPlan, tile, k0, frags, regs)
     sch.tensorize(sch.get_loops(frags["B"])[-2], names["load_b"])
     sch.tensorize(sch.get_loops(state.block)[-3], names["compute"])
     sch.tensorize(sch.get_loops(regs)[-2], names["store"])
-    sch.annotate(k0, "software_pipeline_stage", [0, 0, plan.kernel.stages])
-    sch.annotate(k0, "software_pipeline_order", [0, 1, 2])
+    # k0's body: A's and B's shared copies, then the k1 loop - which the inner pipeline, injected
+    # first, turns into three statements (its prologue, steady state and epilogue)
+    computes = 3 if plan.kernel.fragment_pipeline else 1
+    sch.annotate(k0, "software_pipeline_stage", [0, 0] + [plan.kernel.stages] * computes)
+    sch.annotate(k0, "software_pipeline_order", list(range(2 + computes)))
     sch.annotate(k0, "software_pipeline_async_stages", [0])
+    if plan.kernel.fragment_pipeline:
+        sch.annotate(k1, "software_pipeline_stage", [0, 0, 1])
+        sch.annotate(k1, "software_pipeline_order", [0, 1, 2])
     return [names[r] for r in ("compute", "init", "load_a", "load_b", "store")]
 
 
@@ -344,9 +361,10 @@ def schedule_kernel(state: RewriteState, plan: KernelPlan) -> None:
         frags = {name: _stage_input(state, plan, tile, name, k0, k1) for name in ("A", "B")}
     with state.step(StepKind.STAGE, f"C from registers through {SHARED_DYN} to global"):
         regs = _stage_output(state, plan, tile, bx)
+    ahead = ", ldmatrix one mma step ahead" if plan.kernel.fragment_pipeline else ""
     with state.step(StepKind.TENSORIZE, f"ldmatrix + mma.sync, a {plan.kernel.stages + 1}-buffer cp.async "
-                                        "pipeline over K"):
-        state.intrinsics.extend(_tensorize_all(state, plan, tile, k0, frags, regs))
+                                        f"pipeline over K{ahead}"):
+        state.intrinsics.extend(_tensorize_all(state, plan, tile, k0, k1, frags, regs))
     state.compute_tensorized = True
 
 
