@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 
 import pytest
-from workloads import conv2d, matmul
+from workloads import conv2d, matmul, shared_weight_matmul
 
 import tirbyoc
 from tirbyoc._tvm import build, cuda_source
@@ -35,11 +35,13 @@ CASES = {
     "f16 256^3": lambda: matmul(256, 256, 256, "float16", "float16", "float32"),
     "f16 512x256x128 weights [N, K]": lambda: matmul(512, 256, 128, "float16", "float16", "float32", trans_b=True),
     "i8 256^3 weights [N, K]": lambda: matmul(256, 256, 256, "int8", "int8", "int32", trans_b=True),
+    "f16 batch of one x weight": lambda: shared_weight_matmul(1, 128, 96, 64),
+    "f16 batch of 4 x one weight": lambda: shared_weight_matmul(4, 32, 64, 64),
 }
 # the cases the tensor-core kernel takes (plain GEMMs a declared block tile divides; int8 with
 # B as [N, K]); the others get one warp per block
 KERNEL = {"f16 64^3", "f16 weights [N, K]", "f16 batched", "f16 256^3", "f16 512x256x128 weights [N, K]",
-          "i8 256^3 weights [N, K]"}
+          "i8 256^3 weights [N, K]", "f16 batch of one x weight", "f16 batch of 4 x one weight"}
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +153,24 @@ def test_thread_blocks_can_run_in_groups_of_block_rows(cuda_mma):
     out = tirbyoc.offload(matmul(1024, 512, 64, "float16", "float16", "float32"), replace(cuda_mma, groups=groups),
                           verify=False)
     assert not any("groups of" in str(s) for s in out.blocks[0].steps)
+
+
+def test_fragments_can_be_loaded_one_mma_step_ahead(cuda_mma):
+    from dataclasses import replace
+
+    def kernel_source(ahead: bool) -> str:
+        groups = tuple(replace(g, kernel=replace(g.kernel, fragment_pipeline=ahead)) if g.kernel else g
+                       for g in cuda_mma.groups)
+        out = tirbyoc.offload(matmul(256, 256, 128, "float16", "float16", "float32"), replace(cuda_mma, groups=groups),
+                              verify=False)
+        assert any("ldmatrix one mma step ahead" in str(s) for s in out.blocks[0].steps) == ahead
+        return cuda_source(build(out.func, cuda_mma.tvm_target()))
+
+    # the k1 loop (two mma steps a stage) becomes prologue / steady state / epilogue: each
+    # ldmatrix and mma.sync appears in two places of the main loop's body instead of one
+    plain, ahead = kernel_source(False), kernel_source(True)
+    for ptx in ("ldmatrix.sync.aligned", "mma.sync.aligned"):
+        assert ahead.count(ptx) == 2 * plain.count(ptx), ptx
 
 
 def test_the_kernel_picks_the_largest_tile_that_fills_the_gpu():
