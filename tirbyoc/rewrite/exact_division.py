@@ -1,0 +1,102 @@
+"""Division by a constant, bit for bit, without the divider: ``round(x / c)`` in a write-back.
+
+A quantized model's requantization is ``round(x / s_y) + z_y`` per output element (ONNX
+QuantizeLinear, Relax ``quantize``), with ``s_y`` a float32 constant. TVM builds it as a
+vector division (``vdivps``): on the AVX-512 cores this project times, one 16-lane division
+issues every 10 cycles or so, against two fused multiply-adds every cycle, so a layer whose
+core is fast (AMX, VNNI) spends a large share of its write-back dividing. LLVM does not turn
+``x / c`` into ``x * (1 / c)`` (it rounds differently), and neither may we: the offloaded
+build must agree with TVM's bit for bit.
+
+Markstein's correction does, with three multiply-adds instead of the division (Handbook of
+Floating-Point Arithmetic, 2nd ed., Theorem 4.10)::
+
+    y  = RN(1 / c)              # once, at build time (numpy, float32)
+    q0 = RN(x * y)              # within one ulp of x / c
+    r  = fma(-q0, c, x)         # x - q0 * c, exact
+    q  = fma(r, y, q0)          # = RN(x / c)  (copysign(q, q0): a zero keeps its sign)
+
+For binary32 ``x``, ``c`` with no overflow and no underflow on the way, ``q`` is ``x / c``
+correctly rounded - the same float TVM's division gives. The exceptions are a dividend below
+about 2^-100 in magnitude (the remainder ``r`` falls under the normal range and loses bits; the
+tests find such cases one ulp off), a quotient below 2^-125, and a quotient that overflows
+(``q0`` infinite makes ``q`` NaN). So only a division whose quotient is then rounded to an
+integer (``round(x / c)``, the quantize pattern) is rewritten, and only for ``2^-60 <= |c| <=
+2^100``: a dividend that small then has a quotient under 2^-40, which rounds to 0 either way,
+as does a quotient below 2^-125; and an accumulator dequantized to float (|x| under 2^31 times
+its scale) is nowhere near float32's overflow. ``q0``'s product is
+behind an arithmetic fence (no contraction into ``r``), and both fused multiply-adds are
+LLVM's ``llvm.fma`` (always fused, unlike TVM's ``fmuladd``).
+
+`exact_divisions` runs on the write-backs `tirbyoc.rewrite.cpu_epilogue.fence_products`
+visits, after TVM's lowering (vector divisions by a broadcast constant included).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tirbyoc._tvm import PrimCall, call_name, expr_dtype, tirx, tvm_ffi
+
+
+def _constant(expr) -> float | None:
+    """The float32 value of a scalar constant or of a vector broadcast of one, else None."""
+    if isinstance(expr, tirx.Broadcast):
+        expr = expr.value
+    if isinstance(expr, tirx.FloatImm) and str(expr_dtype(expr)) == "float32":
+        return float(expr.value)
+    return None
+
+
+def _like(divisor, value: float):
+    """``value`` as a float32 constant shaped like ``divisor`` (scalar or broadcast)."""
+    imm = tirx.FloatImm("float32", value)
+    return tirx.Broadcast(imm, divisor.lanes) if isinstance(divisor, tirx.Broadcast) else imm
+
+
+SMALLEST, LARGEST = 2.0 ** -60, 2.0 ** 100  # the divisors rewritten (see the module's docstring)
+
+
+def reciprocal(c: float) -> float | None:
+    """RN(1 / c) in float32, or None for a divisor the rewrite leaves alone: zero, infinite,
+    NaN, or outside [2^-60, 2^100] in magnitude (see the module's docstring)."""
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        c32 = np.float32(c)
+        if not np.isfinite(c32) or not SMALLEST <= abs(float(c32)) <= LARGEST:
+            return None
+        return float(np.float32(1) / c32)
+
+
+def exact_quotient(div):
+    """``div`` (``x / c``, float32) as Markstein's correction (see the module's docstring), or
+    ``div`` itself where ``c`` is not a usable constant."""
+    c = _constant(div.b)
+    y = reciprocal(c) if c is not None else None
+    if y is None or not str(expr_dtype(div)).startswith("float32"):
+        return div
+    dtype = str(expr_dtype(div))
+    x, c_, y_ = div.a, div.b, _like(div.b, y)
+    q0 = tirx.call_llvm_pure_intrin(dtype, "llvm.arithmetic.fence", x * y_)
+    r = tirx.call_llvm_pure_intrin(dtype, "llvm.fma", -q0, c_, x)
+    q = tirx.call_llvm_pure_intrin(dtype, "llvm.fma", r, y_, q0)
+    # a zero quotient keeps the dividend's sign as the division does (-0 / c is -0; the sum
+    # of +0 and -0 in the last step would be +0); q0 always has the quotient's sign
+    return tirx.call_llvm_pure_intrin(dtype, "llvm.copysign", q, q0)
+
+
+def _rounded_quotient(call):
+    if call_name(call) not in ("tirx.round", "tirx.nearbyint") or not isinstance(call.args[0], tirx.Div):
+        return call
+    new = exact_quotient(call.args[0])
+    if new.same_as(call.args[0]):
+        return call
+    return tirx.round(new) if call_name(call) == "tirx.round" else tirx.nearbyint(new)
+
+
+def exact_divisions(stmt):
+    """``stmt`` with each ``round(x / c)`` (float32, ``c`` a constant) computed without a
+    division, to the same bits."""
+    return tvm_ffi.structural_map(stmt, [(PrimCall, _rounded_quotient)])
+
+
+__all__ = ["exact_divisions", "exact_quotient", "reciprocal"]
