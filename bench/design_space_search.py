@@ -49,7 +49,7 @@ def main():
 
     from tirbyoc.app.objectives import objective
     from tirbyoc.app.search_space import SearchSpace, point_key
-    from tirbyoc.app.sweep import search_model
+    from tirbyoc import search_model
     from tirbyoc.app.sweep_report import plot_front
     from tirbyoc.testing.workers import kill_a_worker_after
 

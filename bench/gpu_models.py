@@ -70,7 +70,7 @@ def rest_times(result, mod_path: Path, target, repeat: int) -> dict:
 
 def run_tirbyoc(batch: int, layers: int, repeat: int) -> dict:
     import tirbyoc
-    from tirbyoc.app.run import run_model
+    from tirbyoc import run_model
 
     with tempfile.TemporaryDirectory() as tmp:
         path = model_file(batch, layers, Path(tmp))

@@ -13,7 +13,7 @@ import time
 import tirbyoc
 from tirbyoc.app.loaders import legalize
 from tirbyoc.matching.matcher import explain, intrinsic_pattern
-from tirbyoc.app.models import build_model
+from tirbyoc import build_model
 
 
 def main():

@@ -108,7 +108,7 @@ def tvm_engines(path: Path, template: str, group: str, repeat: int, fast_math: b
     import tvm  # deferred: after the thread count is set
 
     from tirbyoc._tvm import make_target, relax_vm
-    from tirbyoc.app.legalize import legalized_model
+    from tirbyoc import legalized_model
     from tirbyoc.app.run import model_output
     from tirbyoc.app.targets import complete_target
     from tirbyoc.offloading.lowering import PIPELINE

@@ -29,8 +29,7 @@ import time
 from pathlib import Path
 
 import tirbyoc
-from tirbyoc.app.legalize import legalized_model
-from tirbyoc.app.run import run_model
+from tirbyoc import legalized_model, run_model
 from tirbyoc.relax.bridge import offload_module
 from tirbyoc.relax.quantized import QuantizedReport
 from tirbyoc.offloading.table import render

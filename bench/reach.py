@@ -68,7 +68,7 @@ def qdq_model(model: str, folder: Path) -> Path:
 
 def legalized_qdq(path: Path, template):
     """(the QDQ model made integer for ``template`` and legalized, the QuantizedReport)."""
-    from tirbyoc.app.legalize import legalized_model
+    from tirbyoc import legalized_model
     from tirbyoc.relax.quantized import QuantizedReport
 
     report = QuantizedReport()
@@ -79,7 +79,7 @@ def legalized_qdq(path: Path, template):
 def legalized(model: str, template):
     """(the built-in legalized as `tirbyoc run` prepares it for ``template``: float for blas,
     its ``_int8`` QDQ variant made integer for an int8 template, the QuantizedReport or None)."""
-    from tirbyoc.app.legalize import legalized_model
+    from tirbyoc import legalized_model
     from tirbyoc.relax.quantized import QuantizedReport
 
     report = QuantizedReport()

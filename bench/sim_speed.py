@@ -29,10 +29,9 @@ def main():
 
     import tvm
 
-    from tirbyoc import PIPELINE, get_template
+    from tirbyoc import PIPELINE, get_template, legalized_model
     from tirbyoc._tvm import make_target, relax_vm
     from tirbyoc.relax.bridge import offload_module
-    from tirbyoc.app.legalize import legalized_model
     from tirbyoc.app.run import compare
 
     template = get_template(args.template)

@@ -33,7 +33,7 @@ import tvm  # noqa: E402
 from tvm.s_tir import meta_schedule as ms  # noqa: E402
 
 import tirbyoc  # noqa: E402
-from tirbyoc.app.legalize import legalized_model  # noqa: E402
+from tirbyoc import legalized_model  # noqa: E402
 from tirbyoc.offloading.table import render  # noqa: E402
 from tirbyoc.tuning import local_builder, tune, tuning_target  # noqa: E402
 from tirbyoc.tuning.tuner import FAILED, without_tvm_intrinsic_library  # noqa: E402

@@ -20,8 +20,7 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend import nn
 
-from tirbyoc import get_template, relax_vm
-from tirbyoc.app.models import quantize
+from tirbyoc import get_template, quantize, relax_vm
 from tirbyoc.relax import OffloadReport, OffloadTIR, QuantizedToInteger
 
 

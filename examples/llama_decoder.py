@@ -9,7 +9,7 @@ p.v become one batched GEMM call each that reads ``seq`` from its arguments. One
     python examples/llama_decoder.py
 """
 
-from tirbyoc.app.run import run_model
+from tirbyoc import run_model
 
 LENGTHS = (1, 17, 128)
 

@@ -11,8 +11,7 @@ against TVM's build, and reports the simulated cycles.
     python examples/new_accelerator.py
 """
 
-from tirbyoc import IntrinsicGroup, Runtime, Scope, Template
-from tirbyoc.app.run import run_model
+from tirbyoc import IntrinsicGroup, Runtime, Scope, Template, run_model
 from tirbyoc.sim import Simulator, config_for
 from tirbyoc_intrinsics.vta import ACC, INP, WGT, dma, fill_zero, gemm
 

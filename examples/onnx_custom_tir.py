@@ -17,8 +17,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tirbyoc import relax_vm
-from tirbyoc.app.loaders import import_onnx
+from tirbyoc import import_onnx, relax_vm
 from tirbyoc.relax import Dispatch, DispatchReport, OffloadReport, OffloadTIR, Rule, TIRKernel
 
 

@@ -30,3 +30,17 @@ def test_package_data_globs_match_files():
         base = ROOT / cfg.get("package-dir", {}).get(top, top) / Path(*rest)
         for glob in globs:
             assert list(base.glob(glob)), f"{package}: {glob} matches no file"
+
+
+def test_the_front_door_serves_the_application():
+    # README, docs, examples and benchmarks import these from tirbyoc, not from its rooms
+    import tirbyoc
+    from tirbyoc.app import deploy, legalize, loaders, models, options, run, sweep
+    from tirbyoc.offloading import selfcheck
+
+    for name, module in [("run_model", run), ("RunOptions", options), ("build_library", deploy),
+                         ("build_model", models), ("quantize", models), ("import_onnx", loaders),
+                         ("sweep", sweep), ("search_model", sweep), ("legalized_model", legalize),
+                         ("self_check", selfcheck)]:
+        assert getattr(tirbyoc, name) is getattr(module, name), name
+        assert name in tirbyoc.__all__

@@ -33,7 +33,8 @@ from tirbyoc.errors import (
 
 __version__ = "0.1.0"
 
-# The matcher imports TVM; load it on first use so that ``import tirbyoc`` stays cheap.
+# The matcher and the application import TVM; load them on first use so that ``import tirbyoc``
+# stays cheap.
 _LAZY = {
     "match": "matching.matcher", "explain": "matching.matcher", "Match": "matching.results",
     "AxisMap": "matching.results", "OperandMap": "matching.results", "BlockResult": "matching.results",
@@ -42,7 +43,11 @@ _LAZY = {
     "tensorize": "rewrite.tensorize", "Rewritten": "rewrite.tensorize",
     "offload": "offloading.offloader", "Offloaded": "offloading.offloader",
     "verify": "offloading.verification", "Verification": "offloading.verification", "relax_vm": "_tvm",
-    "PIPELINE": "offloading.lowering",
+    "PIPELINE": "offloading.lowering", "self_check": "offloading.selfcheck",
+    # the application's front door: what README, docs, examples and benchmarks call
+    "run_model": "app.run", "RunOptions": "app.options", "build_library": "app.deploy",
+    "build_model": "app.models", "quantize": "app.models", "import_onnx": "app.loaders",
+    "sweep": "app.sweep", "search_model": "app.sweep", "legalized_model": "app.legalize",
 }
 
 
