@@ -68,17 +68,25 @@ def rest_times(result, mod_path: Path, target, repeat: int) -> dict:
     return out
 
 
-def run_tirbyoc(batch: int, layers: int, repeat: int) -> dict:
+def run_tirbyoc(batch: int, layers: int, repeat: int, profile: bool = True, cuda_graph: bool = True) -> dict:
+    """tirbyoc's row. ``cuda_graph``: both builds with TVM's CUDA graph rewrite (the model's
+    kernel launches captured once and replayed: `relax.backend.use_cuda_graph`, tirbyoc's
+    default for CUDA builds); False turns it off."""
+    import tvm
+
     import tirbyoc
     from tirbyoc import run_model
 
-    with tempfile.TemporaryDirectory() as tmp:
+    config = {"relax.backend.use_cuda_graph": cuda_graph}
+    with tempfile.TemporaryDirectory() as tmp, tvm.transform.PassContext(opt_level=tvm.transform.PassContext.current().opt_level, config=config):
         path = model_file(batch, layers, Path(tmp))
         t0 = time.time()
-        result = run_model(str(path), ["cuda_mma"], repeat=repeat, profile=True)
+        result = run_model(str(path), ["cuda_mma"], repeat=repeat, profile=profile)
         row = result.to_json()
+        row["cuda_graph"] = cuda_graph
         row["wall_s"] = round(time.time() - t0, 1)
-        row["rest_ms"] = rest_times(result, path, tirbyoc.get_template("cuda_mma").tvm_target(), repeat)
+        if profile:
+            row["rest_ms"] = rest_times(result, path, tirbyoc.get_template("cuda_mma").tvm_target(), repeat)
     return row
 
 
@@ -149,7 +157,7 @@ def run_torch(batch: int, layers: int, repeat: int, compile_too: bool) -> dict:
 # ---------------------------------------------------------------------------- driver
 def engine(args) -> int:
     if args.engine == "tirbyoc":
-        row = run_tirbyoc(args.batch, args.layers, args.repeat)
+        row = run_tirbyoc(args.batch, args.layers, args.repeat, not args.no_profile, not args.no_cuda_graph)
     else:
         row = run_torch(args.batch, args.layers, args.repeat, not args.no_compile)
     print("JSON " + json.dumps(row, default=str))
@@ -194,6 +202,9 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=LAYERS)
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--no-profile", action="store_true", help="skip timing each function alone")
+    ap.add_argument("--no-cuda-graph", action="store_true",
+                    help="build both TVM models without the CUDA graph rewrite (tirbyoc's default has it)")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per engine process")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "gpu_models.json"))
     args = ap.parse_args(argv)
@@ -201,11 +212,14 @@ def main(argv=None) -> int:
         return engine(args)
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
-        row = {"model": f"BERT-base fp16, {args.layers} layers, batch {batch}, seq {SEQ}"}
+        graph = "" if args.no_cuda_graph else ", CUDA graph"
+        row = {"model": f"BERT-base fp16, {args.layers} layers, batch {batch}, seq {SEQ}{graph}"}
         progress(f"{row['model']}: torch (eager{'' if args.no_compile else ' and torch.compile'})")
         first = in_process(args, "torch", batch, args.timeout, ["--no-compile"] if args.no_compile else [])
         progress(f"{row['model']}: tirbyoc (offload, verify, build, time)")
-        row["tirbyoc"] = in_process(args, "tirbyoc", batch, args.timeout)
+        row["tirbyoc"] = in_process(args, "tirbyoc", batch, args.timeout,
+                                    [*(["--no-profile"] if args.no_profile else []),
+                                     *(["--no-cuda-graph"] if args.no_cuda_graph else [])])
         progress(f"{row['model']}: torch eager again")
         row["torch"] = [first, in_process(args, "torch", batch, args.timeout, ["--no-compile"])]
         row["summary"] = summary(row)

@@ -44,7 +44,9 @@ def test_every_matmul_of_bert_fp16_takes_the_tensor_core_kernel(bert):
 
 def test_the_offloaded_model_builds_for_cuda_with_the_rest_on_dlight(bert, target):
     _, new, _ = bert
-    source = cuda_source(build(new, target, PIPELINE))
+    exe = build(new, target, PIPELINE)
+    assert "cuda_graph" in exe.as_text()  # the launches captured once and replayed (CUDA_PASS_CONFIG)
+    source = cuda_source(exe)
     assert source.count("mma.sync.aligned.m16n8k16") >= 6 and "cp.async" in source
     assert "nvcuda::wmma" not in source  # no function fell back to the one-warp schedule
     if cuda_toolchain.toolchain() is not None:
