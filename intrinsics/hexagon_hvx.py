@@ -19,7 +19,8 @@ on vrmpy.
 from functools import cache, partial
 from typing import Optional
 
-from tirbyoc import Cost, Intrinsic, IntrinsicGroup, Operand, Role, Runtime, Scope, Template
+from tirbyoc import (Cost, Intrinsic, IntrinsicGroup, Operand, Role, Runtime, Scope, Template, dot_product_desc,
+                     dot_product_signature, zero_fill_desc, zero_fill_signature)
 
 NAME = "hexagon_hvx"
 VTCM = "global.vtcm"
@@ -43,28 +44,6 @@ _VRMPY = {
 _SHORT = {"uint8": "u8", "int8": "i8", "int16": "i16", "int32": "i32", "uint32": "u32"}
 
 
-def _dot_desc(k: int, dtype_a: str, dtype_b: str, dtype_c: str, mem_scope: str):
-    """C[32] += A[k] . B[32, k], widened to ``dtype_c``: what every HVX dot product computes
-    (vrmpy: k = 4 bytes, dmpy: k = 2 halfwords)."""
-    from tvm.script import tirx as T
-
-    @T.prim_func(s_tir=True)
-    def desc(
-        A: T.Buffer((k,), dtype_a, offset_factor=1, scope=mem_scope),
-        B: T.Buffer((32, k), dtype_b, offset_factor=1, scope=mem_scope),
-        C: T.Buffer((32,), dtype_c, offset_factor=1, scope=mem_scope),
-    ) -> None:
-        with T.sblock("root"):
-            T.reads(C[0:32], A[0:k], B[0:32, 0:k])
-            T.writes(C[0:32])
-            for i, r in T.grid(32, k):
-                with T.sblock("update"):
-                    vi, vk = T.axis.remap("SR", [i, r])
-                    C[vi] = C[vi] + T.cast(A[vk], dtype_c) * T.cast(B[vi, vk], dtype_c)
-
-    return desc
-
-
 @cache
 def vrmpy(dtype_a: str = "uint8", dtype_b: str = "uint8", mem_scope: str = "global",
           dtype_c: str = "int32") -> Intrinsic:
@@ -79,7 +58,7 @@ def vrmpy(dtype_a: str = "uint8", dtype_b: str = "uint8", mem_scope: str = "glob
     def build():
         from tvm.script import tirx as T
 
-        desc = _dot_desc(4, dtype_a, dtype_b, dtype_c, mem_scope)
+        desc = dot_product_desc(32, 4, dtype_a, dtype_b, dtype_c, mem_scope)
 
         @T.prim_func(s_tir=True)
         def impl(
@@ -110,9 +89,7 @@ def vrmpy(dtype_a: str = "uint8", dtype_b: str = "uint8", mem_scope: str = "glob
     return Intrinsic(
         f"{NAME}.vrmpy_32x4_{abc}_{where}",
         Role.COMPUTE,
-        [Operand("A", (4,), dtype_a, mem_scope), Operand("B", (32, 4), dtype_b, mem_scope),
-         Operand("C", (32,), dtype_c, mem_scope)],
-        [("i", 32, "S"), ("k", 4, "R")],
+        *dot_product_signature(32, 4, dtype_a, dtype_b, dtype_c, mem_scope),
         build,
         cost=Cost(cycles=1),
         doc=f"{llvm_name.split('.')[-2]}: C[32] += A[4] . B[32,4] in {mem_scope}",
@@ -130,7 +107,7 @@ def dmpy_i16(mem_scope: str = "global") -> Intrinsic:
     def build():
         from tvm.script import tirx as T
 
-        desc = _dot_desc(2, "int16", "int16", "int32", mem_scope)
+        desc = dot_product_desc(32, 2, "int16", "int16", "int32", mem_scope)
 
         @T.prim_func(s_tir=True)
         def impl(
@@ -158,9 +135,7 @@ def dmpy_i16(mem_scope: str = "global") -> Intrinsic:
     return Intrinsic(
         f"{NAME}.dmpy_32x2_i16i16i32_{where}",
         Role.COMPUTE,
-        [Operand("A", (2,), "int16", mem_scope), Operand("B", (32, 2), "int16", mem_scope),
-         Operand("C", (32,), "int32", mem_scope)],
-        [("i", 32, "S"), ("k", 2, "R")],
+        *dot_product_signature(32, 2, "int16", "int16", "int32", mem_scope),
         build,
         cost=Cost(cycles=2),
         doc=f"vmpyhv + 2 adds: C[32] += A[2] . B[32,2], int16 -> int32 in {mem_scope}",
@@ -174,15 +149,7 @@ def zero_fill(mem_scope: str = "global", dtype: str = "int32") -> Intrinsic:
     def build():
         from tvm.script import tirx as T
 
-        @T.prim_func(s_tir=True)
-        def desc(C: T.Buffer((32,), dtype, offset_factor=1, scope=mem_scope)) -> None:
-            with T.sblock("root"):
-                T.reads()
-                T.writes(C[0:32])
-                for i in T.serial(32):
-                    with T.sblock("init"):
-                        vi = T.axis.remap("S", [i])
-                        C[vi] = T.cast(0, dtype)
+        desc = zero_fill_desc(32, dtype, mem_scope)
 
         @T.prim_func(s_tir=True)
         def impl(C: T.Buffer((32,), dtype, offset_factor=1, scope=mem_scope)) -> None:
@@ -195,8 +162,8 @@ def zero_fill(mem_scope: str = "global", dtype: str = "int32") -> Intrinsic:
 
     where = "vtcm" if mem_scope == VTCM else "ddr"
     short = _SHORT[dtype]
-    return Intrinsic(f"{NAME}.zero_32_{short}_{where}", Role.INIT, [Operand("C", (32,), dtype, mem_scope)],
-                     [("i", 32, "S")], build, doc=f"zero one {short} HVX vector in {mem_scope}")
+    return Intrinsic(f"{NAME}.zero_32_{short}_{where}", Role.INIT, *zero_fill_signature(32, dtype, mem_scope),
+                     build, doc=f"zero one {short} HVX vector in {mem_scope}")
 
 
 @cache

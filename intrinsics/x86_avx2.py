@@ -23,7 +23,7 @@ reduction tile (2 input channels, not 4) differ.
 from functools import cache
 from typing import Optional
 
-from tirbyoc import Cost, Intrinsic, IntrinsicGroup, Operand, Role, Runtime, Template
+from tirbyoc import Cost, Intrinsic, IntrinsicGroup, Role, Runtime, Template, dot_product_desc, dot_product_signature
 
 from .x86_vnni import zero_fill
 
@@ -48,19 +48,7 @@ def dot_product(name: str = "x86_avx2") -> Intrinsic:
     def build():
         from tvm.script import tirx as T
 
-        @T.prim_func(s_tir=True)
-        def desc(
-            A: T.Buffer((K,), "uint8", offset_factor=1),
-            B: T.Buffer((lanes, K), "int8", offset_factor=1),
-            C: T.Buffer((lanes,), "int32", offset_factor=1),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(C[0:lanes], A[0:K], B[0:lanes, 0:K])
-                T.writes(C[0:lanes])
-                for i, kk in T.grid(lanes, K):
-                    with T.sblock("update"):
-                        vi, vk = T.axis.remap("SR", [i, kk])
-                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+        desc = dot_product_desc(lanes, K, "uint8", "int8", "int32")
 
         @T.prim_func(s_tir=True)
         def impl(
@@ -86,8 +74,7 @@ def dot_product(name: str = "x86_avx2") -> Intrinsic:
     return Intrinsic(
         f"{name}.dot_{lanes}x{K}_u8i8i32",
         Role.COMPUTE,
-        [Operand("A", (K,), "uint8"), Operand("B", (lanes, K), "int8"), Operand("C", (lanes,), "int32")],
-        [("i", lanes, "S"), ("k", K, "R")],
+        *dot_product_signature(lanes, K, "uint8", "int8", "int32"),
         build,
         cost=Cost(cycles=1),
         doc=(f"{instruction} on operands widened to 16 bits: C[{lanes}] += u8 A[2] . i8 B[{lanes},2] "

@@ -19,7 +19,8 @@ does with VNNI is verified there too; its times are not VNNI's, and `tirbyoc run
 from functools import cache
 from typing import Optional
 
-from tirbyoc import Cost, Intrinsic, IntrinsicGroup, Operand, Role, Runtime, Template
+from tirbyoc import (Cost, Intrinsic, IntrinsicGroup, Role, Runtime, Template, dot_product_desc,
+                     dot_product_signature, zero_fill_desc, zero_fill_signature)
 
 NAME = "x86_vnni"
 TARGET = {"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2}
@@ -38,19 +39,7 @@ def dot_product(lanes: int = 16, k: int = 4, emulated: bool = False) -> Intrinsi
     def build():
         from tvm.script import tirx as T
 
-        @T.prim_func(s_tir=True)
-        def desc(
-            A: T.Buffer((4,), "uint8", offset_factor=1),
-            B: T.Buffer((16, 4), "int8", offset_factor=1),
-            C: T.Buffer((16,), "int32", offset_factor=1),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-                T.writes(C[0:16])
-                for i, kk in T.grid(16, 4):
-                    with T.sblock("update"):
-                        vi, vk = T.axis.remap("SR", [i, kk])
-                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+        desc = dot_product_desc(16, 4, "uint8", "int8", "int32")
 
         @T.prim_func(s_tir=True)
         def impl(
@@ -82,8 +71,7 @@ def dot_product(lanes: int = 16, k: int = 4, emulated: bool = False) -> Intrinsi
         return desc, impl
 
     return Intrinsic(f"{name}.dot_16x4_u8i8i32", Role.COMPUTE,
-                     [Operand("A", (4,), "uint8"), Operand("B", (16, 4), "int8"), Operand("C", (16,), "int32")],
-                     [("i", 16, "S"), ("k", 4, "R")], build, cost=Cost(cycles=1),
+                     *dot_product_signature(16, 4, "uint8", "int8", "int32"), build, cost=Cost(cycles=1),
                      doc=("vpdpbusd zmm" + (" emulated" if emulated else "")
                           + ": C[16] += u8 A[4] . i8 B[16,4] (B packed [N/16, K/4, 16, 4])"))
 
@@ -95,15 +83,7 @@ def zero_fill(lanes: int = 16, dtype: str = "int32", name: str = NAME) -> Intrin
     def build():
         from tvm.script import tirx as T
 
-        @T.prim_func(s_tir=True)
-        def desc(C: T.Buffer((lanes,), dtype, offset_factor=1)) -> None:
-            with T.sblock("root"):
-                T.reads()
-                T.writes(C[0:lanes])
-                for i in T.serial(lanes):
-                    with T.sblock("init"):
-                        vi = T.axis.remap("S", [i])
-                        C[vi] = T.cast(0, dtype)
+        desc = zero_fill_desc(lanes, dtype)
 
         @T.prim_func(s_tir=True)
         def impl(C: T.Buffer((lanes,), dtype, offset_factor=1)) -> None:
@@ -117,8 +97,7 @@ def zero_fill(lanes: int = 16, dtype: str = "int32", name: str = NAME) -> Intrin
     return Intrinsic(
         f"{name}.zero_{lanes}_{dtype}",
         Role.INIT,
-        [Operand("C", (lanes,), dtype)],
-        [("i", lanes, "S")],
+        *zero_fill_signature(lanes, dtype),
         build,
         cost=Cost(cycles=1),
         doc=f"zero {lanes} x {dtype} accumulator lanes",

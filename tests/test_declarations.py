@@ -210,3 +210,38 @@ def test_extern_symbols_are_read_from_the_ir_not_its_text():
 
     assert extern_symbols(func) == ["tirbyoc_absent_symbol"]
     assert missing_symbols(func) == ["tirbyoc_absent_symbol"]
+
+
+def test_a_dot_product_family_is_declared_once_and_shared():
+    """x86_vnni, x86_avx2 and hexagon_hvx take their dot products' and zero fills' signature
+    and description from tirbyoc's families (only the implementation is theirs); the family's
+    description is the TVMScript each of them wrote by hand before."""
+    from tvm.script import tirx as T
+
+    from tirbyoc import dot_product_desc, dot_product_signature, zero_fill_desc
+    from tirbyoc._tvm import tvm_ffi
+
+    @T.prim_func(s_tir=True)
+    def desc(A: T.Buffer((4,), "uint8", offset_factor=1), B: T.Buffer((16, 4), "int8", offset_factor=1),
+                C: T.Buffer((16,), "int32", offset_factor=1)) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
+            T.writes(C[0:16])
+            for i, kk in T.grid(16, 4):
+                with T.sblock("update"):
+                    vi, vk = T.axis.remap("SR", [i, kk])
+                    C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+
+    assert tvm_ffi.structural_equal(dot_product_desc(16, 4, "uint8", "int8", "int32"), desc)  # x86_vnni's
+    operands, axes = dot_product_signature(16, 4, "uint8", "int8", "int32")
+    assert [(o.name, o.shape, o.dtype) for o in operands] == [("A", (4,), "uint8"), ("B", (16, 4), "int8"),
+                                                               ("C", (16,), "int32")]
+    assert axes == [("i", 16, "S"), ("k", 4, "R")]
+    for name in ("x86_vnni", "x86_avx2", "x86_avx512bw", "hexagon_hvx"):
+        for group in tirbyoc.get_template(name).groups:
+            dot, zero = group.compute, group.init
+            (lanes,), (k,) = dot.operands[2].shape, dot.operands[0].shape
+            a, b, acc = (o.dtype for o in dot.operands)
+            scope = dot.operands[0].scope
+            assert tvm_ffi.structural_equal(dot.desc, dot_product_desc(lanes, k, a, b, acc, scope)), dot.name
+            assert tvm_ffi.structural_equal(zero.desc, zero_fill_desc(lanes, acc, scope)), zero.name

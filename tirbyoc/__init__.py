@@ -13,6 +13,7 @@ import importlib
 from tirbyoc.decl.alu import BlockALU
 from tirbyoc.decl.dma import BlockDMA
 from tirbyoc.decl.extern import ExternLibrary, PackedFunction
+from tirbyoc.decl.families import dot_product_desc, dot_product_signature, zero_fill_desc, zero_fill_signature
 from tirbyoc.decl.intrinsic import DENSE, Axis, Cost, Intrinsic, IntrinsicGroup, Layout, Operand, Role
 from tirbyoc.decl.registry import get_template, register_template, template_names, templates
 from tirbyoc.decl.scope import GLOBAL, Scope
@@ -63,6 +64,7 @@ __all__ = [
     "Axis", "BlockALU", "BlockDMA", "BlockTiling", "Cost", "DENSE", "DeclarationError", "ExternLibrary", "ExternLibraryError", "GLOBAL", "PackedFunction",
     "Intrinsic", "IntrinsicError", "IntrinsicGroup", "Layout", "Operand", "RegistrationConflict",
     "RewriteError", "Role", "Runtime", "Scope", "ScopeError", "TensorCoreKernel", "Template", "TemplateError", "TirbyocError",
-    "UnknownTemplateError", "VerificationError", "get_template", "register_template", "template_names", "templates",
+    "UnknownTemplateError", "VerificationError", "dot_product_desc", "dot_product_signature", "get_template",
+    "register_template", "template_names", "templates", "zero_fill_desc", "zero_fill_signature",
     *_LAZY,
 ]

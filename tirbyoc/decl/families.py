@@ -1,0 +1,78 @@
+"""The intrinsic families every template repeats, written once: their signatures and their
+TVMScript descriptions, generated from a few numbers.
+
+A template's intrinsic is a signature (operands, axes), a description (what it computes, as a
+TIR PrimFunc TVM's tensorize matches) and an implementation (the instruction). The first two
+are the same for every dot-product instruction - ``vpdpbusd`` (x86_vnni), ``vpmaddwd``
+(x86_avx2), ``vrmpy`` / ``vmpyhv`` (hexagon_hvx) - up to the lane count, the reduction length,
+the dtypes and the memory scope; only the implementation differs. So a template declares::
+
+    from tirbyoc.decl.families import dot_product_signature, dot_product_desc
+
+    operands, axes = dot_product_signature(16, 4, "uint8", "int8", "int32")
+    desc = dot_product_desc(16, 4, "uint8", "int8", "int32")   # inside Intrinsic's build()
+
+and writes its implementation alone. The same for a vector of zeros (`zero_fill_signature`,
+`zero_fill_desc`: the init of an accumulator). Each description is the TVMScript the
+templates wrote by hand before, structurally equal (``tests/test_declarations.py``).
+"""
+
+from __future__ import annotations
+
+from tirbyoc.decl.intrinsic import Operand
+
+GLOBAL = "global"
+
+
+def dot_product_signature(lanes: int, k: int, a: str, b: str, acc: str, scope: str = GLOBAL):
+    """(operands, axes) of ``C[lanes] += sum_k acc(A[k]) * acc(B[lanes, k])``: A broadcast to
+    every lane, B one row of ``k`` per lane (a weight packed [N / lanes, K / k, lanes, k])."""
+    operands = [Operand("A", (k,), a, scope), Operand("B", (lanes, k), b, scope),
+                Operand("C", (lanes,), acc, scope)]
+    return operands, [("i", lanes, "S"), ("k", k, "R")]
+
+
+def dot_product_desc(lanes: int, k: int, a: str, b: str, acc: str, scope: str = GLOBAL):
+    """The description of `dot_product_signature`'s computation (a TIR PrimFunc)."""
+    from tirbyoc._tvm import T  # deferred: TVMScript loads when an intrinsic is first built
+
+    @T.prim_func(s_tir=True)
+    def desc(
+        A: T.Buffer((k,), a, offset_factor=1, scope=scope),
+        B: T.Buffer((lanes, k), b, offset_factor=1, scope=scope),
+        C: T.Buffer((lanes,), acc, offset_factor=1, scope=scope),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:k], B[0:lanes, 0:k])
+            T.writes(C[0:lanes])
+            for i, kk in T.grid(lanes, k):
+                with T.sblock("update"):
+                    vi, vk = T.axis.remap("SR", [i, kk])
+                    C[vi] = C[vi] + T.cast(A[vk], acc) * T.cast(B[vi, vk], acc)
+
+    return desc
+
+
+def zero_fill_signature(lanes: int, dtype: str, scope: str = GLOBAL):
+    """(operands, axes) of ``C[lanes] = 0``."""
+    return [Operand("C", (lanes,), dtype, scope)], [("i", lanes, "S")]
+
+
+def zero_fill_desc(lanes: int, dtype: str, scope: str = GLOBAL):
+    """The description of `zero_fill_signature`'s computation (a TIR PrimFunc)."""
+    from tirbyoc._tvm import T  # deferred: TVMScript loads when an intrinsic is first built
+
+    @T.prim_func(s_tir=True)
+    def desc(C: T.Buffer((lanes,), dtype, offset_factor=1, scope=scope)) -> None:
+        with T.sblock("root"):
+            T.reads()
+            T.writes(C[0:lanes])
+            for i in T.serial(lanes):
+                with T.sblock("init"):
+                    vi = T.axis.remap("S", [i])
+                    C[vi] = T.cast(0, dtype)
+
+    return desc
+
+
+__all__ = ["dot_product_desc", "dot_product_signature", "zero_fill_desc", "zero_fill_signature"]
