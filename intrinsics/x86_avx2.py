@@ -21,9 +21,9 @@ reduction tile (2 input channels, not 4) differ.
 """
 
 from functools import cache
-from typing import Optional
 
-from tirbyoc import Cost, Intrinsic, IntrinsicGroup, Role, Runtime, Template, dot_product_desc, dot_product_signature
+from tirbyoc import (Cost, Intrinsic, IntrinsicGroup, Role, Runtime, Template, dot_product_desc, dot_product_signature,
+                     requires_cpu)
 
 from .x86_vnni import zero_fill
 
@@ -82,19 +82,6 @@ def dot_product(name: str = "x86_avx2") -> Intrinsic:
     )
 
 
-def _requires(name: str):
-    feature, instruction = VARIANTS[name][3], VARIANTS[name][4]
-
-    def check() -> Optional[str]:
-        from tirbyoc.decl.host import host_cpu_features
-
-        if feature not in host_cpu_features():
-            return f"this CPU lacks {feature} ({instruction})"
-        return None
-
-    return check
-
-
 def make_template(name: str = "x86_avx2") -> Template:
     """The exact ``vpmaddwd`` int8 template: ``x86_avx2`` (ymm) or ``x86_avx512bw`` (zmm)."""
     lanes, _, target, _, instruction = VARIANTS[name]
@@ -104,7 +91,7 @@ def make_template(name: str = "x86_avx2") -> Template:
         runtime=Runtime.LLVM,
         groups=(IntrinsicGroup("dot_u8i8i32", compute=dot_product(name),
                                init=zero_fill(lanes, name=name)),),
-        requires=_requires(name),
+        requires=requires_cpu(VARIANTS[name][3], instruction=VARIANTS[name][4]),
         doc=(f"exact int8 dot products without VNNI: u8 activations x i8 weights -> i32 with "
              f"{instruction} on 16-bit operands"),
         channels_last=True,  # two input channels per lane, `lanes` output channels per store

@@ -20,9 +20,8 @@ with TVM's build to float32 rounding (each offload is checked at a float toleran
 """
 
 from functools import cache
-from typing import Optional
 
-from tirbyoc import Cost, Intrinsic, IntrinsicGroup, Operand, Role, Runtime, Template
+from tirbyoc import Cost, Intrinsic, IntrinsicGroup, Operand, Role, Runtime, Template, requires_cpu
 
 from .x86_vnni import zero_fill
 
@@ -86,18 +85,6 @@ def fma(name: str = "x86_fp32_avx512") -> Intrinsic:
     )
 
 
-def _requires(name: str):
-    features, instruction = VARIANTS[name][2], VARIANTS[name][3]
-
-    def check() -> Optional[str]:
-        from tirbyoc.decl.host import host_cpu_features
-
-        missing = [f for f in features if f not in host_cpu_features()]
-        return f"this CPU lacks {', '.join(missing)} ({instruction})" if missing else None
-
-    return check
-
-
 def make_template(name: str = "x86_fp32_avx512") -> Template:
     """The fp32 fused multiply-add template: ``x86_fp32_avx2`` (ymm) or ``x86_fp32_avx512`` (zmm)."""
     lanes, target, _, instruction = VARIANTS[name]
@@ -106,7 +93,7 @@ def make_template(name: str = "x86_fp32_avx512") -> Template:
         target=target,
         runtime=Runtime.LLVM,
         groups=(IntrinsicGroup("fma_f32", compute=fma(name), init=zero_fill(lanes, "float32", name=name)),),
-        requires=_requires(name),
+        requires=requires_cpu(*VARIANTS[name][2], instruction=VARIANTS[name][3]),
         doc=f"fp32 convolutions and matmuls as register-blocked {instruction} micro-kernels",
         channels_last=True,  # one input channel per step, `lanes` output channels per store
         fuses_epilogues=True,  # bias, ReLU, a residual add in the register block's write-back

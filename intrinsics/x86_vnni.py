@@ -17,10 +17,9 @@ does with VNNI is verified there too; its times are not VNNI's, and `tirbyoc run
 """
 
 from functools import cache
-from typing import Optional
 
 from tirbyoc import (Cost, Intrinsic, IntrinsicGroup, Role, Runtime, Template, dot_product_desc,
-                     dot_product_signature, zero_fill_desc, zero_fill_signature)
+                     dot_product_signature, requires_cpu, zero_fill_desc, zero_fill_signature)
 
 NAME = "x86_vnni"
 TARGET = {"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2}
@@ -104,15 +103,6 @@ def zero_fill(lanes: int = 16, dtype: str = "int32", name: str = NAME) -> Intrin
     )
 
 
-def _requires() -> Optional[str]:
-    from tirbyoc.decl.host import host_cpu_features
-
-    if "avx512vnni" not in host_cpu_features():
-        return (f"this CPU lacks AVX-512 VNNI (avx512vnni); -t {EMULATED_NAME} runs the same "
-                "rewrite with vpdpbusd emulated (its values, bit for bit; not its times)")
-    return None
-
-
 def make_template(emulated: bool = False) -> Template:
     """The VNNI template; ``emulated``: ``x86_vnni_emulated``, its dot product as portable
     vector code for this CPU (values verified here, times not VNNI's)."""
@@ -123,7 +113,10 @@ def make_template(emulated: bool = False) -> Template:
         runtime=Runtime.LLVM,
         groups=(IntrinsicGroup("dot_u8i8i32", compute=dot_product(emulated=emulated),
                                init=zero_fill(name=name)),),
-        requires=None if emulated else _requires,  # portable code runs on any LLVM host
+        # portable code runs on any LLVM host
+        requires=None if emulated else requires_cpu(
+            "avx512vnni", what="AVX-512 VNNI", instead=f"-t {EMULATED_NAME} runs the same rewrite with vpdpbusd "
+                                                       "emulated (its values, bit for bit; not its times)"),
         doc=("AVX-512 VNNI int8 dot products (u8 activations x i8 weights -> i32)"
              + (", vpdpbusd emulated in portable vector code" if emulated else "")),
         emulates="vpdpbusd (AVX-512 VNNI)" if emulated else "",

@@ -245,3 +245,20 @@ def test_a_dot_product_family_is_declared_once_and_shared():
             scope = dot.operands[0].scope
             assert tvm_ffi.structural_equal(dot.desc, dot_product_desc(lanes, k, a, b, acc, scope)), dot.name
             assert tvm_ffi.structural_equal(zero.desc, zero_fill_desc(lanes, acc, scope)), zero.name
+
+
+def test_a_cpu_template_declares_the_features_it_needs_as_data(monkeypatch):
+    from tirbyoc import requires_cpu
+    from tirbyoc.decl import host
+
+    check = requires_cpu("avx512vnni", what="AVX-512 VNNI", instead="-t x86_vnni_emulated runs it emulated")
+    assert check.features == ("avx512vnni",)
+    monkeypatch.setattr(host, "host_cpu_features", lambda: {"avx2", "fma"})
+    assert check() == "this CPU lacks AVX-512 VNNI (avx512vnni); -t x86_vnni_emulated runs it emulated"
+    assert requires_cpu("avx2", "fma", instruction="vfmadd231ps ymm")() is None
+    assert requires_cpu("avx512f", "fma", instruction="vfmadd231ps zmm")() == "this CPU lacks avx512f (vfmadd231ps zmm)"
+    for name, features in [("x86_vnni", ("avx512vnni",)), ("x86_avx2", ("avx2",)), ("x86_avx512bw", ("avx512bw",)),
+                           ("x86_fp32_avx2", ("avx2", "fma")), ("x86_fp32_avx512", ("avx512f",))]:
+        assert tirbyoc.get_template(name).requires.features == features, name
+    with pytest.raises(ValueError):
+        requires_cpu()

@@ -16,6 +16,7 @@ from tirbyoc.decl.extern import ExternLibrary, PackedFunction
 from tirbyoc.decl.families import dot_product_desc, dot_product_signature, zero_fill_desc, zero_fill_signature
 from tirbyoc.decl.intrinsic import DENSE, Axis, Cost, Intrinsic, IntrinsicGroup, Layout, Operand, Role
 from tirbyoc.decl.registry import get_template, register_template, template_names, templates
+from tirbyoc.decl.requirements import requires_cpu
 from tirbyoc.decl.scope import GLOBAL, Scope
 from tirbyoc.decl.tensor_core import BlockTiling, TensorCoreKernel
 from tirbyoc.decl.template import Runtime, Template
@@ -65,6 +66,6 @@ __all__ = [
     "Intrinsic", "IntrinsicError", "IntrinsicGroup", "Layout", "Operand", "RegistrationConflict",
     "RewriteError", "Role", "Runtime", "Scope", "ScopeError", "TensorCoreKernel", "Template", "TemplateError", "TirbyocError",
     "UnknownTemplateError", "VerificationError", "dot_product_desc", "dot_product_signature", "get_template",
-    "register_template", "template_names", "templates", "zero_fill_desc", "zero_fill_signature",
+    "register_template", "requires_cpu", "template_names", "templates", "zero_fill_desc", "zero_fill_signature",
     *_LAZY,
 ]
