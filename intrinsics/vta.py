@@ -14,7 +14,7 @@ from typing import Optional
 
 from tirbyoc.sim import Simulator, config_for
 from tirbyoc import (DENSE, BlockALU, BlockDMA, Cost, Intrinsic, IntrinsicGroup, Layout, Operand, Role, Runtime,
-                     Scope, Template)
+                     Scope, Template, zero_fill_desc, zero_fill_signature)
 
 NAME = "vta"
 INP, WGT, ACC = "local.inp_buffer", "local.wgt_buffer", "local.acc_buffer"
@@ -90,15 +90,7 @@ def fill_zero(lanes: int, acc_dtype: str = "int32", prefix: str = NAME) -> Intri
     def build():
         from tvm.script import tirx as T
 
-        @T.prim_func(s_tir=True)
-        def desc(C: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC)) -> None:
-            with T.sblock("root"):
-                T.reads()
-                T.writes(C[0:lanes])
-                for i in T.serial(lanes):
-                    with T.sblock("reset"):
-                        vi = T.axis.remap("S", [i])
-                        C[vi] = T.cast(0, acc_dtype)
+        desc = zero_fill_desc(lanes, acc_dtype, ACC, block="reset")
 
         @T.prim_func(s_tir=True)
         def impl(C: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC)) -> None:
@@ -109,8 +101,8 @@ def fill_zero(lanes: int, acc_dtype: str = "int32", prefix: str = NAME) -> Intri
 
         return desc, impl
 
-    return Intrinsic(f"{prefix}.reset_{lanes}", Role.INIT, [Operand("C", (lanes,), acc_dtype, ACC)],
-                     [("i", lanes, "S")], build, cost=Cost(cycles=1, bytes_moved=0),
+    return Intrinsic(f"{prefix}.reset_{lanes}", Role.INIT, *zero_fill_signature(lanes, acc_dtype, ACC), build,
+                     cost=Cost(cycles=1, bytes_moved=0),
                      doc="zero an accumulator tile")
 
 

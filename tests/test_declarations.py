@@ -245,6 +245,10 @@ def test_a_dot_product_family_is_declared_once_and_shared():
             scope = dot.operands[0].scope
             assert tvm_ffi.structural_equal(dot.desc, dot_product_desc(lanes, k, a, b, acc, scope)), dot.name
             assert tvm_ffi.structural_equal(zero.desc, zero_fill_desc(lanes, acc, scope)), zero.name
+    for group in tirbyoc.get_template("vta").groups:  # VTA's accumulator reset: the zero fill, named reset
+        if group.init is not None:
+            (c,) = group.init.operands
+            assert tvm_ffi.structural_equal(group.init.desc, zero_fill_desc(c.shape[0], c.dtype, c.scope, block="reset"))
 
 
 def test_a_cpu_template_declares_the_features_it_needs_as_data(monkeypatch):

@@ -58,8 +58,9 @@ def zero_fill_signature(lanes: int, dtype: str, scope: str = GLOBAL):
     return [Operand("C", (lanes,), dtype, scope)], [("i", lanes, "S")]
 
 
-def zero_fill_desc(lanes: int, dtype: str, scope: str = GLOBAL):
-    """The description of `zero_fill_signature`'s computation (a TIR PrimFunc)."""
+def zero_fill_desc(lanes: int, dtype: str, scope: str = GLOBAL, block: str = "init"):
+    """The description of `zero_fill_signature`'s computation (a TIR PrimFunc); ``block``
+    names its block (VTA's accumulator reset calls it ``reset``)."""
     from tirbyoc._tvm import T  # deferred: TVMScript loads when an intrinsic is first built
 
     @T.prim_func(s_tir=True)
@@ -68,7 +69,7 @@ def zero_fill_desc(lanes: int, dtype: str, scope: str = GLOBAL):
             T.reads()
             T.writes(C[0:lanes])
             for i in T.serial(lanes):
-                with T.sblock("init"):
+                with T.sblock(block):
                     vi = T.axis.remap("S", [i])
                     C[vi] = T.cast(0, dtype)
 
