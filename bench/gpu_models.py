@@ -7,12 +7,14 @@ For each batch (seq 128), in separate processes (each engine in its own):
   ``model.half()``): every matmul offloaded to cuda_mma (the tensor-core kernel), the rest of
   the model on TVM's default GPU pipeline (dlight's schedules); each offloaded function
   verified against TVM's build of it, the whole model's output against TVM's build of the
-  untouched model on the GPU (dlight), both timed. ``--profile`` times each offloaded
-  function alone against dlight's schedule of it; the functions left to TVM are timed alone
-  too (`rest_times`), so the table names where the rest of the time goes.
-* **torch**: the same network written in PyTorch (`TorchBert`: the same layers, shapes and
+  untouched model on the GPU (dlight), both timed, both with the launches captured as a CUDA
+  graph (tirbyoc's default for CUDA; ``--no-cuda-graph`` builds both without). Unless
+  ``--no-profile``, each offloaded function is also timed alone against dlight's schedule of
+  it, and the functions left to TVM alone too (`rest_times`, unfused), so the table names
+  where the rest of the time goes.
+* **torch**: the same network written in PyTorch (`torch_model`: the same layers, shapes and
   float16 weights; its own random values), ``model.half()`` on the GPU, timed eager and
-  under ``torch.compile`` (the compile time reported beside it).
+  under ``torch.compile`` (the compile time reported beside it; ``--no-compile`` skips it).
 
 Rounds: the eager timing runs before and after tirbyoc's, so its spread shows the GPU's own
 drift. Writes JSON after each batch. Needs a CUDA GPU, TVM with CUDA, and torch for the peer.
