@@ -223,7 +223,7 @@ def test_a_dot_product_family_is_declared_once_and_shared():
 
     @T.prim_func(s_tir=True)
     def desc(A: T.Buffer((4,), "uint8", offset_factor=1), B: T.Buffer((16, 4), "int8", offset_factor=1),
-                C: T.Buffer((16,), "int32", offset_factor=1)) -> None:
+             C: T.Buffer((16,), "int32", offset_factor=1)) -> None:
         with T.sblock("root"):
             T.reads(C[0:16], A[0:4], B[0:16, 0:4])
             T.writes(C[0:16])

@@ -19,22 +19,16 @@ def quotients(c: float, rounded: bool):
     c = float(np.float32(c))
 
     @T.prim_func(s_tir=True)
-    def plain(A: T.Buffer((N,), "float32"), B: T.Buffer((N,), "float32")):
+    def func(A: T.Buffer((N,), "float32"), B: T.Buffer((N,), "float32")):
         T.func_attr({"global_symbol": "main"})
         for i in range(N):
             with T.sblock("B"):
                 vi = T.axis.remap("S", [i])
-                B[vi] = A[vi] / T.float32(c)
+                if rounded:  # a Python bool: TVMScript parses only the branch taken
+                    B[vi] = T.round(A[vi] / T.float32(c))
+                else:
+                    B[vi] = A[vi] / T.float32(c)
 
-    @T.prim_func(s_tir=True)
-    def rounded_(A: T.Buffer((N,), "float32"), B: T.Buffer((N,), "float32")):
-        T.func_attr({"global_symbol": "main"})
-        for i in range(N):
-            with T.sblock("B"):
-                vi = T.axis.remap("S", [i])
-                B[vi] = T.round(A[vi] / T.float32(c))
-
-    func = rounded_ if rounded else plain
     rewritten = tvm_ffi.structural_map(func, [(tirx.Div, exact_quotient)])
     return func, rewritten
 

@@ -20,8 +20,9 @@ templates wrote by hand before, structurally equal (``tests/test_declarations.py
 from __future__ import annotations
 
 from tirbyoc.decl.intrinsic import Operand
+from tirbyoc.decl.scope import GLOBAL as _GLOBAL_SCOPE
 
-GLOBAL = "global"
+GLOBAL = _GLOBAL_SCOPE.name  # the scopes' own main memory, by name (Operand and TVMScript take the name)
 
 
 def dot_product_signature(lanes: int, k: int, a: str, b: str, acc: str, scope: str = GLOBAL):
