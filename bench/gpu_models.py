@@ -1,10 +1,12 @@
-"""A whole model on the GPU: BERT-base in float16 offloaded to cuda_mma, against PyTorch.
+"""A whole model on the GPU: BERT-base and ResNet-50 in float16 offloaded to cuda_mma, against PyTorch.
 
-For each batch (seq 128), in separate processes (each engine in its own):
+For each model (``--models bert,resnet50``) and batch (BERT at seq 128; ResNet-50 at 224x224),
+in separate processes (each engine in its own):
 
-* **tirbyoc**: `tirbyoc.run_model` on ``bert_base_fp16`` (the built-in BERT-base, half
-  precision, each matmul summed in float32 and rounded once, as PyTorch computes
-  ``model.half()``): every matmul offloaded to cuda_mma (the tensor-core kernel), the rest of
+* **tirbyoc**: `tirbyoc.run_model` on ``bert_base_fp16`` / ``resnet50_fp16`` (the built-ins in
+  half precision, each matmul and convolution summed in float32 and rounded once, as PyTorch
+  computes ``model.half()``): every matmul and convolution offloaded to cuda_mma (the
+  tensor-core kernel; ResNet's convolutions as implicit GEMMs over NHWC), the rest of
   the model on TVM's default GPU pipeline (dlight's schedules); each offloaded function
   verified against TVM's build of it, the whole model's output against TVM's build of the
   untouched model on the GPU (dlight), both timed, both with the launches captured as a CUDA
@@ -12,14 +14,16 @@ For each batch (seq 128), in separate processes (each engine in its own):
   ``--no-profile``, each offloaded function is also timed alone against dlight's schedule of
   it, and the functions left to TVM alone too (`rest_times`, unfused), so the table names
   where the rest of the time goes.
-* **torch**: the same network written in PyTorch (`torch_model`: the same layers, shapes and
-  float16 weights; its own random values), ``model.half()`` on the GPU, timed eager and
-  under ``torch.compile`` (the compile time reported beside it; ``--no-compile`` skips it).
+* **torch**: the same network written in PyTorch (`torch_bert`, `torch_resnet50`: the same
+  layers, shapes and float16 weights; its own random values), ``model.half()`` on the GPU
+  (ResNet-50 in ``channels_last``, the memory format PyTorch recommends for tensor cores),
+  timed eager and under ``torch.compile`` (the compile time reported beside it;
+  ``--no-compile`` skips it).
 
 Rounds: the eager timing runs before and after tirbyoc's, so its spread shows the GPU's own
 drift. Writes JSON after each batch. Needs a CUDA GPU, TVM with CUDA, and torch for the peer.
 
-    python bench/gpu_models.py --batches 1,8 --out bench/results/gpu_models_h100.json
+    python bench/gpu_models.py --models bert,resnet50 --batches 1,8 --out bench/results/gpu_models_h100.json
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import time
 from pathlib import Path
 
 HIDDEN, HEADS, FFN, LAYERS, SEQ = 768, 12, 3072, 12, 128
+MODELS = ("bert", "resnet50")
 
 
 def progress(msg: str) -> None:
@@ -41,24 +46,25 @@ def progress(msg: str) -> None:
 
 
 # ---------------------------------------------------------------------------- tirbyoc
-def model_file(batch: int, layers: int, folder: Path) -> Path:
-    """A model file holding the built-in BERT-base fp16 at ``batch`` (the built-in is batch 1)."""
-    path = folder / f"bert_fp16_b{batch}.py"
-    path.write_text("from tirbyoc.app.models import bert_base_fp16\n"
-                    f"bert = bert_base_fp16(batch={batch}, seq={SEQ}, layers={layers})\n")
+def model_file(model: str, batch: int, layers: int, folder: Path) -> Path:
+    """A model file holding the built-in model in fp16 at ``batch`` (the built-ins are batch 1)."""
+    path = folder / f"{model}_fp16_b{batch}.py"
+    if model == "bert":
+        path.write_text("from tirbyoc.app.models import bert_base_fp16\n"
+                        f"bert = bert_base_fp16(batch={batch}, seq={SEQ}, layers={layers})\n")
+    else:
+        path.write_text(f"from tirbyoc.app.models import resnet50_fp16\nresnet = resnet50_fp16(batch={batch})\n")
     return path
 
 
 def rest_times(result, mod_path: Path, target, repeat: int) -> dict:
     """Milliseconds per call of each function no template took, alone on the GPU as TVM's
     default pipeline schedules it (times its number of calls in the model)."""
-    from tvm import relax
 
-    from tirbyoc.app.frontends import load_model
+    from tirbyoc.app.legalize import legalized_model
     from tirbyoc.app.profiling import time_function
 
-    _, loaded = load_model(str(mod_path), ["cuda_mma"], None, None)
-    mod = relax.transform.LegalizeOps()(loaded)
+    _, mod, _, _ = legalized_model(str(mod_path), ["cuda_mma"], 0)  # as the run prepared it (NHWC for convs)
     out = {}
     for f in result.report.functions:
         if f.offloaded:
@@ -70,7 +76,8 @@ def rest_times(result, mod_path: Path, target, repeat: int) -> dict:
     return out
 
 
-def run_tirbyoc(batch: int, layers: int, repeat: int, profile: bool = True, cuda_graph: bool = True) -> dict:
+def run_tirbyoc(model: str, batch: int, layers: int, repeat: int, profile: bool = True,
+                cuda_graph: bool = True) -> dict:
     """tirbyoc's row. ``cuda_graph``: both builds with TVM's CUDA graph rewrite (the model's
     kernel launches captured once and replayed: `relax.backend.use_cuda_graph`, tirbyoc's
     default for CUDA builds); False turns it off."""
@@ -81,7 +88,7 @@ def run_tirbyoc(batch: int, layers: int, repeat: int, profile: bool = True, cuda
 
     config = {"relax.backend.use_cuda_graph": cuda_graph}
     with tempfile.TemporaryDirectory() as tmp, tvm.transform.PassContext(opt_level=tvm.transform.PassContext.current().opt_level, config=config):
-        path = model_file(batch, layers, Path(tmp))
+        path = model_file(model, batch, layers, Path(tmp))
         t0 = time.time()
         result = run_model(str(path), ["cuda_mma"], repeat=repeat, profile=profile)
         row = result.to_json()
@@ -93,7 +100,35 @@ def run_tirbyoc(batch: int, layers: int, repeat: int, profile: bool = True, cuda
 
 
 # ---------------------------------------------------------------------------- torch
-def torch_model(layers: int):
+def torch_resnet50():
+    """ResNet-50 v1.5 as `tirbyoc.app.models.resnet50` builds it (conv biases, no batch norm:
+    the built-in folds none), in PyTorch."""
+    import torch
+
+    def conv(cin, cout, k, stride=1):
+        return torch.nn.Conv2d(cin, cout, k, stride=stride, padding=k // 2, bias=True)
+
+    class Block(torch.nn.Module):
+        def __init__(self, cin, width, stride):
+            super().__init__()
+            self.body = torch.nn.Sequential(conv(cin, width, 1), torch.nn.ReLU(), conv(width, width, 3, stride),
+                                            torch.nn.ReLU(), conv(width, width * 4, 1))
+            self.down = conv(cin, width * 4, 1, stride) if (stride != 1 or cin != width * 4) else None
+
+        def forward(self, x):
+            short = self.down(x) if self.down is not None else x
+            return torch.relu(self.body(x) + short)
+
+    layers, cin = [conv(3, 64, 7, 2), torch.nn.ReLU(), torch.nn.MaxPool2d(3, 2, 1)], 64
+    for width, count, stride in zip((64, 128, 256, 512), (3, 4, 6, 3), (1, 2, 2, 2)):
+        for i in range(count):
+            layers.append(Block(cin, width, stride if i == 0 else 1))
+            cin = width * 4
+    layers += [torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(cin, 1000)]
+    return torch.nn.Sequential(*layers)
+
+
+def torch_bert(layers: int):
     import torch
     import torch.nn.functional as F
 
@@ -135,12 +170,16 @@ def time_torch_call(call, repeat: int) -> float:
     return best
 
 
-def run_torch(batch: int, layers: int, repeat: int, compile_too: bool) -> dict:
+def run_torch(model_name: str, batch: int, layers: int, repeat: int, compile_too: bool) -> dict:
     import torch
 
     torch.manual_seed(0)
-    model = torch_model(layers).half().cuda().eval()
-    x = torch.randn(batch, SEQ, HIDDEN, dtype=torch.float16, device="cuda")
+    if model_name == "bert":
+        model = torch_bert(layers).half().cuda().eval()
+        x = torch.randn(batch, SEQ, HIDDEN, dtype=torch.float16, device="cuda")
+    else:
+        model = torch_resnet50().half().cuda().eval().to(memory_format=torch.channels_last)
+        x = torch.randn(batch, 3, 224, 224, dtype=torch.float16, device="cuda").to(memory_format=torch.channels_last)
     row = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0)}
     with torch.inference_mode():
         row["eager_ms"] = round(time_torch_call(lambda: model(x), repeat), 4)
@@ -159,17 +198,18 @@ def run_torch(batch: int, layers: int, repeat: int, compile_too: bool) -> dict:
 # ---------------------------------------------------------------------------- driver
 def engine(args) -> int:
     if args.engine == "tirbyoc":
-        row = run_tirbyoc(args.batch, args.layers, args.repeat, not args.no_profile, not args.no_cuda_graph)
+        row = run_tirbyoc(args.model, args.batch, args.layers, args.repeat, not args.no_profile,
+                          not args.no_cuda_graph)
     else:
-        row = run_torch(args.batch, args.layers, args.repeat, not args.no_compile)
+        row = run_torch(args.model, args.batch, args.layers, args.repeat, not args.no_compile)
     print("JSON " + json.dumps(row, default=str))
     return 0
 
 
 def in_process(args, which: str, batch: int, timeout: int, extra=()) -> dict:
     """One engine's row from its own process (or why there is none)."""
-    cmd = [sys.executable, __file__, "--engine", which, "--batch", str(batch), "--layers", str(args.layers),
-           "--repeat", str(args.repeat), *extra]
+    cmd = [sys.executable, __file__, "--engine", which, "--model", args.model, "--batch", str(batch),
+           "--layers", str(args.layers), "--repeat", str(args.repeat), *extra]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
     except subprocess.TimeoutExpired:
@@ -200,6 +240,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--engine", choices=("tirbyoc", "torch"), help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--model", choices=MODELS, default="bert", help=argparse.SUPPRESS)
+    ap.add_argument("--models", default="bert,resnet50", help="which of bert, resnet50, in order")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--layers", type=int, default=LAYERS)
     ap.add_argument("--repeat", type=int, default=20)
@@ -213,9 +255,11 @@ def main(argv=None) -> int:
     if args.engine:
         return engine(args)
     rows = []
-    for batch in (int(b) for b in args.batches.split(",")):
+    for args.model, batch in [(m, int(b)) for m in args.models.split(",") for b in args.batches.split(",")]:
         graph = "" if args.no_cuda_graph else ", CUDA graph"
-        row = {"model": f"BERT-base fp16, {args.layers} layers, batch {batch}, seq {SEQ}{graph}"}
+        what = (f"BERT-base fp16, {args.layers} layers, batch {batch}, seq {SEQ}" if args.model == "bert"
+                else f"ResNet-50 fp16, batch {batch}, 224x224")
+        row = {"model": what + graph}
         progress(f"{row['model']}: torch (eager{'' if args.no_compile else ' and torch.compile'})")
         first = in_process(args, "torch", batch, args.timeout, ["--no-compile"] if args.no_compile else [])
         progress(f"{row['model']}: tirbyoc (offload, verify, build, time)")

@@ -242,5 +242,8 @@ TEMPLATE = Template(
             Scope(FRAG_B, None, 16, "WMMA B fragments (registers)"),
             Scope(ACC, None, 16, "WMMA accumulator fragments (registers)")),
     requires=_requires,
+    # NHWC: a convolution is then an implicit GEMM whose A rows are pixels and whose K runs
+    # along the channels in memory (16-byte copies straight from the activation)
+    channels_last=True,
     doc="CUDA tensor cores through WMMA 16x16x16 (fp16 -> fp32, int8 -> int32)",
 )

@@ -15,6 +15,7 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend import nn
 
+from tirbyoc.app.convnets import mobilenet_v2, resnet18, resnet50, resnet50_fp16, small_cnn
 from tirbyoc.app.llm import llama_layer
 from tirbyoc.app.model_inputs import model_inputs
 from tirbyoc.app.preparation import with_constant_weights
@@ -29,72 +30,6 @@ def _nn():
 def _wrap(expr, name):
     nn = _nn()
     return nn.op.wrap_nested(expr, name)
-
-
-def _resnet(blocks_per_stage, bottleneck: bool, batch: int, image: int, classes: int, dtype: str):
-    """ResNet v1.5: 7x7 stem, max-pool, four stages (stride on the first block's 3x3), FC."""
-    nn = _nn()
-
-    class ConvAct(nn.Module):
-        def __init__(self, cin, cout, k, stride=1, act=True):
-            self.conv = nn.Conv2D(cin, cout, k, stride=stride, padding=k // 2, bias=True, dtype=dtype)
-            self.act = act
-
-        def forward(self, x):
-            y = self.conv(x)
-            return nn.op.relu(y) if self.act else y
-
-    class Block(nn.Module):
-        def __init__(self, cin, width, stride):
-            cout = width * 4 if bottleneck else width
-            if bottleneck:
-                self.body = nn.ModuleList([ConvAct(cin, width, 1), ConvAct(width, width, 3, stride),
-                                           ConvAct(width, cout, 1, act=False)])
-            else:
-                self.body = nn.ModuleList([ConvAct(cin, width, 3, stride), ConvAct(width, width, 3, act=False)])
-            self.down = ConvAct(cin, cout, 1, stride, act=False) if (stride != 1 or cin != cout) else None
-            self.cout = cout
-
-        def forward(self, x):
-            short = self.down(x) if self.down is not None else x
-            y = x
-            for layer in self.body:
-                y = layer(y)
-            return nn.op.relu(y + short)
-
-    class ResNet(nn.Module):
-        def __init__(self):
-            self.stem = ConvAct(3, 64, 7, 2)
-            blocks, cin = [], 64
-            for width, count, stride in zip((64, 128, 256, 512), blocks_per_stage, (1, 2, 2, 2)):
-                for i in range(count):
-                    blocks.append(Block(cin, width, stride if i == 0 else 1))
-                    cin = blocks[-1].cout
-            self.blocks = nn.ModuleList(blocks)
-            self.fc = nn.Linear(cin, classes, dtype=dtype)
-
-        def forward(self, x):
-            y = self.stem(x)
-            y = _wrap(relax.op.nn.max_pool2d(y._expr, pool_size=(3, 3), strides=(2, 2),
-                                             padding=(1, 1)), "maxpool")
-            for blk in self.blocks:
-                y = blk(y)
-            y = _wrap(relax.op.mean(y._expr, axis=[2, 3]), "avgpool")
-            return self.fc(y)
-
-    spec = {"forward": {"x": nn.spec.Tensor((batch, 3, image, image), dtype)}}
-    mod, _ = ResNet().export_tvm(spec)
-    return mod
-
-
-def resnet50(batch: int = 1, image: int = 224, classes: int = 1000, dtype: str = "float32"):
-    """ResNet-50 v1.5: 3-4-6-3 bottleneck blocks (1x1, 3x3 with the stride, 1x1 x4)."""
-    return _resnet((3, 4, 6, 3), True, batch, image, classes, dtype)
-
-
-def resnet18(batch: int = 1, image: int = 224, classes: int = 1000, dtype: str = "float32"):
-    """ResNet-18: 2-2-2-2 basic blocks (two 3x3 convs)."""
-    return _resnet((2, 2, 2, 2), False, batch, image, classes, dtype)
 
 
 def bert_base(batch: int = 1, seq: int = 128, layers: int = 12, hidden: int = 768, heads: int = 12,
@@ -237,81 +172,6 @@ def mlp_int8(act_dtype: str = "uint8", requantize: str = "float", batch: int = 1
 mlp_int8.quantized = True
 
 
-def mobilenet_v2(batch: int = 1, image: int = 224, classes: int = 1000, dtype: str = "float32"):
-    """MobileNetV2 (width 1.0): 3x3 stem, 17 inverted residual blocks (1x1 expand, 3x3
-    depthwise, 1x1 project; ReLU6), 1x1 conv to 1280, global pool, FC."""
-    nn = _nn()
-
-    def relu6(y):
-        return _wrap(relax.op.clip(y._expr, 0, 6), "relu6")
-
-    class ConvBN(nn.Module):
-        def __init__(self, cin, cout, k, stride=1, groups=1, act=True):
-            self.conv = nn.Conv2D(cin, cout, k, stride=stride, padding=k // 2, groups=groups,
-                                  bias=True, dtype=dtype)
-            self.act = act
-
-        def forward(self, x):
-            y = self.conv(x)
-            return relu6(y) if self.act else y
-
-    class InvertedResidual(nn.Module):
-        def __init__(self, cin, cout, stride, expand):
-            hidden = cin * expand
-            self.expand = ConvBN(cin, hidden, 1) if expand != 1 else None
-            self.depthwise = ConvBN(hidden, hidden, 3, stride, groups=hidden)
-            self.project = ConvBN(hidden, cout, 1, act=False)
-            self.residual = stride == 1 and cin == cout
-
-        def forward(self, x):
-            y = self.expand(x) if self.expand is not None else x
-            y = self.project(self.depthwise(y))
-            return x + y if self.residual else y
-
-    class MobileNetV2(nn.Module):
-        def __init__(self):
-            self.stem = ConvBN(3, 32, 3, 2)
-            blocks, cin = [], 32
-            for t, c, n, st in ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2),
-                                (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)):
-                for i in range(n):
-                    blocks.append(InvertedResidual(cin, c, st if i == 0 else 1, t))
-                    cin = c
-            self.blocks = nn.ModuleList(blocks)
-            self.head = ConvBN(320, 1280, 1)
-            self.fc = nn.Linear(1280, classes, dtype=dtype)
-
-        def forward(self, x):
-            y = self.stem(x)
-            for blk in self.blocks:
-                y = blk(y)
-            y = _wrap(relax.op.mean(self.head(y)._expr, axis=[2, 3]), "avgpool")
-            return self.fc(y)
-
-    spec = {"forward": {"x": nn.spec.Tensor((batch, 3, image, image), dtype)}}
-    mod, _ = MobileNetV2().export_tvm(spec)
-    return mod
-
-
-def small_cnn(batch: int = 1, image: int = 32, classes: int = 10, dtype: str = "float32"):
-    """A small CNN: three 3x3 / 1x1 conv + ReLU layers (one strided), global pool, FC."""
-    nn = _nn()
-
-    class CNN(nn.Module):
-        def __init__(self):
-            self.c1 = nn.Conv2D(3, 32, 3, padding=1, dtype=dtype)
-            self.c2 = nn.Conv2D(32, 64, 3, stride=2, padding=1, dtype=dtype)
-            self.c3 = nn.Conv2D(64, 64, 1, dtype=dtype)
-            self.fc = nn.Linear(64, classes, dtype=dtype)
-
-        def forward(self, x):
-            y = nn.op.relu(self.c3(nn.op.relu(self.c2(nn.op.relu(self.c1(x))))))
-            return self.fc(_wrap(relax.op.mean(y._expr, axis=[2, 3]), "avgpool"))
-
-    mod, _ = CNN().export_tvm({"forward": {"x": nn.spec.Tensor((batch, 3, image, image), dtype)}})
-    return mod
-
-
 def transformer_block(batch: int = 1, seq: int = 64, hidden: int = 256, heads: int = 4, ffn: int = 1024):
     """One encoder block (self-attention + GELU FFN, post-norm), BERT's layer at a small size."""
     return bert_base(batch, seq, layers=1, hidden=hidden, heads=heads, ffn=ffn)
@@ -375,6 +235,7 @@ MODELS: dict[str, Callable] = {
     "resnet50": resnet50, "resnet50_int8": _int8(resnet50),
     "mobilenet_v2": mobilenet_v2, "mobilenet_v2_int8": _int8(mobilenet_v2),
     "bert_base": bert_base, "bert_base_int8": _int8(bert_base), "bert_base_fp16": bert_base_fp16,
+    "resnet50_fp16": resnet50_fp16,
     "llama_layer": llama_layer, "llama_layer_int8": _int8(llama_layer),
 }
 

@@ -31,6 +31,8 @@ from tirbyoc._tvm import TensorIntrin, cuda_intrinsics
 from tirbyoc.decl.tensor_core import WARP, BlockTiling, TensorCoreKernel
 from tirbyoc.decl.tvm_registry import register_tensor_intrin
 from tirbyoc.dtypes import dtype_bytes
+from tirbyoc.rewrite.gemm_form import (fold_staged_inputs, fold_window, inline_consumers, inline_into_copy, pad_waste,
+                                       padded, squeeze, whole_loops)
 from tirbyoc.rewrite.state import RewriteState
 from tirbyoc.rewrite.steps import StepKind
 
@@ -52,8 +54,15 @@ class KernelPlan:
     batch: int
 
     @property
+    def padded(self) -> tuple[int, int, int]:
+        """(M, N, K) rounded up to the block tile (the sizes themselves where it divides them)."""
+        t = self.tiling
+        return padded(self.m, t.block_m), padded(self.n, t.block_n), padded(self.k, t.block_k)
+
+    @property
     def blocks(self) -> int:
-        return self.batch * (self.m // self.tiling.block_m) * (self.n // self.tiling.block_n)
+        m, n, _ = self.padded
+        return self.batch * (m // self.tiling.block_m) * (n // self.tiling.block_n)
 
 
 def _plain_indices(region) -> list[str] | None:
@@ -111,14 +120,24 @@ def _sizes(state: RewriteState) -> tuple[int, int, int, int] | None:
     return prod(outer), m, n, k
 
 
-def _choose_tiling(kernel: TensorCoreKernel, batch: int, m: int, n: int, k: int) -> BlockTiling | None:
-    """The first declared tile that divides the GEMM and leaves ``min_blocks`` thread blocks,
-    else the last one that divides it."""
+MOST_PADDING = 1.125  # padded work / real work a tile may cost before a smaller tile is taken
+
+
+def _choose_tiling(kernel: TensorCoreKernel, batch: int, m: int, n: int, k: int) -> BlockTiling:
+    """The first declared tile that divides the GEMM and leaves ``min_blocks`` thread blocks;
+    else the first that leaves them with at most 12.5% padded work; else the last that
+    divides it; else the one that pads least."""
+    def blocks(t):
+        return batch * -(-m // t.block_m) * -(-n // t.block_n)
+
+    def waste(t):
+        return pad_waste((m, n, k), (t.block_m, t.block_n, t.block_k))
+
     fitting = [t for t in kernel.tilings if t.divides(m, n, k)]
-    for t in fitting:
-        if batch * (m // t.block_m) * (n // t.block_n) >= kernel.min_blocks:
-            return t
-    return fitting[-1] if fitting else None
+    enough = [t for t in kernel.tilings if blocks(t) >= kernel.min_blocks]
+    return (next((t for t in fitting if t in enough), None)
+            or next((t for t in enough if waste(t) <= MOST_PADDING), None)
+            or (fitting[-1] if fitting else min(kernel.tilings, key=waste)))
 
 
 def fit(state: RewriteState) -> KernelPlan | str:
@@ -127,15 +146,6 @@ def fit(state: RewriteState) -> KernelPlan | str:
     kernel = group.kernel if group is not None else None
     if kernel is None:
         return "the group declares no tensor-core kernel"
-    if state.loops.outer_reduce:
-        return "the reduction has loops outside the intrinsic's (a window): the kernel takes plain GEMMs"
-    if len(state.loops.axis_spatial) != 2 or len(state.loops.axis_reduce) != 1:
-        return "the kernel expects an (i, j, k) intrinsic"
-    staged = [op.operand for op in state.match.operands if state.feeding(op, "write" if op.is_output else "read")
-              != op.buffer]
-    if staged:
-        return f"{', '.join(staged)} would be read from a staged copy (padded or re-laid-out); the kernel " \
-               "reads its operands in place"
     dtypes = {op.operand: str(state.match.intrinsic.operand(op.operand).dtype) for op in state.match.operands}
     if (dtypes.get("A"), dtypes.get("B"), dtypes.get("C")) != (kernel.in_dtype, kernel.in_dtype, kernel.acc_dtype):
         return f"the kernel is declared for {kernel.in_dtype} -> {kernel.acc_dtype}"
@@ -150,14 +160,12 @@ def fit(state: RewriteState) -> KernelPlan | str:
         return (f"B is [{'K, N' if b_layout == 'kn' else 'N, K'}]; the kernel's {kernel.in_dtype} ldmatrix "
                 f"reads B only as {' or '.join(kernel.b_layouts)}")
     tiling = _choose_tiling(kernel, batch, m, n, k)
-    if tiling is None:
-        return f"no declared block tile ({', '.join(t.size for t in kernel.tilings)}) divides {m}x{n}x{k}"
     shared = state.template.scope(SHARED_DYN, missing_ok=True) if state.template is not None else None
     need = kernel.shared_bytes(tiling, dtype_bytes(kernel.in_dtype), dtype_bytes(kernel.acc_dtype))
     if shared is None or (shared.capacity is not None and need > shared.capacity):
         return f"the {tiling.describe()} tile needs {need} bytes of {SHARED_DYN}; the template declares " \
                f"{shared.capacity if shared else 0}"
-    rows = m // tiling.block_m
+    rows = padded(m, tiling.block_m) // tiling.block_m
     raster = kernel.raster if kernel.raster > 1 and rows % kernel.raster == 0 else 1
     return KernelPlan(kernel, tiling, b_layout, raster, m, n, k, batch)
 
@@ -192,19 +200,21 @@ def _fragment_layout(plan: KernelPlan, operand: str):
 
 
 def _gemm_loops(state: RewriteState, plan: KernelPlan):
-    """The tiled (io, jo, ko, ii, ji, ki) loops put back into whole i, j, k axes, re-cut into
-    the kernel's mma tiles; the mma tile blockized. Returns (outer loops, i, j, k, tile block)."""
-    sch, loops = state.sch, state.loops
-    (io, jo), (ko,), (ii, ji, ki) = loops.axis_spatial, loops.axis_reduce, loops.inner[:3]
-    sch.reorder(io, ii, jo, ji, ko, ki)
-    i, j, k = sch.fuse(io, ii), sch.fuse(jo, ji), sch.fuse(ko, ki)
+    """The whole (i, j, k) axes padded to the block tile where it does not divide them
+    (``pad_einsum``), cut into the kernel's mma tiles; the mma tile blockized. Returns
+    (outer loops, i, j, k, tile block)."""
+    sch, t = state.sch, plan.tiling
+    outer = len(sch.get(state.block).iter_vars) - 3
+    if plan.padded != (plan.m, plan.n, plan.k):
+        sch.pad_einsum(state.block, [1] * outer + [t.block_m, t.block_n, t.block_k])
+    *outer_loops, i, j, k = sch.get_loops(state.block)[-(outer + 3):]
     tm, tn, tk = plan.kernel.mma_shape
     i, i_in = sch.split(i, [None, tm])
     j, j_in = sch.split(j, [None, tn])
     k, k_in = sch.split(k, [None, tk])
     sch.reorder(i, j, k, i_in, j_in, k_in)
     tile = sch.blockize(i_in)
-    return list(loops.outer_spatial), i, j, k, tile
+    return outer_loops, i, j, k, tile
 
 
 def _block_and_warps(sch, plan: KernelPlan, outer, i, j, k):
@@ -242,8 +252,10 @@ def _stage_input(state: RewriteState, plan: KernelPlan, tile, operand: str, k0, 
     fragments per k1 step. Returns the fragment copy block (tensorized later)."""
     sch, kern = state.sch, plan.kernel
     op = next(o for o in state.match.operands if o.operand == operand)
-    index = [str(r.source.name) for r in sch.get(tile).reads].index(op.buffer)
+    index = [str(r.source.name) for r in sch.get(tile).reads].index(state.feeding(op, "read"))
     shared = sch.cache_read(tile, index, SHARED_DYN)
+    squeeze(sch, shared)
+    inline_into_copy(sch, shared)
     sch.compute_at(shared, k0)
     _threads_copy(sch, shared, plan, dtype_bytes(kern.in_dtype))
     if kern.swizzle:
@@ -269,6 +281,7 @@ def _stage_output(state: RewriteState, plan: KernelPlan, tile, bx):
     a thread. Returns the register -> shared copy block (tensorized later)."""
     sch, t, (tm, tn, _) = state.sch, plan.tiling, plan.kernel.mma_shape
     out = sch.cache_write(tile, 0, SHARED_DYN)
+    inline_consumers(sch, out)
     sch.reverse_compute_at(out, bx)
     _threads_copy(sch, out, plan, dtype_bytes(plan.kernel.acc_dtype))
     sch.annotate(out, "permuted_layout", "s2g_C")
@@ -310,42 +323,46 @@ def _tensorize_all(state: RewriteState, plan: KernelPlan, tile, k0, k1, frags, r
     return [names[r] for r in ("compute", "init", "load_a", "load_b", "store")]
 
 
-def _fold_staged_inputs(state: RewriteState) -> list[str]:
-    """Inline the copies earlier stages staged A or B into (a transpose the one-warp schedule
-    needs): the kernel reads either layout in place. Returns the operands folded back."""
-    sch, folded = state.sch, []
-    for op in state.match.operands:
-        if op.is_output:
-            continue
-        fed = state.feeding(op, "read")
-        if fed == op.buffer:
-            continue
-        for producer in sch.get_producers(state.block):
-            if [str(w.source.name) for w in sch.get(producer).writes] == [fed]:
-                sch.compute_inline(producer)
-                folded.append(op.operand)
-    return folded
-
-
 def apply_kernel(state: RewriteState) -> str | None:
     """Schedule the block as its group's tensor-core kernel; None when done, else why not
     (the state then is as it was, for the one-warp schedule)."""
+    if len(state.loops.axis_spatial) != 2 or len(state.loops.axis_reduce) != 1:
+        return "the kernel expects an (i, j, k) intrinsic"
     saved = state.sch
     state.sch = saved.copy()  # the copy keeps the block and loop handles
     try:
-        folded = _fold_staged_inputs(state)
-    except Exception as err:  # noqa: BLE001 - TVM refuses an inline with its own error kinds
-        state.sch = saved
-        return f"a staged copy of an input could not be folded back ({type(err).__name__})"
-    plan = fit(state)
+        why, note = _gemm_form(state)
+    except Exception as err:  # noqa: BLE001 - TVM refuses an inline or a re-layout with its own error kinds
+        why, note = f"the block could not be put in GEMM form ({type(err).__name__}: {str(err)[-160:]})", ""
+    plan = why or fit(state)
     if isinstance(plan, str):
         state.sch = saved
         return plan
-    if folded:
-        state.record(StepKind.IN_PLACE, f"{' and '.join(folded)} read in place by the tensor-core kernel "
-                                        "(the staged copy folded back)")
-    schedule_kernel(state, plan)
+    steps, used = len(state.steps), len(state.intrinsics)
+    try:
+        if note:
+            state.record(StepKind.IN_PLACE, note)
+        schedule_kernel(state, plan)
+    except Exception as err:  # noqa: BLE001 - a primitive TVM refuses here leaves the one-warp schedule
+        state.sch = saved
+        del state.steps[steps:], state.intrinsics[used:]
+        state.compute_tensorized = False
+        return f"TVM refused a step of its schedule ({type(err).__name__}: {str(err).strip()[-160:]})"
     return None
+
+
+def _gemm_form(state: RewriteState) -> tuple[str | None, str]:
+    """Whole i, j, k loops over a plain GEMM block: a window folded into K (the staged copies
+    then stay, to be read in place by the shared-memory copies), else the staged copies of the
+    inputs folded back. Returns (why not, or None; what was done, for the steps)."""
+    if state.loops.outer_reduce:
+        whole_loops(state)
+        why = fold_window(state)
+        return why, "" if why else "the window folded into K: the convolution runs as an implicit GEMM"
+    folded = fold_staged_inputs(state)
+    whole_loops(state)
+    note = f"{' and '.join(folded)} read in place by the tensor-core kernel (the staged copy folded back)"
+    return None, note if folded else ""
 
 
 def schedule_kernel(state: RewriteState, plan: KernelPlan) -> None:

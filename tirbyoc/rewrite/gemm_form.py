@@ -1,0 +1,193 @@
+"""A tensor-core block brought into the plain GEMM form the fast kernel schedules.
+
+The fast kernel (`tirbyoc.rewrite.tensor_core`) computes C[(b,) i, j] += A[(b,) i, k] .
+B[(b,) k, j] (or B[(b,) j, k]) on whole block tiles. Convolutions and GEMMs of awkward sizes
+reach it in three steps, all TVM schedule primitives:
+
+- **the window folded into K** (implicit GEMM): a convolution's staged operands keep the
+  window's reduction iterators outside the intrinsic's k (A as ``pad_temp[kh, kw, i, c]``, B
+  as ``W[kh, kw, c, o]``). `fold_window` lays each staged copy out as one row per output
+  (``[i, K]``, ``[o, K]`` with K = (kh, kw, c)) and the block's iteration space as (i, j, K)
+  (``transform_layout`` and ``transform_block_layout``);
+- **sizes padded to the block tile** (``pad_einsum``): ResNet's 784 or 49 output rows to the
+  next multiple of the tile's; the padding becomes producer / consumer blocks;
+- **the staged copies read in place**: each copy whose rows stay contiguous along the
+  innermost dimension (the window's channels, a padded row) is inlined into the kernel's
+  shared-memory copy (`inline_into_copy`) or its write-back (`inline_consumers`), so the
+  im2col, the padding and the weight's transpose never go through global memory: 16-byte
+  ``cp.async`` loads read the activation itself, a zero-filled predicate past its edges.
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+from tirbyoc._tvm import REDUCE, TensorLoad, iter_stores, sym, tirx
+from tirbyoc.ir.tir_walk import iter_exprs, uses_var
+from tirbyoc.rewrite.state import RewriteState
+
+
+def _loads(node) -> list:
+    return [n for n in iter_exprs(node) if isinstance(n, TensorLoad)]
+
+
+def _plain_vars(indices) -> list | None:
+    """The variable each index is, or None when one is an expression."""
+    out = []
+    for ix in indices:
+        if not hasattr(ix, "name") or hasattr(ix, "a"):
+            return None
+        out.append(ix)
+    return out
+
+
+def whole_loops(state: RewriteState) -> None:
+    """Put the tiled loops back into whole axes, nested in the order of the block's iterators,
+    each binding one loop variable (what ``transform_block_layout`` and ``pad_einsum`` need)."""
+    sch, loops = state.sch, state.loops
+    (io, jo), (ko,), (ii, ji, ki) = loops.axis_spatial, loops.axis_reduce, loops.inner[:3]
+    sch.reorder(io, ii, jo, ji, ko, ki)
+    sch.fuse(io, ii), sch.fuse(jo, ji), sch.fuse(ko, ki)
+    nest = sch.get_loops(state.block)[-len(sch.get(state.block).iter_vars):]
+    realize = sch.get(nest[-1]).body
+    by_var = {str(sch.get(lp).loop_var.name): lp for lp in nest}
+    sch.reorder(*[by_var[str(v.name)] for v in realize.iter_values])
+
+
+def _row_layout(keep: list[int], rdims: list[int], sizes: list):
+    """A buffer's index map that keeps the ``keep`` dimensions and fuses the ``rdims`` ones
+    (outermost first, ``sizes`` their extents) into one innermost K."""
+    def layout(*ix):
+        k = ix[rdims[0]]
+        for d, size in zip(rdims[1:], sizes[1:]):
+            k = k * size + ix[d]
+        return (*[ix[d] for d in keep], k)
+
+    return layout
+
+
+def fold_window(state: RewriteState) -> str | None:
+    """Lay the window into K (see the module's docstring); None when done, else why not."""
+    sch = state.sch
+    block = sch.get(state.block)
+    ivs = list(block.iter_vars)
+    reduce_vars = [iv.var for iv in ivs if int(iv.iter_type) == REDUCE]
+    extents = {iv.var: iv.dom.extent for iv in ivs}
+    params = {str(p.name) for p in sch.mod["main"].params}
+    for index, region in enumerate(block.reads):  # an operand read in place gets a copy to lay out
+        if str(region.source.name) in params:
+            sch.cache_read(state.block, index, "global")
+    block = sch.get(state.block)
+    for region in block.reads:
+        name = str(region.source.name)
+        access = next(ld for ld in _loads(block.body) if ld.source.same_as(region.source))
+        dims = _plain_vars(access.indices)
+        if dims is None:
+            return f"{name} is not indexed by the block's iterators alone"
+        rdims = sorted((d for d, v in enumerate(dims) if any(v.same_as(r) for r in reduce_vars)),
+                       key=lambda d: next(n for n, r in enumerate(reduce_vars) if dims[d].same_as(r)))
+        keep = [d for d in range(len(dims)) if d not in rdims]
+        sizes = [region.source.shape[d] for d in rdims]
+
+        layout = _row_layout(keep, rdims, sizes)
+        index = [str(r.source.name) for r in block.reads].index(name)
+        sch.transform_layout(state.block, ("read", index), tirx.IndexMap.from_func(layout, ndim=len(dims)))
+    spatial = [iv.var for iv in ivs if int(iv.iter_type) != REDUCE]
+    order = {v: n for n, v in enumerate(iv.var for iv in ivs)}
+
+    def block_layout(*vs):
+        by = dict(zip([iv.var for iv in ivs], vs))
+        k = by[reduce_vars[0]]
+        for r in reduce_vars[1:]:
+            k = k * extents[r] + by[r]
+        return (*[by[v] for v in sorted(spatial, key=order.get)], k)
+
+    sch.transform_block_layout(state.block, tirx.IndexMap.from_func(block_layout, ndim=len(ivs)))
+    return None
+
+
+def contiguous(block) -> bool:
+    """Whether ``block`` copies one buffer into another with the innermost dimension running
+    along the innermost dimension (a window row, a padded row; not a transpose): then it
+    can be inlined into a vectorized copy and every 16 bytes stay one access."""
+    stores = list(iter_stores(block.body))
+    loads = list(_loads(block.body))
+    if len(stores) != 1 or len({str(ld.source.name) for ld in loads}) != 1:
+        return False
+    x = loads[0].indices[-1]
+    if not hasattr(x, "name") or hasattr(x, "a"):
+        return False
+    *outer, last = stores[0].indices
+    coeffs = sym.detect_linear_equation(last, [x])
+    unit = len(coeffs) == 2 and hasattr(coeffs[0], "value") and int(coeffs[0].value) == 1
+    return unit and not any(uses_var(o, x) for o in outer)
+
+
+def inline_into_copy(sch, copy) -> list[str]:
+    """Inline the producers of what ``copy`` reads, as long as they are contiguous copies
+    (their chain: a padding, an im2col, a weight re-layout). Returns the buffers no longer
+    written to memory."""
+    gone = []
+    while True:
+        producers = sch.get_producers(copy)
+        if len(producers) != 1 or not contiguous(sch.get(producers[0])):
+            return gone
+        gone.append(str(sch.get(producers[0]).writes[0].source.name))
+        sch.compute_inline(producers[0])
+
+
+def inline_consumers(sch, copy) -> list[str]:
+    """Inline the consumers of what ``copy`` writes while each is a contiguous copy (the
+    padding's cut back, a reindex back to NHWC). Returns the buffers no longer written."""
+    gone = []
+    while True:
+        consumers = sch.get_consumers(copy)
+        if len(consumers) != 1 or not contiguous(sch.get(consumers[0])):
+            return gone
+        gone.append(str(sch.get(copy).writes[0].source.name))
+        sch.reverse_compute_inline(consumers[0])
+
+
+def fold_staged_inputs(state: RewriteState) -> list[str]:
+    """Inline the copies earlier stages staged A or B into where they transpose (the one-warp
+    schedule needs it; the kernel reads either layout in place). A copy that keeps rows
+    contiguous (a reindex, a padding) stays, for the kernel's shared-memory copy to read
+    through (`inline_into_copy`). Returns the operands folded back."""
+    sch, folded = state.sch, []
+    for op in state.match.operands:
+        if op.is_output:
+            continue
+        fed = state.feeding(op, "read")
+        if fed == op.buffer:
+            continue
+        for producer in sch.get_producers(state.block):
+            if [str(w.source.name) for w in sch.get(producer).writes] == [fed] and not contiguous(
+                    sch.get(producer)):
+                sch.compute_inline(producer)
+                folded.append(op.operand)
+    return folded
+
+
+def squeeze(sch, copy) -> None:
+    """Drop the size-1 dimensions inside the buffer ``copy`` writes (a 1x1 convolution's weight
+    read in place as [O, 1, 1, C]): the fragment layouts index a tile's last two dimensions.
+    Leading ones (a batch's) stay."""
+    shape = [int(d) for d in sch.get(copy).writes[0].source.shape]
+    first = next((d for d, size in enumerate(shape) if size != 1), len(shape))
+    keep = list(range(first)) + [d for d in range(first, len(shape)) if shape[d] != 1]
+    if len(keep) == len(shape) or len(keep) < 2:
+        return
+    sch.transform_layout(copy, ("write", 0), tirx.IndexMap.from_func(lambda *ix: [ix[d] for d in keep],
+                                                                      ndim=len(shape)))
+
+
+def padded(size: int, tile: int) -> int:
+    return -(-size // tile) * tile
+
+
+def pad_waste(sizes, tiles) -> float:
+    """Padded work over real work when each size is rounded up to its tile."""
+    return prod(padded(s, t) for s, t in zip(sizes, tiles)) / prod(sizes)
+
+
+__all__ = ["contiguous", "fold_staged_inputs", "fold_window", "inline_consumers", "inline_into_copy", "pad_waste", "padded", "squeeze", "whole_loops"]
