@@ -85,12 +85,14 @@ def run_tirbyoc(model: str, batch: int, layers: int, repeat: int, profile: bool 
 
     import tirbyoc
     from tirbyoc import run_model
+    from tirbyoc.app.run import Progress
 
     config = {"relax.backend.use_cuda_graph": cuda_graph}
     with tempfile.TemporaryDirectory() as tmp, tvm.transform.PassContext(opt_level=tvm.transform.PassContext.current().opt_level, config=config):
         path = model_file(model, batch, layers, Path(tmp))
         t0 = time.time()
-        result = run_model(str(path), ["cuda_mma"], repeat=repeat, profile=profile)
+        result = run_model(str(path), ["cuda_mma"], repeat=repeat, profile=profile,
+                           progress=Progress(stream=sys.stderr))
         row = result.to_json()
         row["cuda_graph"] = cuda_graph
         row["wall_s"] = round(time.time() - t0, 1)
@@ -212,8 +214,10 @@ def in_process(args, which: str, batch: int, timeout: int, extra=()) -> dict:
            "--layers", str(args.layers), "--repeat", str(args.repeat), *extra]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout} s"}
+    except subprocess.TimeoutExpired as err:  # say how far it got
+        tail = (err.stderr or b"")[-800:]
+        return {"error": f"timed out after {timeout} s; last output: "
+                         f"{tail.decode(errors='replace') if isinstance(tail, bytes) else tail}"}
     lines = [l for l in done.stdout.splitlines() if l.startswith("JSON ")]
     if done.returncode or not lines:
         return {"error": f"exit {done.returncode}: {(done.stderr or done.stdout)[-1500:]}"}

@@ -23,8 +23,12 @@ from __future__ import annotations
 from math import prod
 
 from tirbyoc._tvm import REDUCE, TensorLoad, iter_stores, sym, tirx
+from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.ir.tir_walk import iter_exprs, uses_var
 from tirbyoc.rewrite.state import RewriteState
+
+
+VECTOR_BYTES = 16  # the kernel's copies move 16 bytes a thread (cp.async.cg)
 
 
 def _loads(node) -> list:
@@ -108,12 +112,18 @@ def fold_window(state: RewriteState) -> str | None:
 
 def contiguous(block) -> bool:
     """Whether ``block`` copies one buffer into another with the innermost dimension running
-    along the innermost dimension (a window row, a padded row; not a transpose): then it
-    can be inlined into a vectorized copy and every 16 bytes stay one access."""
+    along the innermost dimension (a window row, a padded row; not a transpose), both rows a
+    whole number of 16-byte vectors: then it can be inlined into the kernel's 16-byte copies
+    and every vector stays one aligned access under one predicate (a row of 300 halves is
+    neither: its padding to 304 is a copy of its own)."""
     stores = list(iter_stores(block.body))
     loads = list(_loads(block.body))
     if len(stores) != 1 or len({str(ld.source.name) for ld in loads}) != 1:
         return False
+    for buf in (stores[0].buffer, loads[0].source):
+        lanes = VECTOR_BYTES // dtype_bytes(str(buf.dtype))
+        if not hasattr(buf.shape[-1], "value") or int(buf.shape[-1].value) % lanes:
+            return False
     x = loads[0].indices[-1]
     if not hasattr(x, "name") or hasattr(x, "a"):
         return False

@@ -33,11 +33,11 @@ from tirbyoc.decl.tvm_registry import register_tensor_intrin
 from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.rewrite.gemm_form import (fold_staged_inputs, fold_window, inline_consumers, inline_into_copy, pad_waste,
                                        padded, squeeze, whole_loops)
+from tirbyoc.rewrite.gemm_form import VECTOR_BYTES  # a thread's global <-> shared copy: one 128-bit access
 from tirbyoc.rewrite.state import RewriteState
 from tirbyoc.rewrite.steps import StepKind
 
 SHARED_DYN = "shared.dyn"
-VECTOR_BYTES = 16  # a thread's global <-> shared copy: one 128-bit access
 
 
 @dataclass(frozen=True)
