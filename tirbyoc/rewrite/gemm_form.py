@@ -130,7 +130,21 @@ def contiguous(block) -> bool:
     *outer, last = stores[0].indices
     coeffs = sym.detect_linear_equation(last, [x])
     unit = len(coeffs) == 2 and hasattr(coeffs[0], "value") and int(coeffs[0].value) == 1
-    return unit and not any(uses_var(o, x) for o in outer)
+    return unit and not any(uses_var(o, x) for o in outer) and _whole_rows(block, x, loads[0].source,
+                                                                           stores[0], last)
+
+
+def _whole_rows(block, x, source, store, last) -> bool:
+    """Whether the copy moves whole rows: its innermost iterator ``x`` runs over all of the
+    source's row (and of the destination's, where it indexes it alone), so no padding or cut
+    falls inside a row. Padding inside a row would put a predicate on the vectorized
+    dimension, which the kernel's copies do not take (measured on an H100: a GEMM whose 200
+    columns were padded to 224 inside the kernel's copies did not verify)."""
+    extent = next((iv.dom.extent for iv in block.iter_vars if iv.var.same_as(x)), None)
+    if extent is None or not hasattr(extent, "value"):
+        return False
+    rows = [source.shape[-1]] + ([store.buffer.shape[-1]] if last.same_as(x) else [])
+    return all(hasattr(r, "value") and int(r.value) == int(extent.value) for r in rows)
 
 
 def inline_into_copy(sch, copy) -> list[str]:
