@@ -88,3 +88,42 @@ def test_no_function_is_offloaded_twice_by_the_default_pipeline(bert):
     fused = relax.transform.FuseTIR()(relax.transform.FuseOps()(relax.transform.AnnotateTIROpPattern()(new)))
     names = {gv.name_hint for gv, f in fused.functions.items() if isinstance(f, tirx.PrimFunc)}
     assert {f.name for f in report.functions if f.macs} <= names
+
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    """ResNet-50 in float16 at 64x64 in NHWC (as `tirbyoc run` lays a model out for cuda_mma),
+    legalized and offloaded."""
+    from tirbyoc.app.convnets import resnet50_fp16
+    from tirbyoc.relax.layout import channels_last
+
+    mod = relax.transform.LegalizeOps()(channels_last(resnet50_fp16(image=64), None, 16)[0])
+    return offload_module(mod, ["cuda_mma"], verify=False)
+
+
+def test_resnet50_fp16_convolutions_run_as_implicit_gemms_on_the_tensor_core_kernel(resnet, target):
+    new, report = resnet
+    convs = [f for f in report.functions if f.name.startswith("conv2d")]
+    stem = next(f for f in convs if f.name == "conv2d")  # 3 input channels: 6 bytes per pixel
+    assert stem.template is None and stem.reason
+    taken = [f for f in convs if f is not stem]
+    assert len(taken) == 22
+    for f in taken:
+        assert f.template == "cuda_mma" and "mma_f16f16f32" in f.intrinsics[0], (f.name, f.intrinsics)
+    source = cuda_source(build(new, target, PIPELINE))
+    assert "nvcuda::wmma" not in source  # none fell back to the one-warp schedule
+    # the 3x3 windows and the padding read from the activation itself, zero-filled past its edges
+    assert "ptx_cp_async_legacy_pred" in source
+
+
+@pytest.mark.gpu
+def test_resnet50_fp16_runs_on_the_gpu_and_agrees_with_tvms_build(tmp_path):
+    if not tirbyoc.get_template("cuda_mma").runs_here():
+        pytest.skip(tirbyoc.get_template("cuda_mma").unavailable_reason())
+    from tirbyoc.app.run import run_model
+
+    model = tmp_path / "resnet.py"
+    model.write_text("from tirbyoc.app.convnets import resnet50_fp16\nresnet = resnet50_fp16(image=64)\n")
+    result = run_model(str(model), ["cuda_mma"], repeat=2)
+    assert result.verified and result.report.coverage > 0.9

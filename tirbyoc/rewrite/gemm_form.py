@@ -79,7 +79,10 @@ def fold_window(state: RewriteState) -> str | None:
     extents = {iv.var: iv.dom.extent for iv in ivs}
     params = {str(p.name) for p in sch.mod["main"].params}
     for index, region in enumerate(block.reads):  # an operand read in place gets a copy to lay out
-        if str(region.source.name) in params:
+        access = next(ld for ld in _loads(block.body) if ld.source.same_as(region.source))
+        if _plain_vars(access.indices) is None:  # through the window: an im2col copy by the iterators
+            sch.reindex(state.block, ("read", index))
+        elif str(region.source.name) in params:
             sch.cache_read(state.block, index, "global")
     block = sch.get(state.block)
     for region in block.reads:
