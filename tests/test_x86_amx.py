@@ -51,14 +51,16 @@ def test_a_convolution_reduces_over_its_whole_window_in_one_call():
     assert "gemm_32x64x576_u8i8i32" in core.intrinsic and "zero_32x64_int32" in core.intrinsic, core.intrinsic
 
 
-def test_a_call_covers_up_to_512_output_channels_where_its_rows_fit_in_l1():
+def test_a_call_covers_the_output_channels_its_panel_of_b_or_rows_of_a_keep_in_l1():
     from tirbyoc_intrinsics.x86_amx import call_columns
 
     assert [call_columns(n, 1024) for n in (40, 64, 256, 512, 1000, 2048)] == [48, 64, 256, 512, 336, 512]
     assert call_columns(256, 2304) == 32  # 32 rows x 2304 bytes of A would not stay in L1
+    # a shallower reduction: the widest panel of B up to 32 KB (64 columns or more), reused from L1
+    assert [call_columns(n, k) for n, k in ((512, 512), (1024, 256), (512, 128), (64, 576))] == [64, 128, 256, 64]
     out = tirbyoc.offload(matmul(64, 1024, 256, "uint8", "int8", "int32", trans_b=True), "x86_amx_emulated")
     (core,) = out.offloaded
-    assert "gemm_32x512x256" in core.intrinsic and out.verification.passed, out.verification.describe()
+    assert "gemm_32x128x256" in core.intrinsic and out.verification.passed, out.verification.describe()
 
 
 def test_outputs_are_padded_to_the_32x32_block_and_k_must_group_by_4():
