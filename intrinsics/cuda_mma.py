@@ -14,7 +14,7 @@ from functools import cache
 from typing import Optional
 
 from tirbyoc import (BlockTiling, Cost, Intrinsic, IntrinsicGroup, Layout, Operand, Role, Runtime, Scope,
-                     Template, TensorCoreKernel)
+                     Template, TensorCoreKernel, tile_copy_desc, tile_copy_signature)
 
 NAME = "cuda_mma"
 M = N = K = 16
@@ -38,37 +38,25 @@ def load(operand: str, dtype: str) -> Intrinsic:
     def build():
         from tvm.script import tirx as T
 
-        @T.prim_func(s_tir=True)
-        def desc(
-            S: T.Buffer((16, 16), dtype, offset_factor=16, scope=SHARED),
-            F: T.Buffer((16, 16), dtype, offset_factor=16, scope=frag),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(S[0:16, 0:16])
-                T.writes(F[0:16, 0:16])
-                for i, j in T.grid(16, 16):
-                    with T.sblock("load"):
-                        vi, vj = T.axis.remap("SS", [i, j])
-                        F[vi, vj] = S[vi, vj]
+        desc = tile_copy_desc((16, 16), dtype, SHARED, frag, offset_factor=16, block="load")
 
         @T.prim_func(s_tir=True)
-        def impl(s: T.handle, f: T.handle) -> None:
+        def impl(s: T.handle, d: T.handle) -> None:
             ss = T.int32()
-            fs = T.int32()
+            ds = T.int32()
             S = T.match_buffer(s, (16, 16), dtype, offset_factor=16, scope=SHARED, strides=[ss, 1])
-            F = T.match_buffer(f, (16, 16), dtype, offset_factor=16, scope=frag, strides=[fs, 1])
+            D = T.match_buffer(d, (16, 16), dtype, offset_factor=16, scope=frag, strides=[ds, 1])
             with T.sblock("root"):
                 T.reads(S[0:16, 0:16])
-                T.writes(F[0:16, 0:16])
+                T.writes(D[0:16, 0:16])
                 T.evaluate(T.tvm_load_matrix_sync(
-                    F.data, M, N, K, _frag_index(F, fs, 16, 16),
+                    D.data, M, N, K, _frag_index(D, ds, 16, 16),
                     S.access_ptr("r"), ss, "row_major", dtype="void"))
 
         return desc, impl
 
     return Intrinsic(f"{NAME}.load_{operand}_16x16_{dtype}", Role.LOAD,
-                     [Operand("S", (16, 16), dtype, SHARED, STRIDED), Operand("F", (16, 16), dtype, frag, STRIDED)],
-                     [("i", 16, "S"), ("j", 16, "S")], build, cost=Cost(cycles=4),
+                     *tile_copy_signature((16, 16), dtype, SHARED, frag), build, cost=Cost(cycles=4),
                      doc=f"wmma::load_matrix_sync shared -> {frag}")
 
 
@@ -162,38 +150,25 @@ def store(acc_dtype: str, scope: str = "global") -> Intrinsic:
     def build():
         from tvm.script import tirx as T
 
-        @T.prim_func(s_tir=True)
-        def desc(
-            C: T.Buffer((16, 16), acc_dtype, offset_factor=16, scope=ACC),
-            D: T.Buffer((16, 16), acc_dtype, offset_factor=16, scope=scope),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(C[0:16, 0:16])
-                T.writes(D[0:16, 0:16])
-                for i, j in T.grid(16, 16):
-                    with T.sblock("store"):
-                        vi, vj = T.axis.remap("SS", [i, j])
-                        D[vi, vj] = C[vi, vj]
+        desc = tile_copy_desc((16, 16), acc_dtype, ACC, scope, offset_factor=16, block="store")
 
         @T.prim_func(s_tir=True)
-        def impl(c: T.handle, d: T.handle) -> None:
-            cs = T.int32()
+        def impl(s: T.handle, d: T.handle) -> None:
+            ss = T.int32()
             ds = T.int32()
-            C = T.match_buffer(c, (16, 16), acc_dtype, offset_factor=16, scope=ACC, strides=[cs, 1])
+            S = T.match_buffer(s, (16, 16), acc_dtype, offset_factor=16, scope=ACC, strides=[ss, 1])
             D = T.match_buffer(d, (16, 16), acc_dtype, offset_factor=16, scope=scope, strides=[ds, 1])
             with T.sblock("root"):
-                T.reads(C[0:16, 0:16])
+                T.reads(S[0:16, 0:16])
                 T.writes(D[0:16, 0:16])
                 T.evaluate(T.tvm_store_matrix_sync(
-                    C.data, M, N, K, _frag_index(C, cs, 16, 16),
+                    S.data, M, N, K, _frag_index(S, ss, 16, 16),
                     D.access_ptr("w"), ds, "row_major", dtype="void"))
 
         return desc, impl
 
     return Intrinsic(f"{NAME}.store_16x16_{acc_dtype}_{scope}", Role.STORE,
-                     [Operand("C", (16, 16), acc_dtype, ACC, STRIDED),
-                      Operand("D", (16, 16), acc_dtype, scope, STRIDED)],
-                     [("i", 16, "S"), ("j", 16, "S")], build, cost=Cost(cycles=4),
+                     *tile_copy_signature((16, 16), acc_dtype, ACC, scope), build, cost=Cost(cycles=4),
                      doc=f"wmma::store_matrix_sync -> {scope}")
 
 

@@ -19,8 +19,8 @@ on vrmpy.
 from functools import cache, partial
 from typing import Optional
 
-from tirbyoc import (Cost, Intrinsic, IntrinsicGroup, Operand, Role, Runtime, Scope, Template, dot_product_desc,
-                     dot_product_signature, zero_fill_desc, zero_fill_signature)
+from tirbyoc import (Cost, Intrinsic, IntrinsicGroup, Role, Runtime, Scope, Template, dot_product_desc,
+                     dot_product_signature, tile_copy_desc, tile_copy_signature, zero_fill_desc, zero_fill_signature)
 
 NAME = "hexagon_hvx"
 VTCM = "global.vtcm"
@@ -174,39 +174,28 @@ def dma_load(size: int, dtype: str = "uint8") -> Intrinsic:
     def build():
         from tvm.script import tirx as T
 
-        @T.prim_func(s_tir=True)
-        def desc(
-            A: T.Buffer((size,), dtype, offset_factor=1),
-            C: T.Buffer((size,), dtype, offset_factor=1, scope=VTCM),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(A[0:size])
-                T.writes(C[0:size])
-                for i in T.serial(size):
-                    with T.sblock("load"):
-                        vi = T.axis.remap("S", [i])
-                        C[vi] = A[vi]
+        desc = tile_copy_desc((size,), dtype, "global", VTCM, block="load")
 
         @T.prim_func(s_tir=True)
         def impl(
-            A: T.Buffer((size,), dtype, offset_factor=1),
-            C: T.Buffer((size,), dtype, offset_factor=1, scope=VTCM),
+            S: T.Buffer((size,), dtype, offset_factor=1),
+            D: T.Buffer((size,), dtype, offset_factor=1, scope=VTCM),
         ) -> None:
             with T.sblock("root"):
-                T.reads(A[0:size])
-                T.writes(C[0:size])
+                T.reads(S[0:size])
+                T.writes(D[0:size])
                 T.evaluate(
                     T.tvm_call_packed(
                         "device_api.hexagon.dma_copy_dltensor",
                         T.tvm_stack_make_array(
-                            T.address_of(C[0], dtype="handle"),
+                            T.address_of(D[0], dtype="handle"),
                             T.tvm_stack_make_shape(size, dtype="handle"),
-                            0, 1, C.dtype, 0, dtype="handle",
+                            0, 1, D.dtype, 0, dtype="handle",
                         ),
                         T.tvm_stack_make_array(
-                            T.address_of(A[0], dtype="handle"),
+                            T.address_of(S[0], dtype="handle"),
                             T.tvm_stack_make_shape(size, dtype="handle"),
-                            0, 1, A.dtype, 0, dtype="handle",
+                            0, 1, S.dtype, 0, dtype="handle",
                         ),
                         T.cast(size * nbytes, dtype="int"),  # the DMA counts bytes
                         False,
@@ -219,8 +208,7 @@ def dma_load(size: int, dtype: str = "uint8") -> Intrinsic:
     return Intrinsic(
         f"{NAME}.dma_load_{size}_{dtype}",
         Role.LOAD,
-        [Operand("A", (size,), dtype), Operand("C", (size,), dtype, VTCM)],
-        [("i", size, "S")],
+        *tile_copy_signature((size,), dtype, "global", VTCM, axes=("i",)),
         build,
         cost=Cost(cycles=64 + size // 32),
         doc=f"DMA {size} x {dtype} DRAM -> VTCM",

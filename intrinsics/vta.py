@@ -13,8 +13,8 @@ from functools import cache, partial
 from typing import Optional
 
 from tirbyoc.sim import Simulator, config_for
-from tirbyoc import (DENSE, BlockALU, BlockDMA, Cost, Intrinsic, IntrinsicGroup, Layout, Operand, Role, Runtime,
-                     Scope, Template, zero_fill_desc, zero_fill_signature)
+from tirbyoc import (BlockALU, BlockDMA, Cost, Intrinsic, IntrinsicGroup, Layout, Operand, Role, Runtime, Scope,
+                     Template, tile_copy_desc, tile_copy_signature, zero_fill_desc, zero_fill_signature)
 
 NAME = "vta"
 INP, WGT, ACC = "local.inp_buffer", "local.wgt_buffer", "local.acc_buffer"
@@ -106,50 +106,27 @@ def fill_zero(lanes: int, acc_dtype: str = "int32", prefix: str = NAME) -> Intri
                      doc="zero an accumulator tile")
 
 
-def _copy_1d(cols, dtype, dst_dtype, src_scope, dst_scope, symbol, scope_id):
+def _copy(shape, dtype, dst_dtype, src_scope, dst_scope, symbol, scope_id):
+    """The DMA's description (the tile-copy family's) and its call into the simulator; a 2-D
+    tile passes its row strides."""
     from tvm.script import tirx as T
 
-    @T.prim_func(s_tir=True)
-    def desc(
-        S: T.Buffer((cols,), dtype, offset_factor=1, scope=src_scope),
-        D: T.Buffer((cols,), dst_dtype, offset_factor=1, scope=dst_scope),
-    ) -> None:
-        with T.sblock("root"):
-            T.reads(S[0:cols])
-            T.writes(D[0:cols])
-            for j in T.serial(cols):
-                with T.sblock("copy"):
-                    vj = T.axis.remap("S", [j])
-                    D[vj] = T.cast(S[vj], dst_dtype)
+    desc = tile_copy_desc(shape, dtype, src_scope, dst_scope, dst_dtype=dst_dtype)
+    if len(shape) == 1:
+        (cols,) = shape
 
-    @T.prim_func(s_tir=True)
-    def impl(
-        S: T.Buffer((cols,), dtype, offset_factor=1, scope=src_scope),
-        D: T.Buffer((cols,), dst_dtype, offset_factor=1, scope=dst_scope),
-    ) -> None:
-        with T.sblock("root"):
-            T.reads(S[0:cols])
-            T.writes(D[0:cols])
-            T.evaluate(T.call_packed(symbol, D, S, scope_id))
+        @T.prim_func(s_tir=True)
+        def impl(
+            S: T.Buffer((cols,), dtype, offset_factor=1, scope=src_scope),
+            D: T.Buffer((cols,), dst_dtype, offset_factor=1, scope=dst_scope),
+        ) -> None:
+            with T.sblock("root"):
+                T.reads(S[0:cols])
+                T.writes(D[0:cols])
+                T.evaluate(T.call_packed(symbol, D, S, scope_id))
 
-    return desc, impl
-
-
-def _copy_2d(rows, cols, dtype, dst_dtype, src_scope, dst_scope, symbol, scope_id):
-    from tvm.script import tirx as T
-
-    @T.prim_func(s_tir=True)
-    def desc(
-        S: T.Buffer((rows, cols), dtype, offset_factor=1, scope=src_scope),
-        D: T.Buffer((rows, cols), dst_dtype, offset_factor=1, scope=dst_scope),
-    ) -> None:
-        with T.sblock("root"):
-            T.reads(S[0:rows, 0:cols])
-            T.writes(D[0:rows, 0:cols])
-            for i, j in T.grid(rows, cols):
-                with T.sblock("copy"):
-                    vi, vj = T.axis.remap("SS", [i, j])
-                    D[vi, vj] = T.cast(S[vi, vj], dst_dtype)
+        return desc, impl
+    rows, cols = shape
 
     @T.prim_func(s_tir=True)
     def impl(s: T.handle, d: T.handle) -> None:
@@ -177,19 +154,14 @@ def dma(direction: str, rows: int, cols: int, dtype: str, scope: str, out_dtype:
     src_scope, dst_scope = ("global", scope) if direction == "load" else (scope, "global")
     dst_dtype = out_dtype or dtype
     symbol = "tirbyoc.sim.dma_" + direction
-    if rows == 1:
-        shape, layout, axes = (cols,), DENSE, [("j", cols, "S")]
-        build = partial(_copy_1d, cols, dtype, dst_dtype, src_scope, dst_scope, symbol, SCOPE_ID[scope])
-    else:
-        shape, layout, axes = (rows, cols), Layout.row_strided(), [("i", rows, "S"), ("j", cols, "S")]
-        build = partial(_copy_2d, rows, cols, dtype, dst_dtype, src_scope, dst_scope, symbol, SCOPE_ID[scope])
+    shape = (cols,) if rows == 1 else (rows, cols)
+    build = partial(_copy, shape, dtype, dst_dtype, src_scope, dst_scope, symbol, SCOPE_ID[scope])
     short = scope.split(".")[-1].replace("_buffer", "")
     suffix = f"_{dst_dtype}" if out_dtype else ""
     return Intrinsic(
         f"{prefix}.{direction}_{short}_{rows}x{cols}_{dtype}{suffix}",
         Role.LOAD if direction == "load" else Role.STORE,
-        [Operand("S", shape, dtype, src_scope, layout), Operand("D", shape, dst_dtype, dst_scope, layout)],
-        axes,
+        *tile_copy_signature(shape, dtype, src_scope, dst_scope, dst_dtype=dst_dtype),
         build,
         cost=Cost(cycles=rows),
         doc=f"DMA {direction} {rows}x{cols} {dtype} {'DRAM -> ' + scope if direction == 'load' else scope + ' -> DRAM'}",

@@ -251,6 +251,44 @@ def test_a_dot_product_family_is_declared_once_and_shared():
             assert tvm_ffi.structural_equal(group.init.desc, zero_fill_desc(c.shape[0], c.dtype, c.scope, block="reset"))
 
 
+def test_a_tile_copy_family_is_declared_once_and_shared():
+    """VTA's DMA loads and stores, Hexagon's DMA into VTCM and cuda_mma's fragment loads and
+    stores take their signature and description from the tile-copy family; the description is
+    the TVMScript VTA wrote by hand (a narrowing store casts each element)."""
+    from tvm.script import tirx as T
+
+    from tirbyoc import tile_copy_desc, tile_copy_signature
+    from tirbyoc._tvm import tvm_ffi
+
+    @T.prim_func(s_tir=True)
+    def desc(S: T.Buffer((16,), "int32", offset_factor=1, scope="local.acc_buffer"),
+             D: T.Buffer((16,), "int8", offset_factor=1)) -> None:
+        with T.sblock("root"):
+            T.reads(S[0:16])
+            T.writes(D[0:16])
+            for j in T.serial(16):
+                with T.sblock("copy"):
+                    vj = T.axis.remap("S", [j])
+                    D[vj] = T.cast(S[vj], "int8")
+
+    assert tvm_ffi.structural_equal(tile_copy_desc((16,), "int32", "local.acc_buffer", "global", dst_dtype="int8"),
+                                    desc)
+    operands, axes = tile_copy_signature((8, 32), "int8", "global", "shared")
+    assert [(o.name, o.shape, o.scope, o.layout.dense) for o in operands] == [("S", (8, 32), "global", False),
+                                                                             ("D", (8, 32), "shared", False)]
+    assert axes == [("i", 8, "S"), ("j", 32, "S")]
+    copies = {i.name: i for name in ("vta", "hexagon_hvx", "cuda_mma") for g in tirbyoc.get_template(name).groups
+              for i in (*g.loads, *((g.store,) if g.store is not None else ())) if len(i.operands) == 2}
+    assert len(copies) >= 6, sorted(copies)
+    for intrin in copies.values():
+        src, dst = intrin.operands
+        block = "copy" if intrin.name.startswith("vta.") else ("store" if "store" in intrin.name else "load")
+        family = tile_copy_desc(src.shape, src.dtype, src.scope, dst.scope, dst_dtype=dst.dtype,
+                                offset_factor=16 if intrin.name.startswith("cuda_mma.") else 1,
+                                block=block)
+        assert tvm_ffi.structural_equal(intrin.desc, family), intrin.name
+
+
 def test_a_cpu_template_declares_the_features_it_needs_as_data(monkeypatch):
     from tirbyoc import requires_cpu
     from tirbyoc.decl import host

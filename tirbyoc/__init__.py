@@ -13,7 +13,8 @@ import importlib
 from tirbyoc.decl.alu import BlockALU
 from tirbyoc.decl.dma import BlockDMA
 from tirbyoc.decl.extern import ExternLibrary, PackedFunction
-from tirbyoc.decl.families import dot_product_desc, dot_product_signature, zero_fill_desc, zero_fill_signature
+from tirbyoc.decl.families import (dot_product_desc, dot_product_signature, tile_copy_desc, tile_copy_signature,
+                                   zero_fill_desc, zero_fill_signature)
 from tirbyoc.decl.intrinsic import DENSE, Axis, Cost, Intrinsic, IntrinsicGroup, Layout, Operand, Role
 from tirbyoc.decl.registry import get_template, register_template, template_names, templates
 from tirbyoc.decl.requirements import requires_cpu
@@ -66,6 +67,7 @@ __all__ = [
     "Intrinsic", "IntrinsicError", "IntrinsicGroup", "Layout", "Operand", "RegistrationConflict",
     "RewriteError", "Role", "Runtime", "Scope", "ScopeError", "TensorCoreKernel", "Template", "TemplateError", "TirbyocError",
     "UnknownTemplateError", "VerificationError", "dot_product_desc", "dot_product_signature", "get_template",
-    "register_template", "requires_cpu", "template_names", "templates", "zero_fill_desc", "zero_fill_signature",
+    "register_template", "requires_cpu", "template_names", "templates", "tile_copy_desc", "tile_copy_signature",
+    "zero_fill_desc", "zero_fill_signature",
     *_LAZY,
 ]

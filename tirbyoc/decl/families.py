@@ -13,13 +13,17 @@ the dtypes and the memory scope; only the implementation differs. So a template 
     desc = dot_product_desc(16, 4, "uint8", "int8", "int32")   # inside Intrinsic's build()
 
 and writes its implementation alone. The same for a vector of zeros (`zero_fill_signature`,
-`zero_fill_desc`: the init of an accumulator). Each description is the TVMScript the
+`zero_fill_desc`: the init of an accumulator) and for a tile copy between memory scopes
+(`tile_copy_signature`, `tile_copy_desc`: VTA's DMA loads and stores, Hexagon's DMA into VTCM,
+the WMMA fragment loads and stores of cuda_mma). Each description is the TVMScript the
 templates wrote by hand before, structurally equal (``tests/test_declarations.py``).
 """
 
 from __future__ import annotations
 
 from tirbyoc.decl.intrinsic import Operand
+from tirbyoc.decl.layout import Layout
+from tirbyoc.errors import IntrinsicError
 from tirbyoc.decl.scope import GLOBAL as _GLOBAL_SCOPE
 
 GLOBAL = _GLOBAL_SCOPE.name  # the scopes' own main memory, by name (Operand and TVMScript take the name)
@@ -77,4 +81,63 @@ def zero_fill_desc(lanes: int, dtype: str, scope: str = GLOBAL, block: str = "in
     return desc
 
 
-__all__ = ["dot_product_desc", "dot_product_signature", "zero_fill_desc", "zero_fill_signature"]
+def tile_copy_signature(shape: tuple, dtype: str, src: str, dst: str, *, dst_dtype: str | None = None,
+                        names: tuple = ("S", "D"), layout: Layout | None = None, axes: tuple | None = None):
+    """(operands, axes) of ``D[shape] = S[shape]`` from scope ``src`` to scope ``dst`` (a 1-D or
+    2-D tile; ``dst_dtype``: a narrowing store's). A 2-D tile is read row-strided, a 1-D one
+    dense, unless ``layout`` says otherwise; the axes are named i, j (a 1-D tile's j) unless
+    ``axes`` names them."""
+    if len(shape) not in (1, 2):
+        raise IntrinsicError(f"a tile copy is 1-D or 2-D, not {len(shape)}-D ({shape})")
+    if layout is None:
+        layout = Layout.row_strided() if len(shape) == 2 else Layout()
+    operands = [Operand(names[0], tuple(shape), dtype, src, layout),
+                Operand(names[1], tuple(shape), dst_dtype or dtype, dst, layout)]
+    axes = axes or (("i", "j") if len(shape) == 2 else ("j",))
+    return operands, [(name, size, "S") for name, size in zip(axes, shape)]
+
+
+def tile_copy_desc(shape: tuple, dtype: str, src: str, dst: str, *, dst_dtype: str | None = None,
+                   offset_factor: int = 1, block: str = "copy"):
+    """The description of `tile_copy_signature`'s copy (a TIR PrimFunc): each element cast to
+    ``dst_dtype`` where it narrows; ``block`` names the copy's block."""
+    from tirbyoc._tvm import T  # deferred: TVMScript loads when an intrinsic is first built
+
+    out = dst_dtype or dtype
+    if len(shape) == 1:
+        (n,) = shape
+
+        @T.prim_func(s_tir=True)
+        def desc(
+            S: T.Buffer((n,), dtype, offset_factor=offset_factor, scope=src),
+            D: T.Buffer((n,), out, offset_factor=offset_factor, scope=dst),
+        ) -> None:
+            with T.sblock("root"):
+                T.reads(S[0:n])
+                T.writes(D[0:n])
+                for j in T.serial(n):
+                    with T.sblock(block):
+                        vj = T.axis.remap("S", [j])
+                        D[vj] = T.cast(S[vj], out)
+
+        return desc
+    rows, cols = shape
+
+    @T.prim_func(s_tir=True)
+    def desc(
+        S: T.Buffer((rows, cols), dtype, offset_factor=offset_factor, scope=src),
+        D: T.Buffer((rows, cols), out, offset_factor=offset_factor, scope=dst),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(S[0:rows, 0:cols])
+            T.writes(D[0:rows, 0:cols])
+            for i, j in T.grid(rows, cols):
+                with T.sblock(block):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    D[vi, vj] = T.cast(S[vi, vj], out)
+
+    return desc
+
+
+__all__ = ["dot_product_desc", "dot_product_signature", "tile_copy_desc", "tile_copy_signature", "zero_fill_desc",
+           "zero_fill_signature"]
