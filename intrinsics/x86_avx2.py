@@ -22,27 +22,25 @@ reduction tile (2 input channels, not 4) differ.
 
 from functools import cache
 
-from tirbyoc import (Cost, Intrinsic, IntrinsicGroup, Role, Runtime, Template, dot_product_desc, dot_product_signature,
-                     requires_cpu)
+from tirbyoc import (Cost, Intrinsic, IntrinsicGroup, Role, Runtime, Template, VectorVariant, dot_product_desc,
+                     dot_product_signature, variants)
 
 from .x86_vnni import zero_fill
 
 K = 2  # bytes of A per lane and call: vpmaddwd sums pairs of products
-VARIANTS = {
-    # name: (lanes, LLVM intrinsic, target, CPU feature the host needs, instruction)
-    "x86_avx2": (8, "llvm.x86.avx2.pmadd.wd", {"kind": "llvm", "mcpu": "haswell", "num-cores": 2},
-                 "avx2", "vpmaddwd ymm"),
-    "x86_avx512bw": (16, "llvm.x86.avx512.pmaddw.d.512",
-                     {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2},
-                     "avx512bw", "vpmaddwd zmm"),
-}
+VARIANTS = variants(
+    VectorVariant("x86_avx2", 8, "haswell", ("avx2",), "vpmaddwd ymm", llvm="llvm.x86.avx2.pmadd.wd"),
+    VectorVariant("x86_avx512bw", 16, "skylake-avx512", ("avx512bw",), "vpmaddwd zmm",
+                  llvm="llvm.x86.avx512.pmaddw.d.512"),
+)
 
 
 @cache
 def dot_product(name: str = "x86_avx2") -> Intrinsic:
     """C[lanes] += sum_k u8 A[k] * i8 B[lanes, k] over k < 2: one ``vpmaddwd`` on operands
     widened to 16 bits (exact), then one 32-bit add."""
-    lanes, llvm_name, _, _, instruction = VARIANTS[name]
+    variant = VARIANTS[name]
+    lanes, llvm_name, instruction = variant.lanes, variant.llvm, variant.instruction
     wide = 2 * lanes
 
     def build():
@@ -84,14 +82,15 @@ def dot_product(name: str = "x86_avx2") -> Intrinsic:
 
 def make_template(name: str = "x86_avx2") -> Template:
     """The exact ``vpmaddwd`` int8 template: ``x86_avx2`` (ymm) or ``x86_avx512bw`` (zmm)."""
-    lanes, _, target, _, instruction = VARIANTS[name]
+    variant = VARIANTS[name]
+    lanes, instruction = variant.lanes, variant.instruction
     return Template(
         name=name,
-        target=target,
+        target=variant.target,
         runtime=Runtime.LLVM,
         groups=(IntrinsicGroup("dot_u8i8i32", compute=dot_product(name),
                                init=zero_fill(lanes, name=name)),),
-        requires=requires_cpu(VARIANTS[name][3], instruction=VARIANTS[name][4]),
+        requires=variant.requires(),
         doc=(f"exact int8 dot products without VNNI: u8 activations x i8 weights -> i32 with "
              f"{instruction} on 16-bit operands"),
         channels_last=True,  # two input channels per lane, `lanes` output channels per store

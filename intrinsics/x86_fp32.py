@@ -21,23 +21,20 @@ with TVM's build to float32 rounding (each offload is checked at a float toleran
 
 from functools import cache
 
-from tirbyoc import Cost, Intrinsic, IntrinsicGroup, Operand, Role, Runtime, Template, requires_cpu
+from tirbyoc import Cost, Intrinsic, IntrinsicGroup, Operand, Role, Runtime, Template, VectorVariant, variants
 
 from .x86_vnni import zero_fill
 
-VARIANTS = {
-    # name: (lanes, target, CPU features the host needs, instruction)
-    "x86_fp32_avx2": (8, {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}, ("avx2", "fma"),
-                      "vfmadd231ps ymm"),
-    "x86_fp32_avx512": (16, {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}, ("avx512f",),
-                        "vfmadd231ps zmm"),
-}
+VARIANTS = variants(
+    VectorVariant("x86_fp32_avx2", 8, "haswell", ("avx2", "fma"), "vfmadd231ps ymm"),
+    VectorVariant("x86_fp32_avx512", 16, "skylake-avx512", ("avx512f",), "vfmadd231ps zmm"),
+)
 
 
 @cache
 def fma(name: str = "x86_fp32_avx512") -> Intrinsic:
     """C[lanes] += A[0] * B[lanes]: one broadcast and one fused multiply-add."""
-    lanes, _, _, instruction = VARIANTS[name]
+    lanes, instruction = VARIANTS[name].lanes, VARIANTS[name].instruction
     vec = f"float32x{lanes}"
 
     def build():
@@ -87,13 +84,14 @@ def fma(name: str = "x86_fp32_avx512") -> Intrinsic:
 
 def make_template(name: str = "x86_fp32_avx512") -> Template:
     """The fp32 fused multiply-add template: ``x86_fp32_avx2`` (ymm) or ``x86_fp32_avx512`` (zmm)."""
-    lanes, target, _, instruction = VARIANTS[name]
+    variant = VARIANTS[name]
+    lanes, instruction = variant.lanes, variant.instruction
     return Template(
         name=name,
-        target=target,
+        target=variant.target,
         runtime=Runtime.LLVM,
         groups=(IntrinsicGroup("fma_f32", compute=fma(name), init=zero_fill(lanes, "float32", name=name)),),
-        requires=requires_cpu(*VARIANTS[name][2], instruction=VARIANTS[name][3]),
+        requires=variant.requires(),
         doc=f"fp32 convolutions and matmuls as register-blocked {instruction} micro-kernels",
         channels_last=True,  # one input channel per step, `lanes` output channels per store
         fuses_epilogues=True,  # bias, ReLU, a residual add in the register block's write-back

@@ -289,6 +289,24 @@ def test_a_tile_copy_family_is_declared_once_and_shared():
         assert tvm_ffi.structural_equal(intrin.desc, family), intrin.name
 
 
+def test_a_template_familys_variants_are_validated_records():
+    from tirbyoc import DeclarationError, VectorVariant, variants
+
+    ymm = VectorVariant("v_ymm", 8, "haswell", ["avx2", "fma"], "vfmadd231ps ymm")
+    assert ymm.features == ("avx2", "fma") and ymm.target == {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}
+    assert ymm.requires().features == ("avx2", "fma")
+    with pytest.raises(DeclarationError, match="lanes 12 must be a power of two"):
+        VectorVariant("v", 12, "haswell", ("avx2",), "vpmaddwd ymm")
+    with pytest.raises(DeclarationError, match="features must name the CPU features"):
+        VectorVariant("v", 8, "haswell", (), "vpmaddwd ymm")
+    with pytest.raises(DeclarationError, match="two variants are named 'v_ymm'"):
+        variants(ymm, ymm)
+    for name, lanes in (("x86_avx2", 8), ("x86_avx512bw", 16), ("x86_fp32_avx2", 8), ("x86_fp32_avx512", 16)):
+        template = tirbyoc.get_template(name)
+        assert template.groups[0].compute.operands[-1].shape == (lanes,), name
+        assert template.target["mcpu"] in ("haswell", "skylake-avx512"), template.target
+
+
 def test_a_cpu_template_declares_the_features_it_needs_as_data(monkeypatch):
     from tirbyoc import requires_cpu
     from tirbyoc.decl import host

@@ -17,6 +17,7 @@ from tirbyoc.decl.families import (dot_product_desc, dot_product_signature, tile
                                    zero_fill_desc, zero_fill_signature)
 from tirbyoc.decl.intrinsic import DENSE, Axis, Cost, Intrinsic, IntrinsicGroup, Layout, Operand, Role
 from tirbyoc.decl.registry import get_template, register_template, template_names, templates
+from tirbyoc.decl.variants import VectorVariant, variants
 from tirbyoc.decl.requirements import requires_cpu
 from tirbyoc.decl.scope import GLOBAL, Scope
 from tirbyoc.decl.tensor_core import BlockTiling, TensorCoreKernel
@@ -66,8 +67,8 @@ __all__ = [
     "Axis", "BlockALU", "BlockDMA", "BlockTiling", "Cost", "DENSE", "DeclarationError", "ExternLibrary", "ExternLibraryError", "GLOBAL", "PackedFunction",
     "Intrinsic", "IntrinsicError", "IntrinsicGroup", "Layout", "Operand", "RegistrationConflict",
     "RewriteError", "Role", "Runtime", "Scope", "ScopeError", "TensorCoreKernel", "Template", "TemplateError", "TirbyocError",
-    "UnknownTemplateError", "VerificationError", "dot_product_desc", "dot_product_signature", "get_template",
+    "UnknownTemplateError", "VectorVariant", "VerificationError", "dot_product_desc", "dot_product_signature", "get_template",
     "register_template", "requires_cpu", "template_names", "templates", "tile_copy_desc", "tile_copy_signature",
-    "zero_fill_desc", "zero_fill_signature",
+    "variants", "zero_fill_desc", "zero_fill_signature",
     *_LAZY,
 ]
