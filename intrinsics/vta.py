@@ -9,6 +9,7 @@ Implementations call the simulator runtime (``tirbyoc.sim.*`` packed functions) 
 operand windows as DLTensors.
 """
 
+from dataclasses import asdict, dataclass, replace
 from functools import cache, partial
 from typing import Optional
 
@@ -275,21 +276,44 @@ def alu_shift_clip(lanes: int, shift: int = 8, lo: int = -128, hi: int = 127,
         2, f"ALU clip(acc >> {shift}, {lo}, {hi})", prefix)
 
 
-def make_template(batch: int = 1, block_in: int = 16, block_out: int = 16,
-                  inp_kib: int = 32, wgt_kib: int = 256, acc_kib: int = 128,
-                  in_dtype: str = "int8", wgt_dtype: str = "int8", acc_dtype: str = "int32",
-                  dma_bytes_per_cycle: int = 8, dma_latency: int = 64, clock_mhz: int = 100,
-                  block_dma: bool = True, double_buffer: bool = True, fused_epilogue: bool = True,
-                  name: str = NAME) -> Template:
-    """A VTA-style template; every parameter is validated, defaults are VTA's own.
+@dataclass(frozen=True)
+class VtaConfig:
+    """A VTA-style core, validated when made; the defaults are VTA's own.
     ``block_dma``: the DMA moves a whole scratchpad tile per instruction, as VTA's load and
     store do (False: one DMA per intrinsic tile, the mapping before block DMA).
     ``double_buffer``: input and weight tiles get two versions each (half of each scratchpad
     per tile), so loads overlap the GEMMs as with VTA's virtual threads (needs block DMA).
     ``fused_epilogue``: the ALU runs the elementwise blocks after a core (bias, requantization,
     ReLU) on the accumulator tile and the store narrows, as VTA does (needs block DMA)."""
-    params = dict(locals())  # the generator parameters, as the template records them
-    _check(params)
+
+    batch: int = 1
+    block_in: int = 16
+    block_out: int = 16
+    inp_kib: int = 32
+    wgt_kib: int = 256
+    acc_kib: int = 128
+    in_dtype: str = "int8"
+    wgt_dtype: str = "int8"
+    acc_dtype: str = "int32"
+    dma_bytes_per_cycle: int = 8
+    dma_latency: int = 64
+    clock_mhz: int = 100
+    block_dma: bool = True
+    double_buffer: bool = True
+    fused_epilogue: bool = True
+    name: str = NAME
+
+    def __post_init__(self):
+        _check(asdict(self))
+
+
+def make_template(config: Optional[VtaConfig] = None, **changes) -> Template:
+    """A VTA-style template from ``config`` (VTA's own by default) with ``changes`` applied
+    (the parameters a sweep varies: ``make_template(block_in=32, inp_kib=64)``)."""
+    c = replace(config or VtaConfig(), **changes)
+    batch, block_in, block_out, name = c.batch, c.block_in, c.block_out, c.name
+    in_dtype, wgt_dtype, acc_dtype = c.in_dtype, c.wgt_dtype, c.acc_dtype
+    params = asdict(c)  # the generator parameters, as the template records them
     core = gemm(batch, block_in, block_out, in_dtype, wgt_dtype, acc_dtype, prefix=name)
     group = IntrinsicGroup(
         "gemm",
@@ -303,9 +327,9 @@ def make_template(batch: int = 1, block_in: int = 16, block_out: int = 16,
                   alu_relu(batch * block_out, acc_dtype, prefix=name),
                   alu_shift_clip(batch * block_out, acc_dtype=acc_dtype, prefix=name)),
     )
-    scopes = (Scope(INP, inp_kib * 1024, 16, "input scratchpad"),
-              Scope(WGT, wgt_kib * 1024, 16, "weight scratchpad"),
-              Scope(ACC, acc_kib * 1024, 16, "accumulator scratchpad"))
+    scopes = (Scope(INP, c.inp_kib * 1024, 16, "input scratchpad"),
+              Scope(WGT, c.wgt_kib * 1024, 16, "weight scratchpad"),
+              Scope(ACC, c.acc_kib * 1024, 16, "accumulator scratchpad"))
     return Template(
         name=name,
         target=TARGET,
@@ -320,13 +344,13 @@ def make_template(batch: int = 1, block_in: int = 16, block_out: int = 16,
         block_dma=BlockDMA("tirbyoc.sim.dma_load", "tirbyoc.sim.dma_store",
                            {scope: (SCOPE_ID[scope],) for scope in SCOPE_ID},
                            doc="VTA load/store: rows at a stride per instruction",
-                           double_buffer=(INP, WGT) if double_buffer else ()) if block_dma else None,
+                           double_buffer=(INP, WGT) if c.double_buffer else ()) if c.block_dma else None,
         block_alu=BlockALU("tirbyoc.sim.alu_imm", "tirbyoc.sim.alu_tensor", ACC,
                            doc="VTA's ALU: add, max, min, shift right over an accumulator tile")
-        if block_dma and fused_epilogue else None,
+        if c.block_dma and c.fused_epilogue else None,
         simulator=Simulator(config_for(
             scopes, core_macs=batch * block_in * block_out, alu_lanes=batch * block_out,
-            dma_bytes_per_cycle=dma_bytes_per_cycle, dma_latency=dma_latency, clock_mhz=clock_mhz)),
+            dma_bytes_per_cycle=c.dma_bytes_per_cycle, dma_latency=c.dma_latency, clock_mhz=c.clock_mhz)),
         doc=f"VTA-style {batch}x{block_in}x{block_out} int8 GEMM core with scratchpads, DMA and ALU",
         factory=make_template,
         params=params,
