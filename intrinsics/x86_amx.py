@@ -38,11 +38,12 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 from dataclasses import dataclass, replace
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Optional
 
-from tirbyoc import Cost, ExternLibrary, Intrinsic, IntrinsicGroup, Layout, Operand, Role, Runtime, Template, TirbyocError
+from tirbyoc import (Cost, ExternLibrary, Intrinsic, IntrinsicGroup, Layout, Operand, Role, Runtime, Template, TirbyocError,
+                     requires_cpu)
 
 
 TARGET = {"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2}
@@ -65,8 +66,8 @@ SHORT_TYPES = {"uint8": "u8", "int8": "i8", "bfloat16": "bf16", "int32": "i32", 
 @dataclass(frozen=True)
 class Kernel:
     """One GEMM kernel of the C shims as a template declares it: its template name, C entry
-    point, element types (A, B, accumulator C), the instruction it runs and the CPU flags it
-    needs (/proc/cpuinfo's names). The packed weight's group is 4 bytes of B, so
+    point, element types (A, B, accumulator C), the instruction it runs and the CPU features it
+    needs (LLVM's names, as `requires_cpu` reads them). The packed weight's group is 4 bytes of B, so
     ``group`` = 4 int8 or 2 bf16; ``min_k`` the shortest reduction it takes (elements)."""
 
     name: str
@@ -96,10 +97,10 @@ class Kernel:
 
 
 INT8 = Kernel("x86_amx", "tirbyoc_amx_gemm_u8s8", "uint8", "int8", "int32", "tdpbusd",
-              ("amx_tile", "amx_int8", "avx512_vnni"), MIN_K_BYTES,
+              ("amx-tile", "amx-int8", "avx512vnni"), MIN_K_BYTES,
               shorter="AVX-512 VNNI (x86_vnni)")
 BF16 = Kernel("x86_amx_bf16", "tirbyoc_amx_gemm_bf16", "bfloat16", "bfloat16", "float32", "tdpbf16ps",
-              ("amx_tile", "amx_bf16", "avx512_bf16"), MIN_K_BYTES // 2, pads_k=True,
+              ("amx-tile", "amx-bf16", "avx512bf16"), MIN_K_BYTES // 2, pads_k=True,
               shorter="AVX512_BF16 (x86_avx512_bf16)")
 INT8_EMULATED = replace(INT8, name="x86_amx_emulated", symbol="tirbyoc_amx_emulated_gemm_u8s8", flags=())
 BF16_EMULATED = replace(BF16, name="x86_amx_bf16_emulated", symbol="tirbyoc_amx_emulated_gemm_bf16", flags=())
@@ -261,33 +262,26 @@ def _syscall_grants_amx() -> bool:
         return False
 
 
-def missing_flags(kernel: Kernel, emulated_name: str) -> Optional[str]:
-    """Why this CPU cannot run ``kernel`` natively (None when it can): the flags it lacks."""
-    from tirbyoc.decl.host import cpuinfo_flags
-
-    missing = [f for f in kernel.flags if f not in cpuinfo_flags()]
-    if missing:
-        return (f"this CPU lacks {', '.join(missing)} ({kernel.instruction}); -t {emulated_name} runs "
-                "the same rewrite with the kernel in portable C (its values; not its times)")
-    return None
+def native_requires(kernel: Kernel, emulated_name: str, grant=None):
+    """The ``requires`` of a native kernel: this CPU's features (and ``grant``, a further check),
+    with the emulated twin named as the way to run the same rewrite without them."""
+    return requires_cpu(*kernel.flags, instruction=kernel.instruction, also=grant,
+                        instead=f"-t {emulated_name} runs the same rewrite with the kernel in portable C "
+                                "(its values; not its times)")
 
 
-def _requires(kernel: Kernel, emulated: Kernel):
-    def check() -> Optional[str]:
-        why = missing_flags(kernel, emulated.name)
-        if why is None and not _syscall_grants_amx():
-            why = ("Linux refused this process the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM); "
-                   f"-t {emulated.name} runs the same rewrite without it")
-        return why
-
-    return check
+def _tile_state_refused(emulated: Kernel) -> Optional[str]:
+    if _syscall_grants_amx():
+        return None
+    return ("Linux refused this process the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM); "
+            f"-t {emulated.name} runs the same rewrite without it")
 
 
 def make_template(emulated: bool = False, bf16: bool = False) -> Template:
     """The AMX template: int8 (``x86_amx``) or, ``bf16``, ``x86_amx_bf16``; ``emulated``: the
     kernel as portable C (``x86_amx_emulated``, ``x86_amx_bf16_emulated``)."""
-    native = BF16 if bf16 else INT8
-    kernel = (BF16_EMULATED if bf16 else INT8_EMULATED) if emulated else native
+    native, twin = (BF16, BF16_EMULATED) if bf16 else (INT8, INT8_EMULATED)
+    kernel = twin if emulated else native
     what = ("Intel AMX bf16 tiles (bf16 x bf16 -> float32, --precision bf16)" if bf16 else
             "Intel AMX int8 tiles (u8 activations x i8 weights -> i32)")
     return Template(
@@ -296,7 +290,7 @@ def make_template(emulated: bool = False, bf16: bool = False) -> Template:
         runtime=Runtime.EXTERN_C,
         groups=(kernel_group(kernel),),
         libraries=(EMULATED_LIBRARY if emulated else LIBRARY,),
-        requires=None if emulated else _requires(native, BF16_EMULATED if bf16 else INT8_EMULATED),
+        requires=None if emulated else native_requires(native, twin.name, partial(_tile_state_refused, twin)),
         doc=what + ", a GEMM kernel on packed weights" + (", emulated in portable C" if emulated else ""),
         emulates=f"{native.instruction} (Intel AMX-{'BF16' if bf16 else 'INT8'})" if emulated else "",
         channels_last=True,

@@ -21,12 +21,12 @@ from pathlib import Path
 
 from tirbyoc import ExternLibrary, Runtime, Template
 
-from .x86_amx import BF16, BF16_EMULATED, TILE, Kernel, kernel_group, missing_flags
+from .x86_amx import BF16, BF16_EMULATED, TILE, Kernel, kernel_group, native_requires
 
 # Zen 4 / 5 and Sapphire Rapids run every instruction of Cooper Lake (AVX-512 with BF16, no AMX)
 TARGET = {"kind": "llvm", "mcpu": "cooperlake", "num-cores": 2}
 KERNEL = Kernel("x86_avx512_bf16", "tirbyoc_avx512bf16_gemm", "bfloat16", "bfloat16", "float32", "vdpbf16ps",
-                ("avx512f", "avx512_bf16"), pads_k=True)
+                ("avx512f", "avx512bf16"), pads_k=True)
 LIBRARY = ExternLibrary(name="tirbyoc_bf16_shim", sources=[Path(__file__).parent / "csrc" / "bf16_shim.c"],
                         symbols=[KERNEL.symbol])
 assert KERNEL.group == BF16.group  # the same packed weight as AMX-BF16's
@@ -39,7 +39,7 @@ def make_template() -> Template:
         runtime=Runtime.EXTERN_C,
         groups=(kernel_group(KERNEL),),
         libraries=(LIBRARY,),
-        requires=lambda: missing_flags(KERNEL, BF16_EMULATED.name),
+        requires=native_requires(KERNEL, BF16_EMULATED.name),
         doc="AVX512_BF16 bf16 GEMM (bf16 x bf16 -> float32, --precision bf16), a kernel on packed weights",
         channels_last=True,
         fuses_epilogues=True,  # bias, ReLU, the next layer's bf16 cast in the block's write-back

@@ -316,6 +316,11 @@ def test_a_cpu_template_declares_the_features_it_needs_as_data(monkeypatch):
     monkeypatch.setattr(host, "host_cpu_features", lambda: {"avx2", "fma"})
     assert check() == "this CPU lacks AVX-512 VNNI (avx512vnni); -t x86_vnni_emulated runs it emulated"
     assert requires_cpu("avx2", "fma", instruction="vfmadd231ps ymm")() is None
+    asked = []
+    granted = requires_cpu("avx2", also=lambda: asked.append(1) or "Linux refused the tile state")
+    assert granted() == "Linux refused the tile state" and asked == [1]  # asked once the features are there
+    assert requires_cpu("amx-int8", instruction="tdpbusd", also=lambda: asked.append(2))() == \
+        "this CPU lacks amx-int8 (tdpbusd)" and asked == [1]
     assert requires_cpu("avx512f", "fma", instruction="vfmadd231ps zmm")() == "this CPU lacks avx512f (vfmadd231ps zmm)"
     for name, features in [("x86_vnni", ("avx512vnni",)), ("x86_avx2", ("avx2",)), ("x86_avx512bw", ("avx512bw",)),
                            ("x86_fp32_avx2", ("avx2", "fma")), ("x86_fp32_avx512", ("avx512f",))]:

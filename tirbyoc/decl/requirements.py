@@ -19,10 +19,13 @@ from typing import Callable, Optional
 
 
 def requires_cpu(*features: str, what: str | None = None, instruction: str | None = None,
-                 instead: str | None = None) -> Callable[[], Optional[str]]:
+                 instead: str | None = None,
+                 also: Callable[[], Optional[str]] | None = None) -> Callable[[], Optional[str]]:
     """A ``Template.requires`` that is None where this CPU has every one of ``features``, else
     ``"this CPU lacks <what> (<instruction or the features missing>)[; <instead>]"``;
-    ``what`` defaults to the features missing. The callable keeps ``features`` (listings)."""
+    ``what`` defaults to the features missing. ``also``: a further check asked once the
+    features are there (Linux granting AMX's tile state), its answer returned as it is. The
+    callable keeps ``features`` (listings)."""
     if not features:
         raise ValueError("requires_cpu needs at least one feature")
 
@@ -32,7 +35,7 @@ def requires_cpu(*features: str, what: str | None = None, instruction: str | Non
         have = host_cpu_features()
         missing = [f for f in features if f not in have]
         if not missing:
-            return None
+            return also() if also is not None else None
         why = f"this CPU lacks {what or ', '.join(missing)} ({instruction or ', '.join(missing)})"
         return f"{why}; {instead}" if instead else why
 
