@@ -220,5 +220,8 @@ TEMPLATE = Template(
     # NHWC: a convolution is then an implicit GEMM whose A rows are pixels and whose K runs
     # along the channels in memory (16-byte copies straight from the activation)
     channels_last=True,
+    # the elementwise work after a GEMM or convolution (cast, bias, ReLU, GELU, a residual add)
+    # runs on the tile on its way out of the kernel: C written once, in the model's dtype
+    fuses_epilogues=True,
     doc="CUDA tensor cores through WMMA 16x16x16 (fp16 -> fp32, int8 -> int32)",
 )

@@ -127,3 +127,21 @@ def test_resnet50_fp16_runs_on_the_gpu_and_agrees_with_tvms_build(tmp_path):
     model.write_text("from tirbyoc.app.convnets import resnet50_fp16\nresnet = resnet50_fp16(image=64)\n")
     result = run_model(str(model), ["cuda_mma"], repeat=2)
     assert result.verified and result.report.coverage > 0.9
+
+
+def test_a_fused_models_epilogue_runs_in_the_kernels_write_back(target):
+    """BERT fused as `tirbyoc run` fuses it for cuda_mma (``fuses_epilogues``): each matmul's
+    float32 -> float16 cast and bias add run on the tile on its way out of the kernel, so the
+    function is one kernel that writes C once, in float16."""
+    import re
+
+    from tirbyoc.relax.bridge import fuse
+
+    assert tirbyoc.get_template("cuda_mma").fuses_epilogues
+    mod = fuse(relax.transform.LegalizeOps()(bert_base_fp16(batch=2, seq=32, layers=1)))
+    out = tirbyoc.offload(mod["fused_matmul_cast_add"], "cuda_mma", verify=False)
+    steps = [str(s) for b in out.blocks for s in b.steps]
+    assert "T_add fused into C's write to global" in steps, steps
+    source = cuda_source(build(out.func.with_attr("global_symbol", "main"), target))
+    assert len(set(re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", source))) == 1
+    assert "half4" in source  # the write-back stores float16, four at a time

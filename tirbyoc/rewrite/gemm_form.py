@@ -165,14 +165,37 @@ def inline_into_copy(sch, copy) -> list[str]:
 
 def inline_consumers(sch, copy) -> list[str]:
     """Inline the consumers of what ``copy`` writes while each is a contiguous copy (the
-    padding's cut back, a reindex back to NHWC). Returns the buffers no longer written."""
-    gone = []
+    padding's cut back, a reindex back to NHWC) or an elementwise epilogue reading it point
+    for point (a fused model's cast, bias, ReLU, GELU, residual add: they then run on the tile
+    on its way out, and C is written once, in the model's dtype). Returns the elementwise
+    blocks inlined."""
+    fused = []
     while True:
         consumers = sch.get_consumers(copy)
-        if len(consumers) != 1 or not contiguous(sch.get(consumers[0])):
-            return gone
-        gone.append(str(sch.get(copy).writes[0].source.name))
-        sch.reverse_compute_inline(consumers[0])
+        if len(consumers) != 1:
+            return fused
+        consumer = sch.get(consumers[0])
+        written = sch.get(copy).writes[0].source
+        if contiguous(consumer):
+            sch.reverse_compute_inline(consumers[0])
+        elif _pointwise(consumer, written):
+            fused.append(str(consumer.name_hint))
+            sch.reverse_compute_inline(consumers[0])
+        else:
+            return fused
+
+
+def _pointwise(block, buffer) -> bool:
+    """Whether ``block`` is elementwise over ``buffer``: no reduction, one store, and every
+    read of ``buffer`` at exactly the stored element's indices."""
+    if any(int(iv.iter_type) == REDUCE for iv in block.iter_vars) or block.init is not None:
+        return False
+    stores = list(iter_stores(block.body))
+    if len(stores) != 1:
+        return False
+    reads = [ld for ld in _loads(block.body) if ld.source.same_as(buffer)]
+    index = [str(i) for i in stores[0].indices]
+    return bool(reads) and all([str(i) for i in ld.indices] == index for ld in reads)
 
 
 def fold_staged_inputs(state: RewriteState) -> list[str]:

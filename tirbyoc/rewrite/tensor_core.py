@@ -281,7 +281,9 @@ def _stage_output(state: RewriteState, plan: KernelPlan, tile, bx):
     a thread. Returns the register -> shared copy block (tensorized later)."""
     sch, t, (tm, tn, _) = state.sch, plan.tiling, plan.kernel.mma_shape
     out = sch.cache_write(tile, 0, SHARED_DYN)
-    inline_consumers(sch, out)
+    fused = inline_consumers(sch, out)
+    if fused:
+        state.record(StepKind.EPILOGUE, f"{', '.join(fused)} fused into C's write to global")
     sch.reverse_compute_at(out, bx)
     _threads_copy(sch, out, plan, dtype_bytes(plan.kernel.acc_dtype))
     sch.annotate(out, "permuted_layout", "s2g_C")
