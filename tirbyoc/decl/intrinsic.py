@@ -291,6 +291,17 @@ class Intrinsic:
         return f"Intrinsic({self.name!r}, {self.role.value}, shape={self.shape})"
 
 
+class AxisExtents(dict):
+    """What a group's ``resize`` is given: the compute intrinsic's axis -> extent (``{"vi":
+    1000, "vj": 17, "vk": 300}``), and in ``fused`` each axis's workload iterators' extents,
+    outer to inner, where the matcher fused several into it (a convolution's (kh, kw, c) into
+    one reduction: ``{"vk": (3, 3, 64)}``), so a kernel can tell a window from a plain K."""
+
+    def __init__(self, extents: dict, fused: dict | None = None):
+        super().__init__(extents)
+        self.fused = dict(fused or {})
+
+
 @dataclass(frozen=True)
 class IntrinsicGroup:
     """The intrinsics that together tensorize one computation, in TVM's own shape
@@ -302,8 +313,8 @@ class IntrinsicGroup:
     matched as one fused offload (`tirbyoc.match_chains`).
 
     ``resize``: for library calls that take any size, a function from the compute
-    intrinsic's axis extents (``{"vi": 1000, "vj": 17, "vk": 300}``) to a group declared for
-    exactly those extents. The matcher matches the declared (tile-sized) group; the rewrite
+    intrinsic's axis extents (an `AxisExtents`: ``{"vi": 1000, "vj": 17, "vk": 300}``, with the
+    fused iterators' extents beside) to a group declared for exactly those extents. The matcher matches the declared (tile-sized) group; the rewrite
     engine then asks for the exact-size group so a block becomes one library call with no
     padding. ``resize_pads``: the re-declared group keeps a fixed tile along some axes (AMX:
     32 x 32 outputs, the whole reduction per call), which the block is padded to.

@@ -15,7 +15,7 @@ from math import prod
 from typing import Callable, Sequence
 
 from tirbyoc._tvm import is_host_target, make_target
-from tirbyoc.decl.intrinsic import Role
+from tirbyoc.decl.intrinsic import AxisExtents, Role
 from tirbyoc.decl.registry import as_template
 from tirbyoc.decl.template import Template
 from tirbyoc.dtypes import dtype_bytes
@@ -178,8 +178,10 @@ def exact_size(func, m: Match, cores: int = 1) -> Match:
         return m
     if any(e == 1 for e in extents.values()):
         return m  # TVM cannot tensorize a unit-extent description loop: keep the tile match
+    sizes = dict(zip(m.iters, m.iter_extents))
+    fused = {a.axis: tuple(sizes.get(n) for n in a.iters) for a in m.axes if len(a.iters) > 1}
     try:
-        exact = group.resize(extents)
+        exact = group.resize(AxisExtents(extents, fused))
     except TirbyocError as err:
         raise RewriteError(f"{m.function}/{m.block}: {group.name} cannot be declared for "
                            f"{extents}: {err}") from err
