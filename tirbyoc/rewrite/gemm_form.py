@@ -27,11 +27,11 @@ from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.ir.tir_walk import iter_exprs, uses_var
 from tirbyoc.rewrite.state import RewriteState
 
-
 VECTOR_BYTES = 16  # the kernel's copies move 16 bytes a thread (cp.async.cg)
 
 
 def _loads(node) -> list:
+    """Every buffer load under ``node``."""
     return [n for n in iter_exprs(node) if isinstance(n, TensorLoad)]
 
 
@@ -94,20 +94,17 @@ def fold_window(state: RewriteState) -> str | None:
         rdims = sorted((d for d, v in enumerate(dims) if any(v.same_as(r) for r in reduce_vars)),
                        key=lambda d: next(n for n, r in enumerate(reduce_vars) if dims[d].same_as(r)))
         keep = [d for d in range(len(dims)) if d not in rdims]
-        sizes = [region.source.shape[d] for d in rdims]
-
-        layout = _row_layout(keep, rdims, sizes)
+        layout = _row_layout(keep, rdims, [region.source.shape[d] for d in rdims])
         index = [str(r.source.name) for r in block.reads].index(name)
         sch.transform_layout(state.block, ("read", index), tirx.IndexMap.from_func(layout, ndim=len(dims)))
-    spatial = [iv.var for iv in ivs if int(iv.iter_type) != REDUCE]
-    order = {v: n for n, v in enumerate(iv.var for iv in ivs)}
+    spatial = [iv.var for iv in ivs if int(iv.iter_type) != REDUCE]  # in the block's order
 
-    def block_layout(*vs):
+    def block_layout(*vs):  # (spatial..., K), K over the reduction iterators, outermost first
         by = dict(zip([iv.var for iv in ivs], vs))
         k = by[reduce_vars[0]]
         for r in reduce_vars[1:]:
             k = k * extents[r] + by[r]
-        return (*[by[v] for v in sorted(spatial, key=order.get)], k)
+        return (*[by[v] for v in spatial], k)
 
     sch.transform_block_layout(state.block, tirx.IndexMap.from_func(block_layout, ndim=len(ivs)))
     return None
