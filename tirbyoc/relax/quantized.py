@@ -40,7 +40,8 @@ from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 from tirbyoc._tvm import const_value, tvm
 from tirbyoc.relax.quantized_pool import integer_max_pools
 from tirbyoc.relax.quantized_report import QuantizedReport
-from tirbyoc.relax.requantize import ACT_RANGE, REQUANTIZE, float_requantize, shift_requantize
+from tirbyoc.relax.requantize import (ACT_RANGE, REQUANTIZE, Dequantization, OutputQuantization, float_requantize,
+                                      shift_requantize)
 
 
 class _Pattern:
@@ -182,19 +183,19 @@ def _rewrite(call, m: dict, p: _Pattern, act_dtype: str, report: QuantizedReport
     if first:
         report.done.append(core_call)
         report.integer.append(label)
-    relu, quantized = p.relu in m, p.sy in m
+    deq, quantized = Dequantization(scale, shape, bias, p.relu in m), p.sy in m
     if requantize == "shift" and quantized:
         sy, zy = const_value(m[p.sy]), const_value(m[p.zy])
         tail, why = (None, "the output scale is not a constant") if sy is None or zy is None else \
-            shift_requantize(corrected, scale, shape, bias, relu, sy, zy, str(call.attrs.out_dtype))
+            shift_requantize(corrected, deq, sy, zy, str(call.attrs.out_dtype))
         if first:
             report.shifted.append(label) if tail is not None else report.unshifted.append((label, why))
         if tail is not None:
             return tail
     if not quantized:  # a chain with a float output
-        return float_requantize(corrected, scale, shape, bias, relu, None, None, -1, None)
+        return float_requantize(corrected, deq)
     at = call.attrs
-    return float_requantize(corrected, scale, shape, bias, relu, m[p.sy], m[p.zy], int(at.axis), str(at.out_dtype))
+    return float_requantize(corrected, deq, OutputQuantization(m[p.sy], m[p.zy], int(at.axis), str(at.out_dtype)))
 
 
 def _static_core(m: dict, p: _Pattern, act_dtype: str, what: str, core_call):

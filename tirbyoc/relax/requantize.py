@@ -18,6 +18,8 @@ for ``acc * scale`` per output channel. The tail is one of:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from tvm import relax
 
@@ -25,16 +27,39 @@ ACT_RANGE = {"uint8": (0, 255), "int8": (-128, 127)}  # the 8-bit activation dty
 REQUANTIZE = ("float", "shift")
 
 
-def float_requantize(acc, scale: np.ndarray, shape, bias, relu: bool, sy, zy, axis: int, out_dtype: str | None):
-    """``quantize(relu?(acc * scale + bias), sy, zy)`` (``out_dtype`` None: the float value)."""
-    real = relax.op.multiply(relax.op.astype(acc, "float32"), relax.const(scale.reshape(shape), "float32"))
-    if bias is not None:
-        real = relax.op.add(real, relax.const(np.broadcast_to(bias, (scale.size,)).reshape(shape), "float32"))
-    if relu:
+@dataclass(frozen=True, eq=False)
+class Dequantization:
+    """What a core's int32 accumulator stands for: ``relu?(acc * scale + bias)``, ``scale`` and
+    ``bias`` (or None) per output channel, broadcast to ``shape``."""
+
+    scale: np.ndarray
+    shape: tuple
+    bias: np.ndarray | None = None
+    relu: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class OutputQuantization:
+    """The QuantizeLinear after a chain: its scale and zero point (Relax expressions), axis and
+    integer dtype."""
+
+    scale: object
+    zero_point: object
+    axis: int
+    dtype: str
+
+
+def float_requantize(acc, deq: Dequantization, out: OutputQuantization | None = None):
+    """``quantize(relu?(acc * scale + bias), out)`` (``out`` None: the float value)."""
+    real = relax.op.multiply(relax.op.astype(acc, "float32"), relax.const(deq.scale.reshape(deq.shape), "float32"))
+    if deq.bias is not None:
+        bias = np.broadcast_to(deq.bias, (deq.scale.size,)).reshape(deq.shape)
+        real = relax.op.add(real, relax.const(bias, "float32"))
+    if deq.relu:
         real = relax.op.nn.relu(real)
-    if out_dtype is None:
+    if out is None:
         return real
-    return relax.op.quantize(real, sy, zy, axis, out_dtype)
+    return relax.op.quantize(real, out.scale, out.zero_point, out.axis, out.dtype)
 
 
 def shift_exponent(scale: np.ndarray, sy: float) -> int | None:
@@ -47,9 +72,10 @@ def shift_exponent(scale: np.ndarray, sy: float) -> int | None:
     return k0 if k0 >= 0 else None
 
 
-def shift_requantize(acc, scale: np.ndarray, shape, bias, relu: bool, sy, zy, out_dtype: str):
+def shift_requantize(acc, deq: Dequantization, sy, zy, out_dtype: str):
     """(the shift tail, None) or (None, why it cannot be one); ``sy``, ``zy``: the output's
     scale and zero point as numpy scalars."""
+    scale, shape, bias, relu = deq.scale, deq.shape, deq.bias, deq.relu
     if out_dtype not in ACT_RANGE:
         return None, f"the output is quantized to {out_dtype}"
     if sy.size != 1 or zy.size != 1:
@@ -78,4 +104,5 @@ def shift_requantize(acc, scale: np.ndarray, shape, bias, relu: bool, sy, zy, ou
     return relax.op.astype(relax.op.clip(out, max(lo, zero) if relu else lo, hi), out_dtype), None
 
 
-__all__ = ["ACT_RANGE", "REQUANTIZE", "float_requantize", "shift_exponent", "shift_requantize"]
+__all__ = ["ACT_RANGE", "REQUANTIZE", "Dequantization", "OutputQuantization", "float_requantize", "shift_exponent",
+           "shift_requantize"]
