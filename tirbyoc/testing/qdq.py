@@ -5,6 +5,7 @@ from a float model by ONNX Runtime's own static quantizer.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -227,15 +228,29 @@ def float_mobilenet_v2(path, *, seed: int = 0, size: int = 224, classes: int = 1
     return g.save(path, "mobilenet_v2", g.classifier(x, 1280, classes), [1, 3, size, size], [1, classes])
 
 
-def float_bert_base(path, *, seed: int = 0, seq: int = 128, dim: int = 768, heads: int = 12,
-                    hidden: int = 3072, layers: int = 12, dynamic: bool | str = False,
-                    batch: int | None = None) -> Path:
+@dataclass(frozen=True)
+class EncoderSize:
+    """A BERT encoder's sizes (BERT-base's by default); ``batch`` None: ``[seq, dim]`` in."""
+
+    seq: int = 128
+    dim: int = 768
+    heads: int = 12
+    hidden: int = 3072
+    layers: int = 12
+    batch: int | None = None
+
+
+def float_bert_base(path, size: EncoderSize | None = None, *, seed: int = 0, dynamic: bool | str = False,
+                    **changes) -> Path:
     """A BERT-base encoder as ONNX (``seq`` embeddings in; with ``batch``, ``[batch, seq, dim]``
     as a transformers export has them): per layer, multi-head self-attention (q, k, v
     projections, softmax(q.k^T / sqrt(d_head)).v per head, an output projection), residual +
-    LayerNormalization, a GELU (erf) feed-forward, residual + LayerNormalization.
+    LayerNormalization, a GELU (erf) feed-forward, residual + LayerNormalization. ``size``
+    (`EncoderSize`) with ``changes`` applied (``seq=16, layers=2``) gives the sizes.
     ``dynamic``: the dimensions an exporter writes as dim_params - ``"seq"`` (or True),
     ``"batch"`` or ``"batch,seq"``; the reshapes copy or infer them (``0`` / ``-1``)."""
+    sz = replace(size or EncoderSize(), **changes)
+    seq, dim, heads, hidden, layers, batch = sz.seq, sz.dim, sz.heads, sz.hidden, sz.layers, sz.batch
     g = _Net(seed)
     dh = dim // heads
     named = {"seq"} if dynamic is True else set(filter(None, str(dynamic or "").split(",")))
@@ -347,5 +362,5 @@ def qdq_matmul(path, *, weight_zero_point=0, seed: int = 0, m: int = 4, k: int =
     return _save(path, "mm", nodes, inits, [m, k], [m, n])
 
 
-__all__ = ["float_bert_base", "float_cnn", "float_depthwise", "float_mobilenet_v2", "float_resnet18", "float_resnet50",
+__all__ = ["EncoderSize", "float_bert_base", "float_cnn", "float_depthwise", "float_mobilenet_v2", "float_resnet18", "float_resnet50",
            "float_transformer", "ort_quantize", "ort_quantize_dynamic", "qdq_matmul"]
