@@ -246,7 +246,7 @@ def kernel_group(kernel: Kernel, k: int = TILE_K, cols: int = TILE) -> Intrinsic
             raise TirbyocError(f"a reduction of {depth} (under {kernel.min_k}) is one or two {kernel.instruction} "
                                f"a call beside the 32 x 32 block's zeroing and write-back; {kernel.shorter} "
                                "takes it faster")
-        window = getattr(ext, "fused", {}).get("vk", ())
+        window = ext.fused.get("vk", ())
         pixel = (window[-1] or 0) * (GROUP_BYTES // kernel.group) if len(window) > 1 else None
         if pixel is not None and pixel < MIN_PIXEL_BYTES and kernel.shorter:
             raise TirbyocError(f"a window of {pixel} bytes per pixel ({'x'.join(map(str, window))}): the copy into "
@@ -269,11 +269,13 @@ def _syscall_grants_amx() -> bool:
         return False
 
 
-def native_requires(kernel: Kernel, emulated_name: str, grant=None):
-    """The ``requires`` of a native kernel: this CPU's features (and ``grant``, a further check),
-    with the emulated twin named as the way to run the same rewrite without them."""
-    return requires_cpu(*kernel.flags, instruction=kernel.instruction, also=grant,
-                        instead=f"-t {emulated_name} runs the same rewrite with the kernel in portable C "
+def native_requires(kernel: Kernel, twin: Kernel, tile_state: bool = False):
+    """The ``requires`` of a native kernel: this CPU's features (and, ``tile_state``, Linux's
+    grant of AMX's tile state), with the emulated ``twin`` named as the way to run the same
+    rewrite without them."""
+    return requires_cpu(*kernel.flags, instruction=kernel.instruction,
+                        also=partial(_tile_state_refused, twin) if tile_state else None,
+                        instead=f"-t {twin.name} runs the same rewrite with the kernel in portable C "
                                 "(its values; not its times)")
 
 
@@ -297,7 +299,7 @@ def make_template(emulated: bool = False, bf16: bool = False) -> Template:
         runtime=Runtime.EXTERN_C,
         groups=(kernel_group(kernel),),
         libraries=(EMULATED_LIBRARY if emulated else LIBRARY,),
-        requires=None if emulated else native_requires(native, twin.name, partial(_tile_state_refused, twin)),
+        requires=None if emulated else native_requires(native, twin, tile_state=True),
         doc=what + ", a GEMM kernel on packed weights" + (", emulated in portable C" if emulated else ""),
         emulates=f"{native.instruction} (Intel AMX-{'BF16' if bf16 else 'INT8'})" if emulated else "",
         channels_last=True,

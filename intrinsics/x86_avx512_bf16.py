@@ -39,7 +39,7 @@ def make_template() -> Template:
         runtime=Runtime.EXTERN_C,
         groups=(kernel_group(KERNEL),),
         libraries=(LIBRARY,),
-        requires=native_requires(KERNEL, BF16_EMULATED.name),
+        requires=native_requires(KERNEL, BF16_EMULATED),
         doc="AVX512_BF16 bf16 GEMM (bf16 x bf16 -> float32, --precision bf16), a kernel on packed weights",
         channels_last=True,
         fuses_epilogues=True,  # bias, ReLU, the next layer's bf16 cast in the block's write-back

@@ -12,7 +12,8 @@ from tvm import relax
 from tvm.relax.frontend import nn
 
 
-def _wrap(expr, name):
+def wrap(expr, name):
+    """A Relax expression as a named ``nn`` tensor (an operator ``nn.op`` does not have)."""
     return nn.op.wrap_nested(expr, name)
 
 
@@ -23,7 +24,7 @@ def _summed_conv(layer, x, accumulate: str | None, dtype: str):
         return layer(x)
     summed = relax.op.nn.conv2d(x._expr, layer.weight._expr, layer.stride, layer.padding, out_dtype=accumulate)
     bias = relax.op.reshape(layer.bias._expr, (1, -1, 1, 1))
-    return _wrap(relax.op.add(relax.op.astype(summed, dtype), bias), "conv2d")
+    return wrap(relax.op.add(relax.op.astype(summed, dtype), bias), "conv2d")
 
 
 def _summed_linear(layer, x, accumulate: str | None, dtype: str):
@@ -31,7 +32,7 @@ def _summed_linear(layer, x, accumulate: str | None, dtype: str):
     if accumulate is None:
         return layer(x)
     summed = relax.op.matmul(x._expr, relax.op.permute_dims(layer.weight._expr), out_dtype=accumulate)
-    return _wrap(relax.op.add(relax.op.astype(summed, dtype), layer.bias._expr), "matmul")
+    return wrap(relax.op.add(relax.op.astype(summed, dtype), layer.bias._expr), "matmul")
 
 
 def _resnet(blocks_per_stage, bottleneck: bool, batch: int, image: int, classes: int, dtype: str,
@@ -80,11 +81,11 @@ def _resnet(blocks_per_stage, bottleneck: bool, batch: int, image: int, classes:
 
         def forward(self, x):
             y = self.stem(x)
-            y = _wrap(relax.op.nn.max_pool2d(y._expr, pool_size=(3, 3), strides=(2, 2),
+            y = wrap(relax.op.nn.max_pool2d(y._expr, pool_size=(3, 3), strides=(2, 2),
                                              padding=(1, 1)), "maxpool")
             for blk in self.blocks:
                 y = blk(y)
-            y = _wrap(relax.op.mean(y._expr, axis=[2, 3]), "avgpool")
+            y = wrap(relax.op.mean(y._expr, axis=[2, 3]), "avgpool")
             return _summed_linear(self.fc, y, accumulate, dtype)
 
     spec = {"forward": {"x": nn.spec.Tensor((batch, 3, image, image), dtype)}}
@@ -114,7 +115,7 @@ def mobilenet_v2(batch: int = 1, image: int = 224, classes: int = 1000, dtype: s
     depthwise, 1x1 project; ReLU6), 1x1 conv to 1280, global pool, FC."""
 
     def relu6(y):
-        return _wrap(relax.op.clip(y._expr, 0, 6), "relu6")
+        return wrap(relax.op.clip(y._expr, 0, 6), "relu6")
 
     class ConvBN(nn.Module):
         def __init__(self, cin, cout, k, stride=1, groups=1, act=True):
@@ -156,7 +157,7 @@ def mobilenet_v2(batch: int = 1, image: int = 224, classes: int = 1000, dtype: s
             y = self.stem(x)
             for blk in self.blocks:
                 y = blk(y)
-            y = _wrap(relax.op.mean(self.head(y)._expr, axis=[2, 3]), "avgpool")
+            y = wrap(relax.op.mean(self.head(y)._expr, axis=[2, 3]), "avgpool")
             return self.fc(y)
 
     spec = {"forward": {"x": nn.spec.Tensor((batch, 3, image, image), dtype)}}
@@ -176,10 +177,10 @@ def small_cnn(batch: int = 1, image: int = 32, classes: int = 10, dtype: str = "
 
         def forward(self, x):
             y = nn.op.relu(self.c3(nn.op.relu(self.c2(nn.op.relu(self.c1(x))))))
-            return self.fc(_wrap(relax.op.mean(y._expr, axis=[2, 3]), "avgpool"))
+            return self.fc(wrap(relax.op.mean(y._expr, axis=[2, 3]), "avgpool"))
 
     mod, _ = CNN().export_tvm({"forward": {"x": nn.spec.Tensor((batch, 3, image, image), dtype)}})
     return mod
 
 
-__all__ = ["mobilenet_v2", "resnet18", "resnet50", "resnet50_fp16", "small_cnn"]
+__all__ = ["mobilenet_v2", "resnet18", "resnet50", "resnet50_fp16", "small_cnn", "wrap"]

@@ -15,7 +15,7 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend import nn
 
-from tirbyoc.app.convnets import mobilenet_v2, resnet18, resnet50, resnet50_fp16, small_cnn
+from tirbyoc.app.convnets import mobilenet_v2, resnet18, resnet50, resnet50_fp16, small_cnn, wrap
 from tirbyoc.app.llm import llama_layer
 from tirbyoc.app.model_inputs import model_inputs
 from tirbyoc.app.preparation import with_constant_weights
@@ -25,11 +25,6 @@ from tirbyoc.relax.calibration import quantize_static
 def _nn():
 
     return nn
-
-
-def _wrap(expr, name):
-    nn = _nn()
-    return nn.op.wrap_nested(expr, name)
 
 
 def bert_base(batch: int = 1, seq: int = 128, layers: int = 12, hidden: int = 768, heads: int = 12,
@@ -145,14 +140,14 @@ def mlp_int8(act_dtype: str = "uint8", requantize: str = "float", batch: int = 1
             acc = nn.op.matmul(x, nn.op.permute_dims(self.weight), out_dtype="int32")
             if requantize == "shift":
                 q8 = _shift_to_int8(acc._expr, MLP_SHIFT)
-                dequantized = _wrap(relax.op.astype(q8, "float32"), "dequantize")
+                dequantized = wrap(relax.op.astype(q8, "float32"), "dequantize")
                 return dequantized * (self.scale * float(1 << MLP_SHIFT)) + self.bias
             return nn.op.astype(acc, "float32") * self.scale + self.bias
 
     def to_activations(y):
         lo, hi = (0, 255) if act_dtype == "uint8" else (-128, 127)
         q = relax.op.clip(relax.op.round(relax.op.multiply(y._expr, relax.const(0.25, "float32"))), lo, hi)
-        return _wrap(relax.op.astype(q, act_dtype), "requantize")
+        return wrap(relax.op.astype(q, act_dtype), "requantize")
 
     class QMLP(nn.Module):
         def __init__(self):

@@ -51,7 +51,8 @@ def whole_loops(state: RewriteState) -> None:
     sch, loops = state.sch, state.loops
     (io, jo), (ko,), (ii, ji, ki) = loops.axis_spatial, loops.axis_reduce, loops.inner[:3]
     sch.reorder(io, ii, jo, ji, ko, ki)
-    sch.fuse(io, ii), sch.fuse(jo, ji), sch.fuse(ko, ki)
+    for tile, within in ((io, ii), (jo, ji), (ko, ki)):
+        sch.fuse(tile, within)
     nest = sch.get_loops(state.block)[-len(sch.get(state.block).iter_vars):]
     realize = sch.get(nest[-1]).body
     by_var = {str(sch.get(lp).loop_var.name): lp for lp in nest}
@@ -124,9 +125,9 @@ def contiguous(block) -> bool:
         lanes = VECTOR_BYTES // dtype_bytes(str(buf.dtype))
         if not hasattr(buf.shape[-1], "value") or int(buf.shape[-1].value) % lanes:
             return False
-    x = loads[0].indices[-1]
-    if not hasattr(x, "name") or hasattr(x, "a"):
+    if _plain_vars(loads[0].indices[-1:]) is None:
         return False
+    x = loads[0].indices[-1]
     *outer, last = stores[0].indices
     coeffs = sym.detect_linear_equation(last, [x])
     unit = len(coeffs) == 2 and hasattr(coeffs[0], "value") and int(coeffs[0].value) == 1
@@ -147,16 +148,13 @@ def _whole_rows(block, x, source, store, last) -> bool:
     return all(hasattr(r, "value") and int(r.value) == int(extent.value) for r in rows)
 
 
-def inline_into_copy(sch, copy) -> list[str]:
+def inline_into_copy(sch, copy) -> None:
     """Inline the producers of what ``copy`` reads, as long as they are contiguous copies
-    (their chain: a padding, an im2col, a weight re-layout). Returns the buffers no longer
-    written to memory."""
-    gone = []
+    (their chain: a padding, an im2col, a weight re-layout)."""
     while True:
         producers = sch.get_producers(copy)
         if len(producers) != 1 or not contiguous(sch.get(producers[0])):
-            return gone
-        gone.append(str(sch.get(producers[0]).writes[0].source.name))
+            return
         sch.compute_inline(producers[0])
 
 
@@ -229,6 +227,7 @@ def squeeze(sch, copy) -> None:
 
 
 def padded(size: int, tile: int) -> int:
+    """``size`` rounded up to a multiple of ``tile``."""
     return -(-size // tile) * tile
 
 
@@ -237,4 +236,5 @@ def pad_waste(sizes, tiles) -> float:
     return prod(padded(s, t) for s, t in zip(sizes, tiles)) / prod(sizes)
 
 
-__all__ = ["contiguous", "fold_staged_inputs", "fold_window", "inline_consumers", "inline_into_copy", "pad_waste", "padded", "squeeze", "whole_loops"]
+__all__ = ["contiguous", "fold_staged_inputs", "fold_window", "inline_consumers", "inline_into_copy", "pad_waste",
+           "padded", "squeeze", "whole_loops"]

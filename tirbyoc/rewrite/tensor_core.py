@@ -31,9 +31,8 @@ from tirbyoc._tvm import TensorIntrin, cuda_intrinsics
 from tirbyoc.decl.tensor_core import WARP, BlockTiling, TensorCoreKernel
 from tirbyoc.decl.tvm_registry import register_tensor_intrin
 from tirbyoc.dtypes import dtype_bytes
-from tirbyoc.rewrite.gemm_form import (fold_staged_inputs, fold_window, inline_consumers, inline_into_copy, pad_waste,
-                                       padded, squeeze, whole_loops)
-from tirbyoc.rewrite.gemm_form import VECTOR_BYTES  # a thread's global <-> shared copy: one 128-bit access
+from tirbyoc.rewrite.gemm_form import (VECTOR_BYTES, fold_staged_inputs, fold_window, inline_consumers, inline_into_copy,
+                                       pad_waste, padded, squeeze, whole_loops)
 from tirbyoc.rewrite.state import RewriteState
 from tirbyoc.rewrite.steps import StepKind
 
@@ -128,7 +127,7 @@ def _choose_tiling(kernel: TensorCoreKernel, batch: int, m: int, n: int, k: int)
     else the first that leaves them with at most 12.5% padded work; else the last that
     divides it; else the one that pads least."""
     def blocks(t):
-        return batch * -(-m // t.block_m) * -(-n // t.block_n)
+        return batch * (padded(m, t.block_m) // t.block_m) * (padded(n, t.block_n) // t.block_n)
 
     def waste(t):
         return pad_waste((m, n, k), (t.block_m, t.block_n, t.block_k))
