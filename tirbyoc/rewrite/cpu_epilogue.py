@@ -31,7 +31,7 @@ from math import gcd
 
 from tirbyoc._tvm import SPATIAL, PrimCall, call_name, expr_dtype, s_tir, structural_equal, tirx, tvm, tvm_ffi
 from tirbyoc.rewrite.cpu import WRITEBACK_ATTR, lanes_dividing, loop_extent
-from tirbyoc.rewrite.exact_division import exact_divisions
+from tirbyoc.rewrite.integer_writeback import integer_writebacks
 from tirbyoc.rewrite.pipeline import stage
 from tirbyoc.rewrite.state import RewriteState
 from tirbyoc.rewrite.steps import StepKind
@@ -258,14 +258,14 @@ def _fenced(mul):
 def _unmarked(attr):
     if attr.attr_key != FENCE_KEY:
         return attr
-    return exact_divisions(tvm_ffi.structural_map(attr.body, [(tirx.Mul, _fenced)]))
+    return integer_writebacks(tvm_ffi.structural_map(attr.body, [(tirx.Mul, _fenced)]))
 
 
 def fence_products(func):
     """``func`` (lowered: loops vectorized) with every float product inside a `FENCE_KEY`
     AttrStmt behind an arithmetic fence, each ``round(x / c)`` there computed without a
-    division (`tirbyoc.rewrite.exact_division`), the AttrStmt removed (see the module's
-    docstring)."""
+    division (`tirbyoc.rewrite.exact_division`), a store of integers in the cheaper forms of
+    `tirbyoc.rewrite.integer_writeback`, the AttrStmt removed (see the module's docstring)."""
     if not isinstance(func, tirx.PrimFunc):
         return func
     body = tvm_ffi.structural_map(func.body, [(tirx.AttrStmt, _unmarked)])

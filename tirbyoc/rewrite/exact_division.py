@@ -70,9 +70,11 @@ def reciprocal(c: float) -> float | None:
         return float(np.float32(1) / c32)
 
 
-def exact_quotient(div):
+def exact_quotient(div, signed_zero: bool = True):
     """``div`` (``x / c``, float32) as Markstein's correction (see the module's docstring), or
-    ``div`` itself where ``c`` is not a usable constant."""
+    ``div`` itself where ``c`` is not a usable constant. ``signed_zero=False``: a zero quotient
+    may come out as -0 where the division gives +0 or the reverse (no ``copysign``: for a
+    value that ends in an integer cast, `tirbyoc.rewrite.integer_writeback`)."""
     c = _constant(div.b)
     y = reciprocal(c) if c is not None else None
     if y is None or not str(expr_dtype(div)).startswith("float32"):
@@ -82,24 +84,27 @@ def exact_quotient(div):
     q0 = tirx.call_llvm_pure_intrin(dtype, "llvm.arithmetic.fence", x * y_)
     r = tirx.call_llvm_pure_intrin(dtype, "llvm.fma", -q0, c_, x)
     q = tirx.call_llvm_pure_intrin(dtype, "llvm.fma", r, y_, q0)
+    if not signed_zero:
+        return q
     # a zero quotient keeps the dividend's sign as the division does (-0 / c is -0; the sum
     # of +0 and -0 in the last step would be +0); q0 always has the quotient's sign
     return tirx.call_llvm_pure_intrin(dtype, "llvm.copysign", q, q0)
 
 
-def _rounded_quotient(call):
+def _rounded_quotient(call, signed_zero: bool = True):
     # a fused write-back rounds with ``round`` only: `cpu_epilogue._marked` made every
     # ``nearbyint`` one before TVM's lowering (the same ties-to-even rounding)
     if call_name(call) != "tirx.round" or not isinstance(call.args[0], tirx.Div):
         return call
-    new = exact_quotient(call.args[0])
+    new = exact_quotient(call.args[0], signed_zero)
     return call if new.same_as(call.args[0]) else tirx.round(new)
 
 
-def exact_divisions(stmt):
+def exact_divisions(stmt, signed_zero: bool = True):
     """``stmt`` with each ``round(x / c)`` (float32, ``c`` a constant) computed without a
-    division, to the same bits."""
-    return tvm_ffi.structural_map(stmt, [(PrimCall, _rounded_quotient)])
+    division, to the same bits (``signed_zero=False``: up to the sign of a zero, see
+    `exact_quotient`)."""
+    return tvm_ffi.structural_map(stmt, [(PrimCall, lambda call: _rounded_quotient(call, signed_zero))])
 
 
 __all__ = ["exact_divisions", "exact_quotient", "reciprocal"]
