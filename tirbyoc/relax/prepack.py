@@ -144,7 +144,21 @@ def pack_constant_weights(mod, functions=None, target=None):
     """``mod`` with the weight copies of its offloaded PrimFuncs run once, at compile time;
     returns (module, `PackedWeights`). ``functions``: the PrimFuncs to look at (default: those
     `OffloadTIR` rewrote). ``target``: where the copies run (default this CPU; a copy is a
-    copy, whatever the model's target)."""
+    copy, whatever the model's target). A chain of copies (a bf16 weight widened to float32,
+    then re-laid-out, then padded) is packed copy by copy until none is left: after the first
+    is run, the second reads a constant."""
+    report = PackedWeights()
+    while True:
+        mod, done = _pack_once(mod, functions, target)
+        if not done.functions:
+            return mod, report
+        for name, params in done.functions.items():
+            report.functions[name] = report.functions.get(name, ()) + params
+            report.bytes_per_call[name] = report.bytes_per_call.get(name, 0) + done.bytes_per_call[name]
+
+
+def _pack_once(mod, functions, target):
+    """One round of `pack_constant_weights`: the first copy of each constant weight."""
     target = target or host_target()
     constants = constant_arguments(mod)
     report, plans = PackedWeights(), {}
