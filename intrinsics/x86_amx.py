@@ -82,6 +82,8 @@ class Kernel:
     pads_k: bool = False  # a reduction not a multiple of ``group`` is padded (else refused: a
     # template after it in the list takes it unpadded, as x86_vnni does AMX-INT8's)
     shorter: str = ""  # the vector template that takes reductions under ``min_k`` faster
+    min_pixel_bytes: int = 0  # a convolution window with fewer channel bytes a pixel is refused
+    # for ``shorter`` (int8: `MIN_PIXEL_BYTES`; bf16's stem runs 3x slower on AVX512_BF16)
 
     @property
     def group(self) -> int:
@@ -99,7 +101,7 @@ class Kernel:
 
 INT8 = Kernel("x86_amx", "tirbyoc_amx_gemm_u8s8", "uint8", "int8", "int32", "tdpbusd",
               ("amx-tile", "amx-int8", "avx512vnni"), MIN_K_BYTES,
-              shorter="AVX-512 VNNI (x86_vnni)")
+              shorter="AVX-512 VNNI (x86_vnni)", min_pixel_bytes=MIN_PIXEL_BYTES)
 BF16 = Kernel("x86_amx_bf16", "tirbyoc_amx_gemm_bf16", "bfloat16", "bfloat16", "float32", "tdpbf16ps",
               ("amx-tile", "amx-bf16", "avx512bf16"), MIN_K_BYTES // 2, pads_k=True,
               shorter="AVX512_BF16 (x86_avx512_bf16)")
@@ -248,7 +250,7 @@ def kernel_group(kernel: Kernel, k: int = TILE_K, cols: int = TILE) -> Intrinsic
                                "takes it faster")
         window = ext.fused.get("vk", ())
         pixel = (window[-1] or 0) * (GROUP_BYTES // kernel.group) if len(window) > 1 else None
-        if pixel is not None and pixel < MIN_PIXEL_BYTES and kernel.shorter:
+        if pixel is not None and pixel < kernel.min_pixel_bytes:
             raise TirbyocError(f"a window of {pixel} bytes per pixel ({'x'.join(map(str, window))}): the copy into "
                                f"{kernel.instruction}'s rows gathers {pixel}-byte pieces; {kernel.shorter} reads the "
                                "pixels in place faster (the ResNet stem: 2.1-2.4x)")

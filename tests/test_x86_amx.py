@@ -129,3 +129,11 @@ def test_a_window_of_few_bytes_a_pixel_is_left_to_the_vector_template():
     assert "a window of 4 bytes per pixel (7x7x4)" in out.blocks[0].reason, out.blocks[0].reason
     wide = conv2d(1, 64, 9, 9, 64, 3, 3, layout="NHWC", dtype="uint8", wdtype="int8", acc="int32")
     assert tirbyoc.offload(wide, "x86_amx_emulated", verify=False).offloaded  # 64 bytes a pixel: AMX's
+
+
+def test_bf16_keeps_the_stem_on_amx():
+    """bf16's stem is not refused: on AVX512_BF16 it ran 3.1 ms a call against AMX's 0.78
+    (bf16 ResNet-50, one thread, an Emerald Rapids Xeon)."""
+    stem = conv2d(1, 4, 37, 37, 64, 7, 7, layout="NHWC", stride=2, dtype="bfloat16", wdtype="bfloat16",
+                  acc="float32")
+    assert tirbyoc.offload(stem, "x86_amx_bf16_emulated", verify=False).offloaded
