@@ -9,6 +9,7 @@ from tvm import relax
 
 import tirbyoc
 from tirbyoc._tvm import structural_equal
+from tirbyoc.app.model_call import ModelCall
 from tirbyoc.app.run import build_and_time, run_model
 from tirbyoc.relax.bridge import offload_module
 from tirbyoc.dtypes import numpy_dtype
@@ -63,9 +64,9 @@ def test_a_constant_conv_weight_is_packed_once_and_the_model_still_agrees():
     assert [16, 72] in shapes and [3, 3, 8, 16] not in shapes
     assert done.bytes_per_call[name] == 72 * 16 * 4
     arrays = inputs(mod)
-    ref, _, _ = build_and_time(mod, TARGET, "main", arrays, 1, timed=False)
-    before, _, _ = build_and_time(offloaded, TARGET, "main", arrays, 1, timed=False)
-    after, _, _ = build_and_time(packed, TARGET, "main", arrays, 1, timed=False)
+    ref, _, _ = build_and_time(ModelCall(mod, TARGET, "main", arrays), 1, timed=False)
+    before, _, _ = build_and_time(ModelCall(offloaded, TARGET, "main", arrays), 1, timed=False)
+    after, _, _ = build_and_time(ModelCall(packed, TARGET, "main", arrays), 1, timed=False)
     np.testing.assert_array_equal(after, before)  # the same GEMM on the same packed numbers
     np.testing.assert_allclose(after, ref, rtol=1e-5, atol=1e-5)
 
@@ -156,6 +157,6 @@ def test_a_chain_of_weight_copies_is_packed_copy_by_copy():
     assert not any(str(p.dtype) == "bfloat16" and [int(d) for d in p.shape] == [64, 100]
                    for p in packed[name].params)
     x = np.random.default_rng(1).standard_normal((1, 64)).astype(numpy_dtype("bfloat16"))
-    before, _, _ = build_and_time(offloaded, TARGET, "main", [x], 1, timed=False)
-    after, _, _ = build_and_time(packed, TARGET, "main", [x], 1, timed=False)
+    before, _, _ = build_and_time(ModelCall(offloaded, TARGET, "main", [x]), 1, timed=False)
+    after, _, _ = build_and_time(ModelCall(packed, TARGET, "main", [x]), 1, timed=False)
     np.testing.assert_array_equal(after, before)  # the same products of the same numbers

@@ -38,6 +38,7 @@ from tirbyoc.app.deploy_hexagon import HexagonArtifact, check_deployable, export
 from tirbyoc.app.frontends import sizes_to_run
 from tirbyoc.app.jsonout import dumps
 from tirbyoc.app.legalize import importing, legalized_model
+from tirbyoc.app.model_call import ModelCall
 from tirbyoc.app.options import RunOptions, options_of
 from tirbyoc.app.sizes import SizeRun, coverage_at
 from tirbyoc.app.sizes import bindings as size_bindings
@@ -340,7 +341,7 @@ def build_library(model: str | None, templates=None, options: RunOptions | None 
                   emulates={t.name: t.emulates for t in tmpls if t.emulates})
     if run_check and cross is None and all(t.runs_here() for t in tmpls):
         sims = [t.simulator for t in tmpls if t.simulator is not None]
-        built.output = build_and_time(offloaded, tgt, entry, arrays, 1, sims, timed=False)[0]
+        built.output = build_and_time(ModelCall(offloaded, tgt, entry, arrays), 1, sims, timed=False)[0]
     output.with_suffix(".json").write_text(dumps(built.to_json()) + "\n")
     return built
 

@@ -20,6 +20,7 @@ import numpy as np
 from tirbyoc._tvm import build, is_host_target, relax_vm, tirx, tvm
 from tirbyoc.app.frontends import is_float_model, sizes_to_run
 from tirbyoc.app.legalize import importing, legalized_model
+from tirbyoc.app.model_call import ModelCall
 from tirbyoc.app.model_inputs import model_inputs
 from tirbyoc.app.options import RunOptions, options_of
 from tirbyoc.app.profiling import profile_functions
@@ -137,13 +138,14 @@ def model_output(value) -> np.ndarray:
     return np.concatenate([l.ravel() for l in leaves]).astype(np.result_type(*leaves))
 
 
-def build_and_time(mod, target, entry, arrays, repeat: int, simulators=(), *, twice: bool = False,
-                    timed: bool = True, builds: dict | None = None):
-    """(output, latency in ms or None when not ``timed``, simulator stats of the first run).
-    ``twice``: run once more and return None for the output if the two runs disagree (a build
-    that reads outside its inputs' domain gives what memory held). ``builds``: compiled
-    modules kept by module, so a model run at several sizes is built once."""
+def build_and_time(call: ModelCall, repeat: int, simulators=(), *, twice: bool = False, timed: bool = True,
+                   builds: dict | None = None):
+    """(output, latency in ms or None when not ``timed``, simulator stats of the first run) of
+    ``call``. ``twice``: run once more and return None for the output if the two runs disagree
+    (a build that reads outside its inputs' domain gives what memory held). ``builds``:
+    compiled modules kept by module, so a model run at several sizes is built once."""
 
+    mod, target, entry = call.mod, call.target, call.entry
     key = (id(mod), str(target))
     exe = (builds or {}).get(key)
     if exe is None:
@@ -156,7 +158,7 @@ def build_and_time(mod, target, entry, arrays, repeat: int, simulators=(), *, tw
             builds[key] = exe
     dev = device_of(target).runtime_device()
     vm = relax_vm(exe, dev)
-    args = [tvm.runtime.tensor(a, dev) for a in arrays]
+    args = [tvm.runtime.tensor(a, dev) for a in call.arrays]
     for sim in simulators:
         sim.configure()  # this template's timing, state cleared: the first run is measured
     out = model_output(vm[entry](*args))
@@ -170,14 +172,14 @@ def build_and_time(mod, target, entry, arrays, repeat: int, simulators=(), *, tw
     return out, ms, stats
 
 
-def build_reference(mod, tgt, entry, arrays, repeat: int, baseline: str, timed: bool = True,
-                    builds: dict | None = None):
-    """TVM's build of the untouched model, run (twice: it must agree with itself) and timed.
-    A failure here is TVM's own, before any offload: `ModelError`, with its last line."""
+def build_reference(call: ModelCall, repeat: int, baseline: str, timed: bool = True, builds: dict | None = None):
+    """TVM's build of the untouched model of ``call``, run (twice: it must agree with itself)
+    and timed. A failure here is TVM's own, before any offload: `ModelError`, with its last
+    line."""
 
     try:
-        return build_and_time(baseline_module(mod, tgt, baseline), tgt, entry, arrays, repeat,
-                               twice=True, timed=timed, builds=builds)
+        return build_and_time(call.on(baseline_module(call.mod, call.target, baseline)), repeat,
+                              twice=True, timed=timed, builds=builds)
     except TirbyocError:
         raise
     except Exception as err:  # noqa: BLE001 - TVM raises many types; say whose failure it is
@@ -217,14 +219,15 @@ class OffloadRun:
     module: object = None  # the offloaded module as built (None when it was not)
 
 
-def run_offloaded(mod, tmpls, target, entry, arrays, ref_out, *, repeat: int = 10, progress=None,
-                  tuned=None, profile: bool = False, builds: dict | None = None,
-                  rounding: str | None = None) -> OffloadRun:
-    """Offload ``mod`` (legalized) to ``tmpls`` (``tuned``: schedules to prefer, see
-    `offload`), build, run once (simulators measuring that run), time, compare with
-    ``ref_out``. Code for an emulated target (Hexagon) runs PrimFunc by PrimFunc under the
-    emulator, the rest of the model here, untimed. ``profile``: also time each offloaded
-    PrimFunc alone (`tirbyoc.app.profiling`). ``rounding``: as `compare`'s."""
+def run_offloaded(call: ModelCall, tmpls, ref_out, opts: RunOptions = RunOptions(), *, progress=None,
+                  tuned=None, builds: dict | None = None, rounding: str | None = None) -> OffloadRun:
+    """Offload ``call``'s module (legalized) to ``tmpls`` (``tuned``: schedules to prefer, see
+    `offload`), build it for ``call.target`` (the templates' checked target), run once
+    (simulators measuring that run), time (``opts.repeat``), compare with ``ref_out``. Code for
+    an emulated target (Hexagon) runs PrimFunc by PrimFunc under the emulator, the rest of the
+    model here, untimed. ``opts.profile``: also time each offloaded PrimFunc alone
+    (`tirbyoc.app.profiling`). ``rounding``: as `compare`'s."""
+    mod, target = call.mod, call.target
     offloaded, report = offload_module(mod, tmpls, progress=progress, tuned=tuned)
     offloaded, packed = pack_constant_weights(offloaded)
     report.packed = packed
@@ -244,10 +247,10 @@ def run_offloaded(mod, tmpls, target, entry, arrays, ref_out, *, repeat: int = 1
                                                 check_target(target), capacities)
     sims = {t.name: t.simulator for t in tmpls if t.simulator is not None}
     timed = emulated is None and not any(t.emulates for t in tmpls)  # else not the hardware's times
-    new_out, ms, stats = build_and_time(offloaded, model_target(target), entry, arrays, repeat,
-                                         list(sims.values()), timed=timed, builds=builds)
-    if profile and timed:
-        profile_functions(mod, offloaded, report, target, repeat, progress=progress)
+    built = replace(call, mod=offloaded, target=model_target(target))
+    new_out, ms, stats = build_and_time(built, opts.repeat, list(sims.values()), timed=timed, builds=builds)
+    if opts.profile and timed:
+        profile_functions(mod, offloaded, report, target, opts.repeat, progress=progress)
     return OffloadRun(report, compare(new_out, ref_out, rounding), ms, dict(zip(sims, stats)), missing,
                       new_out, emulated, offloaded)
 
@@ -261,20 +264,21 @@ def templates_and_target(templates, target, model: str | None = None, precision:
     return tmpls, tgt
 
 
-def _references(model, mod, untouched, tgt, entry, arrays, repeat, baseline, time_baseline,
+def _references(model, mod, untouched: ModelCall, opts: RunOptions, time_baseline: bool,
                 quantized: QuantizedReport, builds: dict | None = None, bf16: Bf16Report | None = None):
     """(the output the offloaded model must give, latencies). The baseline is TVM's build of
-    the model as given, timed. For a QDQ model made integer, the offload is checked against
-    TVM's build of the integer model (exact), and the integer model against the float QDQ
+    the model as given (``untouched``), timed (``opts.repeat`` runs of ``opts.baseline``'s
+    build). For a QDQ model made integer, the offload is checked against TVM's build of the
+    integer model (exact), and the integer model against the float QDQ
     graph, in output quantization steps (``quantized.float_max_abs_diff``, ``.step``):
     integers are exact where the float graph rounds its sums, so a value on a rounding
     boundary can land one step apart. A model converted to bfloat16 (``bf16``) likewise: the
     offload is checked against TVM's build of the bfloat16 model, which is measured against
     the float32 model as given (`Bf16Report.measure`)."""
-    out, ms, _ = build_reference(untouched, tgt, entry, arrays, repeat, baseline, time_baseline, builds)
+    out, ms, _ = build_reference(untouched, opts.repeat, opts.baseline, time_baseline, builds)
     latency = {"baseline": ms} if ms is not None else {}
     if quantized.integer and out is not None:
-        integer_out, _, _ = build_reference(mod, tgt, entry, arrays, repeat, baseline, timed=False,
+        integer_out, _, _ = build_reference(untouched.on(mod), opts.repeat, opts.baseline, timed=False,
                                             builds=builds)
         if integer_out is not None:
             quantized.float_max_abs_diff = float(np.abs(integer_out.astype(np.float64) - out).max(initial=0.0))
@@ -282,32 +286,33 @@ def _references(model, mod, untouched, tgt, entry, arrays, repeat, baseline, tim
                 quantized.step = output_step(model)
         out = integer_out
     if bf16 is not None and bf16.converted and out is not None:
-        bf16_out, _, _ = build_reference(mod, tgt, entry, arrays, repeat, baseline, timed=False, builds=builds)
+        bf16_out, _, _ = build_reference(untouched.on(mod), opts.repeat, opts.baseline, timed=False,
+                                         builds=builds)
         if bf16_out is not None:
             bf16.measure(bf16_out, out)
         out = bf16_out
     return out, latency
 
 
-def _at_sizes(model, mod, untouched, tgt, entry, opts, quantized, done, runs, builds, first,
+def _at_sizes(model, mod, untouched: ModelCall, opts, timed: bool, quantized, done, runs, builds, first,
               bf16: Bf16Report | None = None) -> list[SizeRun]:
     """The model at each binding of its sizes (`tirbyoc.app.sizes`), both builds made once and
-    run again with inputs of those sizes; ``first``: the first binding's (comparison, latency);
+    run again with inputs of those sizes (``untouched``: the model as given, called with the
+    first binding's inputs; ``timed``: whether its baseline is timed, as at the first binding);
+    ``first``: the first binding's (comparison, latency);
     ``bf16``: the model's conversion to bfloat16, when it was converted: at each size the
     offload is checked against TVM's build of the bfloat16 model, as at the first."""
-    target, out = model_target(tgt), []
-    timed = opts.time_baseline and not device_of(tgt).emulated
+    out = []
     for i, binding in enumerate(runs):
         comparison, latency = first
         if i:
-            arrays = model_inputs(mod, entry, opts.seed, opts.inputs, binding)
-            ref_out, latency = _references(model, mod, untouched, target, entry, arrays, opts.repeat,
-                                           opts.baseline, timed, quantized, builds,
+            call = untouched.with_arrays(model_inputs(mod, untouched.entry, opts.seed, opts.inputs, binding))
+            ref_out, latency = _references(model, mod, call, opts, timed, quantized, builds,
                                            replace(bf16) if bf16 is not None else None)  # the run's own stays
             comparison = None
             if done.module is not None and ref_out is not None:
-                new_out, ms, _ = build_and_time(done.module, target, entry, arrays, opts.repeat,
-                                                timed=done.ms is not None, builds=builds)
+                new_out, ms, _ = build_and_time(call.on(done.module), opts.repeat, timed=done.ms is not None,
+                                                builds=builds)
                 comparison = compare(new_out, ref_out, bf16.rounding if bf16 is not None else None)
                 latency.update({"offloaded": ms} if ms is not None else {})
         offloaded, total = coverage_at(mod, done.report, binding)
@@ -352,20 +357,19 @@ def run_model(model: str | None = None, templates: list | None = None, options: 
                                                as_given=as_given, constant_weights=True, fast_math=fast,
                                                layout=layout, sizes=runs[0], bf16=bf16)
     seconds["import"] = time.perf_counter() - t0
+    untouched = ModelCall(as_given[0], model_target(tgt), entry, arrays)
     ref_out, latency = None, {}
+    timed = opts.time_baseline and not device_of(tgt).emulated  # an emulator's time is not the device's
     if all(t.runs_here() for t in tmpls):
         t0 = time.perf_counter()
         progress.phase("building and running TVM's build of the untouched model")
-        timed = opts.time_baseline and not device_of(tgt).emulated  # an emulator's time is not the device's
-        ref_out, latency = _references(model, mod, as_given[0], model_target(tgt), entry, arrays,
-                                       opts.repeat, opts.baseline, timed, quantized, builds, bf16)
+        ref_out, latency = _references(model, mod, untouched, opts, timed, quantized, builds, bf16)
         seconds["baseline"] = time.perf_counter() - t0
     unstable = "baseline" in seconds and ref_out is None
     t0 = time.perf_counter()
     progress.phase(f"offloading to {', '.join(names)}, building and running")
-    done = run_offloaded(mod, tmpls, tgt, entry, arrays, ref_out, repeat=opts.repeat,
-                         progress=progress.step, tuned=tuned, profile=opts.profile, builds=builds,
-                         rounding=bf16.rounding if bf16 is not None else None)
+    done = run_offloaded(ModelCall(mod, tgt, entry, arrays), tmpls, ref_out, opts, progress=progress.step,
+                         tuned=tuned, builds=builds, rounding=bf16.rounding if bf16 is not None else None)
     comparison, missing = done.comparison, done.missing + ([UNSTABLE] if unstable else [])
     if done.ms is not None:
         latency["offloaded"] = done.ms
@@ -377,7 +381,7 @@ def run_model(model: str | None = None, templates: list | None = None, options: 
     sized = None
     if opts.sizes:
         progress.phase(f"running both builds at {len(runs)} sizes")
-        sized = _at_sizes(model, mod, as_given[0], tgt, entry, opts, quantized, done, runs, builds,
+        sized = _at_sizes(model, mod, untouched, opts, timed, quantized, done, runs, builds,
                           (comparison, dict(latency)), bf16)
     target_json = json.loads(str(model_target(tgt)))  # the target both builds really used
     return RunResult(model=spec, templates=names, target=target_json, report=done.report,

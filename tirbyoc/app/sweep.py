@@ -15,6 +15,7 @@ them): the same rows as a serial sweep, in grid order, sooner.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from tirbyoc.app.preparation import activation_dtype, preparation
 from tirbyoc.app.run import (
@@ -29,6 +30,7 @@ from tirbyoc.app.run import (
 )
 from tirbyoc.app.legalize import legalized_model
 from tirbyoc.app.objectives import scratchpad_kib
+from tirbyoc.app.model_call import ModelCall
 from tirbyoc.app.options import RunOptions, options_of
 from tirbyoc.app.search import SearchResult, search
 from tirbyoc.app.search_space import SearchSpace, point_key
@@ -116,10 +118,11 @@ def run_point(model, base, params, target, seed, obj, input_shapes, references: 
         if key not in references:
             _, mod, entry, arrays = legalized_model(model, prep, seed, obj=obj, input_shapes=input_shapes,
                                                     constant_weights=True)
-            ref, _, _ = build_reference(mod, model_target(tgt), entry, arrays, 1, "default", timed=False)
+            untouched = ModelCall(mod, model_target(tgt), entry, arrays)
+            ref, _, _ = build_reference(untouched, 1, "default", timed=False)
             references[key] = (mod, entry, arrays, ref)
         mod, entry, arrays, ref = references[key]
-        done = _offloaded_run(references, key, mod, variant, tgt, entry, arrays, ref)
+        done = _offloaded_run(references, key, ModelCall(mod, tgt, entry, arrays), variant, ref)
         _record(point, variant, ref, done)
     except TirbyocError as err:
         point.error = str(err)
@@ -143,21 +146,22 @@ def _code_key_of(base, params: dict) -> str | None:
         return None
 
 
-def _offloaded_run(references: dict, prep_key, mod, variant, tgt, entry, arrays, ref):
-    """`run_offloaded` for ``variant``, or - when this process built the same code for a
-    variant that differs only in timing parameters - that build run again under this
-    variant's simulator, its output compared again (the same code, its own cycles)."""
+def _offloaded_run(references: dict, prep_key, call: ModelCall, variant, ref):
+    """`run_offloaded` of ``call`` (its target: the variant's) for ``variant``, or - when this
+    process built the same code for a variant that differs only in timing parameters - that
+    build run again under this variant's simulator, its output compared again (the same code,
+    its own cycles)."""
     builds = references.setdefault("builds", {})  # (preparation, code key) -> (run, its executable)
     key = (prep_key, code_key(variant))
     kept, compiled = builds.get(key, (None, {}))
     if kept is None or kept.module is None or kept.comparison is None:
-        done = run_offloaded(mod, [variant], tgt, entry, arrays, ref, repeat=1, builds=compiled)
+        done = run_offloaded(call, [variant], ref, RunOptions(repeat=1), builds=compiled)
         builds[key] = (done, compiled)
         while len(builds) > BUILDS_KEPT:
             builds.pop(next(iter(builds)))
         return done
-    out, _, stats = build_and_time(kept.module, model_target(tgt), entry, arrays, 1, [variant.simulator],
-                                   timed=False, builds=compiled)
+    out, _, stats = build_and_time(replace(call, mod=kept.module, target=model_target(call.target)), 1,
+                                   [variant.simulator], timed=False, builds=compiled)
     return OffloadRun(kept.report, compare(out, ref), None, {variant.name: stats[0]}, kept.missing)
 
 

@@ -1,0 +1,31 @@
+"""`ModelCall`: one model as it is built and called - its Relax module, the target it is built
+for, its entry function and its input arrays.
+
+`build_and_time`, `build_reference`, `run_offloaded` and the sweep pass these four values along
+together, and each time one of them changes (the offloaded module in place of the legalized
+one, TVM's baseline build of it, inputs drawn at another size) the other three stay: `on` and
+`with_arrays` say which one changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class ModelCall:
+    mod: object  # the Relax IRModule (legalized; offloaded or not)
+    target: object  # what it is built for (a Target or its dict form)
+    entry: str  # the Relax function called
+    arrays: list  # the inputs, in the entry function's parameter order
+
+    def on(self, mod) -> "ModelCall":
+        """The same call of another module (the offloaded one, TVM's baseline of it)."""
+        return replace(self, mod=mod)
+
+    def with_arrays(self, arrays) -> "ModelCall":
+        """The same module called with other inputs (another binding of its sizes)."""
+        return replace(self, arrays=list(arrays))
+
+
+__all__ = ["ModelCall"]
