@@ -129,3 +129,17 @@ def test_the_vector_write_back_through_tirbyocs_pipeline(zo):
             asm = exe.mod.inspect_source("asm")
             assert "vcvtps2dq" in asm and "vdivps" not in asm  # converted with rounding; no division
     np.testing.assert_array_equal(*outs)
+
+
+def test_a_float_variable_keeps_the_exact_forms():
+    """A let-bound float (here 1 / a tensor's value, which tells -0 from +0) hides how it was
+    made: the store keeps the signed zero."""
+    from tirbyoc._tvm import tirx
+
+    a, d, b = (tirx.decl_buffer((N,), dtype, name) for name, dtype in (("A", "float32"), ("D", "float32"),
+                                                                        ("B", "int32")))
+    vi, q = tirx.Var("vi", "int32"), tirx.Var("q", "float32")
+    store = tirx.BufferStore(b, tirx.Cast("int32", tirx.round((a[vi] + q) / tirx.FloatImm("float32", S1))), [vi])
+    stmt = tirx.SeqStmt([tirx.Bind(q, tirx.FloatImm("float32", 1.0) / d[vi]), store])
+    text = str(integer_writebacks(stmt))
+    assert "copysign" in text and "llvm.lrint" not in text

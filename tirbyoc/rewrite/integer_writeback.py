@@ -31,7 +31,7 @@ from tirbyoc._tvm import PrimCall, PrimExpr, TensorLoad, call_name, expr_dtype, 
 from tirbyoc.rewrite.exact_division import exact_divisions
 
 _BLIND = (tirx.Add, tirx.Sub, tirx.Mul, tirx.Min, tirx.Max, tirx.Cast, tirx.Broadcast, tirx.Ramp, TensorLoad,
-          tirx.FloatImm, tirx.IntImm, tirx.Var)
+          tirx.FloatImm, tirx.IntImm)
 _BLIND_CALLS = ("tirx.round", "tirx.nearbyint")
 LARGEST_SHIFT = 2.0 ** 16  # zero points and bounds shifted: far inside float32's exact integers (2^24)
 
@@ -50,6 +50,9 @@ def _sign_blind(expr) -> bool:
             return
         if isinstance(node, tirx.Div):
             ok[0] &= isinstance(node.b, (tirx.Broadcast, tirx.FloatImm))
+        elif isinstance(node, tirx.Var):
+            # a load's buffer, an index or a pointer; a float scalar (a let's) hides how it was made
+            ok[0] &= not (isinstance(node.ty, tvm.ir.PrimType) and expr_dtype(node).startswith(("float", "bfloat")))
         elif isinstance(node, PrimCall):
             name = call_name(node)
             ok[0] &= (name in _BLIND_CALLS if name != "tirx.call_llvm_pure_intrin"
