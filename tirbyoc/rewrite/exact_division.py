@@ -51,10 +51,11 @@ def _constant(expr) -> float | None:
     return None
 
 
-def _like(divisor, value: float):
-    """``value`` as a float32 constant shaped like ``divisor`` (scalar or broadcast)."""
-    imm = tirx.FloatImm("float32", value)
-    return tirx.Broadcast(imm, divisor.lanes) if isinstance(divisor, tirx.Broadcast) else imm
+def constant_like(expr, value: float):
+    """``value`` as a float constant of ``expr``'s element type, shaped like ``expr`` (a scalar
+    or a broadcast)."""
+    imm = tirx.FloatImm(expr_dtype(expr).split("x")[0], value)
+    return tirx.Broadcast(imm, expr.lanes) if isinstance(expr, tirx.Broadcast) else imm
 
 
 SMALLEST, LARGEST = 2.0 ** -60, 2.0 ** 100  # the divisors rewritten (see the module's docstring)
@@ -80,7 +81,7 @@ def exact_quotient(div, signed_zero: bool = True):
     if y is None or not str(expr_dtype(div)).startswith("float32"):
         return div
     dtype = str(expr_dtype(div))
-    x, c_, y_ = div.a, div.b, _like(div.b, y)
+    x, c_, y_ = div.a, div.b, constant_like(div.b, y)
     q0 = tirx.call_llvm_pure_intrin(dtype, "llvm.arithmetic.fence", x * y_)
     r = tirx.call_llvm_pure_intrin(dtype, "llvm.fma", -q0, c_, x)
     q = tirx.call_llvm_pure_intrin(dtype, "llvm.fma", r, y_, q0)
@@ -107,4 +108,4 @@ def exact_divisions(stmt, signed_zero: bool = True):
     return tvm_ffi.structural_map(stmt, [(PrimCall, lambda call: _rounded_quotient(call, signed_zero))])
 
 
-__all__ = ["exact_divisions", "exact_quotient", "reciprocal"]
+__all__ = ["constant_like", "exact_divisions", "exact_quotient", "reciprocal"]

@@ -28,7 +28,7 @@ from __future__ import annotations
 from functools import cache
 
 from tirbyoc._tvm import PrimCall, PrimExpr, TensorLoad, call_name, expr_dtype, tirx, tvm, tvm_ffi
-from tirbyoc.rewrite.exact_division import exact_divisions
+from tirbyoc.rewrite.exact_division import constant_like, exact_divisions
 
 _BLIND = (tirx.Add, tirx.Sub, tirx.Mul, tirx.Min, tirx.Max, tirx.Cast, tirx.Broadcast, tirx.Ramp, TensorLoad,
           tirx.FloatImm, tirx.IntImm)
@@ -80,14 +80,9 @@ def _integer_constant(expr) -> float | None:
     return None
 
 
-def _like(expr, value: float):
-    imm = tirx.FloatImm(expr_dtype(expr).split("x")[0], value)
-    return tirx.Broadcast(imm, expr.lanes) if isinstance(expr, tirx.Broadcast) else imm
-
-
 def _clip_parts(expr):
     """(inner, lower bound, upper bound) of ``max(min(inner, hi), lo)`` or ``min(max(inner, lo),
-    hi)`` with small integer bounds, else None."""
+    hi)`` with small integer bounds, else None (`_clipped` builds one)."""
     outer, inner_kind = (tirx.Max, tirx.Min) if isinstance(expr, tirx.Max) else (tirx.Min, tirx.Max)
     if not isinstance(expr, outer) or not isinstance(expr.a, inner_kind):
         return None
@@ -95,7 +90,7 @@ def _clip_parts(expr):
     if first is None or second is None:
         return None
     lo, hi = (second, first) if outer is tirx.Max else (first, second)
-    return expr.a.a, lo, hi, expr.a.b, expr.b
+    return expr.a.a, lo, hi
 
 
 def _rounded(expr) -> bool:
@@ -109,21 +104,17 @@ def shifted_clip(sub):
     parts = _clip_parts(sub.a) if z is not None else None
     if parts is None or not isinstance(parts[0], tirx.Add):
         return sub
-    added, lo, hi, first_bound, second_bound = parts
+    added, lo, hi = parts
     if _integer_constant(added.b) != z or not _rounded(added.a):
         return sub
-    inner_kind = type(sub.a.a)
-    first_value = hi if inner_kind is tirx.Min else lo
-    second_value = lo if inner_kind is tirx.Min else hi
-    inner = inner_kind(added.a, _like(first_bound, first_value - z))
-    return type(sub.a)(inner, _like(second_bound, second_value - z))
+    return _clipped(sub.a, added.a, lo - z, hi - z)
 
 
 def _clipped(expr, inner, lo: float, hi: float):
     """``expr``'s clip (its kind and order kept) around ``inner`` with the bounds ``lo``, ``hi``."""
     first_bound, second_bound = expr.a.b, expr.b
     first, second = (hi, lo) if isinstance(expr.a, tirx.Min) else (lo, hi)
-    return type(expr)(type(expr.a)(inner, _like(first_bound, first)), _like(second_bound, second))
+    return type(expr)(type(expr.a)(inner, constant_like(first_bound, first)), constant_like(second_bound, second))
 
 
 def rounding_conversion(cast):
@@ -134,7 +125,7 @@ def rounding_conversion(cast):
     parts = _clip_parts(cast.value) if str(expr_dtype(cast.value)).startswith("float32") else None
     if parts is None:
         return cast
-    inner, lo, hi = parts[:3]
+    inner, lo, hi = parts
     z = 0.0
     if isinstance(inner, tirx.Add) and _integer_constant(inner.b) is not None:
         inner, z = inner.a, _integer_constant(inner.b)
@@ -143,9 +134,8 @@ def rounding_conversion(cast):
     dtype = str(expr_dtype(cast.value)).replace("float32", "int32")
     rounded = tirx.call_llvm_pure_intrin(dtype, "llvm.lrint", _clipped(cast.value, inner.args[0], lo - z, hi - z))
     if z:
-        bound = parts[3]
-        rounded = rounded + (tirx.Broadcast(tirx.IntImm("int32", int(z)), bound.lanes)
-                             if isinstance(bound, tirx.Broadcast) else tirx.IntImm("int32", int(z)))
+        shift, bound = tirx.IntImm("int32", int(z)), cast.value.b
+        rounded = rounded + (tirx.Broadcast(shift, bound.lanes) if isinstance(bound, tirx.Broadcast) else shift)
     return tirx.Cast(str(expr_dtype(cast)), rounded)
 
 

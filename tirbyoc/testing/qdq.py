@@ -362,5 +362,5 @@ def qdq_matmul(path, *, weight_zero_point=0, seed: int = 0, m: int = 4, k: int =
     return _save(path, "mm", nodes, inits, [m, k], [m, n])
 
 
-__all__ = ["EncoderSize", "float_bert_base", "float_cnn", "float_depthwise", "float_mobilenet_v2", "float_resnet18", "float_resnet50",
-           "float_transformer", "ort_quantize", "ort_quantize_dynamic", "qdq_matmul"]
+__all__ = ["EncoderSize", "float_bert_base", "float_cnn", "float_depthwise", "float_mobilenet_v2", "float_resnet18",
+           "float_resnet50", "float_transformer", "ort_quantize", "ort_quantize_dynamic", "qdq_matmul"]
