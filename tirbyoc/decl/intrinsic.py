@@ -317,7 +317,8 @@ class IntrinsicGroup:
     fused iterators' extents beside) to a group declared for exactly those extents. The
     matcher matches the declared (tile-sized) group; the rewrite engine then asks for the
     exact-size group so a block becomes one library call with no padding. ``resize_pads``:
-    the re-declared group keeps a fixed tile along some axes (AMX: 32 x 32 outputs, the whole reduction per call), which the block is padded to.
+    the re-declared group keeps a fixed tile along some axes (AMX: 32 x 32 outputs, the whole
+    reduction per call), which the block is padded to.
 
     ``packed``: a `PackedFunction` computing this group's whole computation. When a PrimFunc
     is nothing but that computation over its own parameters (one block, zero init, every
