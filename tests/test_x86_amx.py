@@ -51,6 +51,45 @@ def test_a_convolution_reduces_over_its_whole_window_in_one_call():
     assert "gemm_32x64x576_u8i8i32" in core.intrinsic and "zero_32x64_int32" in core.intrinsic, core.intrinsic
 
 
+def _blocks_by_place(func) -> dict:
+    """Each block's name -> whether it runs inside a parallel loop."""
+    from tirbyoc._tvm import iter_blocks, tirx, tvm_ffi
+
+    inside = set()
+
+    def visit(loop):
+        if loop.kind == tirx.ForKind.PARALLEL:
+            inside.update(b.name_hint for b in iter_blocks(loop.body))
+
+    tvm_ffi.structural_walk(func.body, (tirx.For, visit))
+    return {b.name_hint: b.name_hint in inside for b in iter_blocks(func.body)}
+
+
+def test_the_rows_staging_is_copied_block_by_block_and_a_1x1_input_read_in_place():
+    """The im2col of a 3x3 convolution and the zero rows that pad a GEMM's 100 rows to 128 are
+    computed inside the parallel loop over 32-row blocks, each block's rows right before its
+    call; a 1x1 convolution over an NHWC input reads it in place (its staging an identity: a
+    view of the parameter, which no block copies)."""
+    from tirbyoc.rewrite.steps import StepKind
+
+    for workload, copy in ((conv2d(1, 64, 14, 14, 64, 3, 3, layout="NHWC", dtype="uint8", wdtype="int8",
+                                   acc="int32"), "D_global_pad"),
+                           (matmul(100, 64, 256, "uint8", "int8", "int32"), "A_global_pad")):
+        out = tirbyoc.offload(workload, "x86_amx_emulated")
+        assert out.verification.passed, out.verification.describe()
+        (core,) = out.offloaded
+        assert any("rows' staging per row block" in str(s) for s in core.steps), [str(s) for s in core.steps]
+        placed = _blocks_by_place(out.func)
+        assert placed.get(copy) is True, placed
+    one = tirbyoc.offload(conv2d(1, 256, 16, 16, 64, 1, 1, layout="NHWC", dtype="uint8", wdtype="int8",
+                                 acc="int32"), "x86_amx_emulated")
+    assert one.verification.passed, one.verification.describe()
+    (core,) = one.offloaded
+    (note,) = [str(s) for s in core.steps if s.kind is StepKind.IN_PLACE]
+    assert "D as [256, 256]" in note, note
+    assert not [name for name in _blocks_by_place(one.func) if name.startswith("D_")], note
+
+
 def test_a_call_covers_the_output_channels_its_panel_of_b_or_rows_of_a_keep_in_l1():
     from tirbyoc_intrinsics.x86_amx import call_columns
 

@@ -56,7 +56,9 @@ def in_place(func, template, owners, outcomes):
         return func, outcomes
 
     def step_of(buffers):
-        mine = done if buffers is None else [d for d in done if d.param in buffers]
+        # a chain of views (an identity pad, then its staging) names the parameter once
+        params = {d.param for d in done if buffers is None or d.param in buffers or d.copy in buffers}
+        mine = [d for d in done if d.param in params]
         return Step(StepKind.IN_PLACE, in_place_note(mine)) if mine else None
 
     return func, _noted(outcomes, owners, step_of)

@@ -30,6 +30,7 @@ from tirbyoc._tvm import SPATIAL, s_tir, tirx, vector_bytes, vector_registers
 from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.ir.tir_walk import constant_divisors, uses_var
 from tirbyoc.rewrite.prefetch import mark_weight_prefetch, prefetches
+from tirbyoc.rewrite.row_staging import rows_operands, stage_rows_per_block
 from tirbyoc.rewrite.stack import CALL_BLOCK_BYTES, REGISTER_BLOCK_BYTES, TILE_BLOCK_BYTES, WRITEBACK_ATTR
 from tirbyoc.rewrite.weight_layout import operand_bytes, tiles_outermost, weight_operand, weights_first
 
@@ -324,7 +325,9 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
         outer = (tiles + head if first else head + tiles) + ([mo] if mloop is not None else [])
         inner_block = ([mi] if mloop is not None else []) + ([ni] if nloop is not None else [])
         sch.reorder(*outer, *reductions, *inner_block, *loops.inner)
+        rows = rows_operands(sch, block, outer, no if nloop is not None else None)
     else:
+        rows = set()
         outer = head + ([mloop] if mloop is not None else []) + others + ([nloop] if nloop is not None else [])
     parallel, prefetched = None, False
     if outer and has_init:
@@ -334,6 +337,8 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
         if prefetched:
             mark_weight_prefetch(sch, parallel, first, nr, mr)
     staged = f", {copies} staging cop{'y' if copies == 1 else 'ies'} in parallel" if copies else ""
+    if rows and parallel is not None:
+        staged += stage_rows_per_block(sch, block, parallel, rows)
     if not blocked:
         return ("parallel outer tiles" + staged) if parallel is not None else (staged[2:] or None)
     for loop in inner_block:

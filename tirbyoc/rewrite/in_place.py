@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tirbyoc._tvm import TensorLoad, child_stmts, iter_blocks, root_block, sym, tirx, tvm_ffi
+from tirbyoc._tvm import PrimCall, TensorLoad, child_stmts, iter_blocks, root_block, sym, tirx, tvm_ffi
 from tirbyoc.ir.normalize import bijective_binding, is_bijection
 from tirbyoc.ir.tir_walk import always_true, perfect_nest, with_root_body
 
@@ -58,26 +58,39 @@ def in_place_note(done: list[InPlace]) -> str:
 
 def read_in_place(func) -> tuple[object, list[InPlace]]:
     """(``func`` with its identity staging copies replaced by views of its parameters, what
-    was removed); ``func`` itself when there is none (see the module's docstring)."""
+    was removed); ``func`` itself when there is none (see the module's docstring). A chain of
+    them (a 1x1 convolution's identity pad, then the GEMM's staging of the padded buffer) is
+    removed copy by copy: a view of a parameter is a parameter to the next round."""
+    done = []
+    while True:
+        func, found = _one_round(func)
+        if not found:
+            return func, done
+        done.extend(found)
+
+
+def _one_round(func) -> tuple[object, list[InPlace]]:
     root = root_block(func)
     if root is None:
         return func, []
-    params = [p for p in func.params if isinstance(p, tirx.Buffer)]
     nests = child_stmts(root.body) if isinstance(root.body, tirx.SeqStmt) else [root.body]
+    params = _parameters(func, nests)
     allocs = list(root.alloc_buffers)
     views, done = {}, []  # staging buffer -> (view, parameter)
     kept = list(nests)
     for i, nest in enumerate(nests):
-        found = _identity_copy(nest, params)
+        found = _identity_copy(nest, [b for b, _ in params])
         if found is None:
             continue
         g, x, kind = found
-        if not any(b.same_as(g) for b in allocs) or not _alone(nests, i, g, x, kind):
+        owner = next(p for b, p in params if b.same_as(x))
+        family = [b for b, p in params if p.same_as(owner)]
+        if not any(b.same_as(g) for b in allocs) or not _alone(nests, i, g, family, kind):
             continue
-        views[g] = (tirx.decl_buffer(g.shape, g.dtype, str(g.name)), x)
+        views[g] = (tirx.decl_buffer(g.shape, g.dtype, str(g.name)), owner)
         allocs = [b for b in allocs if not b.same_as(g)]
         kept[i] = None
-        done.append(InPlace(str(g.name), str(x.name), kind, tuple(int(e) for e in g.shape)))
+        done.append(InPlace(str(g.name), str(owner.name), kind, tuple(int(e) for e in g.shape)))
     if not done:
         return func, []
     rest = [n for n in kept if n is not None]
@@ -91,6 +104,46 @@ def read_in_place(func) -> tuple[object, list[InPlace]]:
     body = tvm_ffi.structural_map(rest[0] if len(rest) == 1 else tirx.SeqStmt(rest), [(tirx.Buffer, swap)])
     decls = [tirx.DeclBuffer(view, data=x.data) for view, x in views.values()]
     return with_root_body(func, tirx.SeqStmt(decls + [body]), allocs), done
+
+
+def _parameters(func, nests) -> list[tuple]:
+    """The buffers a copy may be an identity of, each to the parameter it is: the function's
+    buffer parameters, and the views of them an earlier round declared (compact ``DeclBuffer``
+    statements atop the root block bound to a parameter's data), as (buffer, parameter) pairs
+    (a list: a Buffer is a Var, whose ``==`` builds an expression)."""
+    params = [(p, p) for p in func.params if isinstance(p, tirx.Buffer)]
+    for stmt in nests:
+        if isinstance(stmt, tirx.DeclBuffer) and not list(stmt.buffer.strides):
+            owner = next((p for b, p in params if _data_of(stmt, b)), None)
+            if owner is not None:
+                params.append((stmt.buffer, owner))
+    return params
+
+
+def identity_copies(func) -> list:
+    """The buffers that top-level copies of ``func`` fill with a parameter's elements at their
+    own addresses (directly or through such a copy): what `read_in_place` may make views of,
+    if nothing else touches them; a schedule that would move such a copy elsewhere leaves it."""
+    root = root_block(func)
+    if root is None:
+        return []
+    nests = child_stmts(root.body) if isinstance(root.body, tirx.SeqStmt) else [root.body]
+    known = [p for p, _ in _parameters(func, nests)]
+    found = []
+    for nest in nests:
+        copy = _identity_copy(nest, known)
+        if copy is not None and copy[2] == "read":
+            known.append(copy[0])
+            found.append(copy[0])
+    return found
+
+
+def _data_of(decl, buffer) -> bool:
+    """Whether ``decl`` binds its view to ``buffer``'s data (in TVM 0.27 ``Buffer.data`` is a
+    fresh ``tirx.buffer_data(buffer)`` call each time it is read: compare what it names)."""
+    data = decl.data
+    return (isinstance(data, PrimCall) and len(data.args) == 1 and str(data.op.name) == "tirx.buffer_data"
+            and data.args[0].same_as(buffer))
 
 
 def _identity_copy(nest, params):
@@ -130,15 +183,15 @@ def _identity_copy(nest, params):
     return (g, x, kind) if analyzer.can_prove_equal(g_flat, _flat(x.shape, x_idx)) else None
 
 
-def _alone(nests, i: int, g, x, kind: str) -> bool:
-    """Whether the copy at ``nests[i]`` may become a view: ``x`` used by no other nest; for a
-    read, no other nest before it uses ``g`` nor any writes it; for a write-back, none after
-    it uses ``g``."""
+def _alone(nests, i: int, g, family: list, kind: str) -> bool:
+    """Whether the copy at ``nests[i]`` may become a view: the parameter (``family``: it and
+    its views) used by no other nest; for a read, no other nest before it uses ``g`` nor any
+    writes it; for a write-back, none after it uses ``g``."""
     for j, nest in enumerate(nests):
         if j == i:
             continue
         reads, writes = _uses(nest)
-        if _holds(reads + writes, x):
+        if any(_holds(reads + writes, x) for x in family):
             return False
         uses_g = _holds(reads + writes, g)
         if kind == "read" and (uses_g and j < i or _holds(writes, g)):
@@ -183,4 +236,4 @@ def _elements(shape) -> int | None:
     return n
 
 
-__all__ = ["InPlace", "in_place_note", "read_in_place"]
+__all__ = ["InPlace", "identity_copies", "in_place_note", "read_in_place"]
