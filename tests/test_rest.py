@@ -69,6 +69,52 @@ def test_an_elementwise_nest_runs_parallel_rows_of_vectors_with_the_same_bits():
     same_values(func, new, (1, 128, 64))
 
 
+def _quantized_image(x):
+    """A QDQ model's input: quantize (divide, round, add the zero point, clip, cast), then
+    NCHW -> NHWC; and beside it a dequantize-like product feeding a sum."""
+    q = relax.op.clip(relax.op.add(relax.op.round(relax.op.divide(x, relax.const(0.0078431, "float32"))),
+                                   relax.const(127.0, "float32")), 0, 255)
+    return relax.op.permute_dims(relax.op.astype(q, "uint8"), [0, 2, 3, 1])
+
+
+def fused(build, shape):
+    """The one PrimFunc TVM's operator fusion makes of ``build(x)``'s elementwise chain."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(build(x))
+        bb.emit_func_output(out)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    mod = relax.transform.FuseTIR()(relax.transform.FuseOps()(relax.transform.AnnotateTIROpPattern()(mod)))
+    (func,) = [f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]
+    return func
+
+
+def blocks_of(func) -> list:
+    from tirbyoc._tvm import iter_blocks
+
+    return [b.name_hint for b in iter_blocks(func.body) if b.name_hint != "root"]
+
+
+def test_an_elementwise_chain_is_one_pass_a_product_feeding_a_sum_stays_apart():
+    func = fused(_quantized_image, (1, 3, 32, 32))
+    new, nests = schedule_rest(func, AVX2)
+    assert [n.inlined for n in nests if n.inlined] == [4], nests
+    # divide, round, add, clip, cast: one nest; the transpose reads it in its own
+    assert len(blocks_of(func)) == 6 and len(blocks_of(new)) == 2, blocks_of(new)
+    rng = np.random.default_rng(3)
+    x = rng.uniform(-1.2, 1.2, (1, 3, 32, 32)).astype("float32")
+    x.flat[:64] = (np.arange(64) - 32 + 0.5).astype("float32") * np.float32(0.0078431)  # near ties
+    assert np.array_equal(run(func, x), run(new, x))
+
+    scaled = fused(lambda x: relax.op.add(relax.op.multiply(x, relax.const(0.37, "float32")),
+                                              relax.const(1.5, "float32")), (64, 64))
+    kept, _ = schedule_rest(scaled, AVX2)
+    assert len(blocks_of(kept)) == 2  # an FMA would round once where TVM's build rounds twice
+    same_values(scaled, kept, (64, 64))
+
+
 def test_a_reduction_runs_its_rows_in_parallel_its_max_in_lanes_and_its_float_sum_in_order():
     func = legalized(lambda x: relax.op.nn.softmax(x), (2, 4, 32, 48))
     new, nests = schedule_rest(func, AVX2)

@@ -58,6 +58,11 @@ class RestSchedule:
     def channel_reductions(self) -> int:
         return sum(1 for nests in self.functions.values() if any(n.note for n in nests))
 
+    @property
+    def chains(self) -> int:
+        """Functions whose elementwise chain runs as one pass (`tirbyoc.rewrite.elementwise_chain`)."""
+        return sum(1 for nests in self.functions.values() if any(n.inlined for n in nests))
+
     def summary(self) -> str:
         channel = (f", {self.channel_reductions} channel-wise reduction(s) (depthwise, pooling) in channel "
                    f"vectors with their epilogues" if self.channel_reductions else "")
@@ -65,6 +70,7 @@ class RestSchedule:
                      "write-back did not take" if self.offloaded else "")
         return (f"{self.left} function(s) no template took, fused as TVM fuses them: {self.parallel} "
                 f"with parallel loops, {self.vectorized} with {self.vector_bytes * 8}-bit vectors{channel}"
+                f"{f', {self.chains} with an elementwise chain in one pass' if self.chains else ''}"
                 f"{offloaded} ({self.values()})")
 
     def values(self) -> str:
@@ -76,10 +82,12 @@ class RestSchedule:
 
     def to_json(self) -> dict:
         return {"left": self.left, "exact": self.exact, "parallel": self.parallel, "vectorized": self.vectorized,
-                "channel_reductions": self.channel_reductions, "vector_bits": self.vector_bytes * 8,
+                "channel_reductions": self.channel_reductions, "elementwise_chains": self.chains,
+                "vector_bits": self.vector_bytes * 8,
                 "packed_weights": self.packed.tensors, "offloaded_functions": len(self.offloaded),
                 "functions": {name: [{"block": n.block, "parallel": n.parallel, "lanes": n.lanes,
-                                      **({"schedule": n.note} if n.note else {})}
+                                      **({"schedule": n.note} if n.note else {}),
+                                      **({"inlined": n.inlined} if n.inlined else {})}
                                      for n in nests] for name, nests in self.functions.items()}}
 
 

@@ -14,7 +14,9 @@ bit for bit:
 * a nest with no reduction (elementwise, a transpose, a reshape) runs its innermost loop
   as vectors of its output's dtype, where the lanes divide that loop's extent (vectorizing
   a fused loop would index every lane through divisions: gathers);
-* a nest of fewer than `MIN_PARALLEL` iterations is not worth waking the thread pool for.
+* a nest of fewer than `MIN_PARALLEL` iterations is not worth waking the thread pool for;
+* first, a chain of elementwise nests is inlined into its last one
+  (`tirbyoc.rewrite.elementwise_chain`): one pass over the data, not one per operator.
 
 A channel-wise reduction (a depthwise convolution, an NHWC pooling window: each output channel
 reduces its own window) gets `tirbyoc.rewrite.channel_reduction`'s schedule instead: vectors
@@ -40,6 +42,7 @@ from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.ir.tir_walk import perfect_nest
 from tirbyoc.rewrite.channel_reduction import schedule_channel_reduction
 from tirbyoc.rewrite.cpu import loop_extent, spatial_prefix
+from tirbyoc.rewrite.elementwise_chain import inline_elementwise_chains
 from tirbyoc.rewrite.lane_reduction import lane_reduction
 from tirbyoc.rewrite.vector_math import vectorizable_math
 
@@ -58,6 +61,7 @@ class NestSchedule:
     lanes: int
     note: str = ""
     packed: tuple = ()  # weights (parameter names) given a layout-changing copy
+    inlined: int = 0  # elementwise steps inlined into the next (`elementwise_chain`; no nest of its own)
 
 
 def _lanes(sch, block, vector_bytes: int) -> int:
@@ -162,7 +166,11 @@ def schedule_rest(func, vector_bytes: int, registers: int = 32, channel_reductio
         if replaced and not any(int(sch.get(l).kind) != int(tirx.ForKind.SERIAL) for b in blocks for l in sch.get_loops(b)):
             sch = s_tir.Schedule(vectorized)
             blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    inlined = inline_elementwise_chains(sch) if channel_reductions else 0
     done = []
+    if inlined:  # a change by itself, even where no nest can be parallel (symbolic extents)
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+        done.append(NestSchedule("", 0, 0, inlined=inlined))
     for name in [str(sch.get(b).name_hint) for b in blocks] if channel_reductions else []:
         # first: a copy feeding one is inlined before it is scheduled
         current = {str(sch.get(b).name_hint): b for b in sch.get_child_blocks(sch.get_sblock("root"))}
