@@ -167,10 +167,9 @@ def schedule_rest(func, vector_bytes: int, registers: int = 32, channel_reductio
             sch = s_tir.Schedule(vectorized)
             blocks = sch.get_child_blocks(sch.get_sblock("root"))
     inlined = inline_elementwise_chains(sch) if channel_reductions else 0
-    done = []
-    if inlined:  # a change by itself, even where no nest can be parallel (symbolic extents)
+    if inlined:
         blocks = sch.get_child_blocks(sch.get_sblock("root"))
-        done.append(NestSchedule("", 0, 0, inlined=inlined))
+    done = []
     for name in [str(sch.get(b).name_hint) for b in blocks] if channel_reductions else []:
         # first: a copy feeding one is inlined before it is scheduled
         current = {str(sch.get(b).name_hint): b for b in sch.get_child_blocks(sch.get_sblock("root"))}
@@ -201,6 +200,8 @@ def schedule_rest(func, vector_bytes: int, registers: int = 32, channel_reductio
             continue
         if nest is not None:
             done.append(nest)
+    if inlined:  # a change by itself, even where no nest can be parallel (symbolic extents)
+        done.append(NestSchedule("", 0, 0, inlined=inlined))
     return (sch.mod["main"], tuple(done)) if done else (func, ())
 
 
