@@ -3,13 +3,15 @@ for, its entry function and its input arrays.
 
 `build_and_time`, `build_reference`, `run_offloaded` and the sweep pass these four values along
 together, and each time one of them changes (the offloaded module in place of the legalized
-one, TVM's baseline build of it, inputs drawn at another size) the other three stay: `on` and
-`with_arrays` say which one changed.
+one, TVM's baseline build of it, inputs drawn at another size) the other three stay: `on`,
+`offloaded` and `with_arrays` say which one changed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+
+from tirbyoc.app.targets import model_target
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,11 @@ class ModelCall:
     def on(self, mod) -> "ModelCall":
         """The same call of another module (the offloaded one, TVM's baseline of it)."""
         return replace(self, mod=mod)
+
+    def offloaded(self, mod) -> "ModelCall":
+        """The same call of ``mod``, an offloaded module, built where the model runs for this
+        target (`model_target`: this CPU when the offloaded code runs in an emulator)."""
+        return replace(self, mod=mod, target=model_target(self.target))
 
     def with_arrays(self, arrays) -> "ModelCall":
         """The same module called with other inputs (another binding of its sizes)."""

@@ -15,7 +15,6 @@ them): the same rows as a serial sweep, in grid order, sooner.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 from tirbyoc.app.preparation import activation_dtype, preparation
 from tirbyoc.app.run import (
@@ -160,8 +159,8 @@ def _offloaded_run(references: dict, prep_key, call: ModelCall, variant, ref):
         while len(builds) > BUILDS_KEPT:
             builds.pop(next(iter(builds)))
         return done
-    out, _, stats = build_and_time(replace(call, mod=kept.module, target=model_target(call.target)), 1,
-                                   [variant.simulator], timed=False, builds=compiled)
+    out, _, stats = build_and_time(call.offloaded(kept.module), 1, [variant.simulator], timed=False,
+                                   builds=compiled)
     return OffloadRun(kept.report, compare(out, ref), None, {variant.name: stats[0]}, kept.missing)
 
 
