@@ -247,7 +247,8 @@ def run_offloaded(call: ModelCall, tmpls, ref_out, opts: RunOptions = RunOptions
                                                 check_target(target), capacities)
     sims = {t.name: t.simulator for t in tmpls if t.simulator is not None}
     timed = emulated is None and not any(t.emulates for t in tmpls)  # else not the hardware's times
-    new_out, ms, stats = build_and_time(call.offloaded(offloaded), opts.repeat, list(sims.values()), timed=timed, builds=builds)
+    new_out, ms, stats = build_and_time(call.offloaded(offloaded), opts.repeat, list(sims.values()), timed=timed,
+                                        builds=builds)
     if opts.profile and timed:
         profile_functions(mod, offloaded, report, target, opts.repeat, progress=progress)
     return OffloadRun(report, compare(new_out, ref_out, rounding), ms, dict(zip(sims, stats)), missing,

@@ -93,6 +93,22 @@ def uses_var(expr, var) -> bool:
     return any(isinstance(n, tirx.Var) and n.same_as(var) for n in iter_exprs(expr))
 
 
+def loop_extent(sch, loop) -> int | None:
+    """The constant extent of a schedule's ``loop`` (None: symbolic)."""
+    ext = sch.get(loop).extent
+    return int(ext.value) if hasattr(ext, "value") else None
+
+
+def divisor_split(extent: int | None, divisors) -> list[int] | None:
+    """The factors that split a loop of ``extent`` at the constants its iterator is divided by
+    (`constant_divisors`: ``k // 192``, ``k % 192 // 64`` give 576 -> [3, 3, 64]), when they
+    form a chain dividing the extent; else None. After such a split no element divides."""
+    chain = sorted(divisors)
+    if not chain or extent is None or extent % chain[-1] or any(b % a for a, b in zip(chain, chain[1:])):
+        return None
+    return [extent // chain[-1]] + [b // a for a, b in zip(chain, chain[1:])][::-1] + [chain[0]]
+
+
 def constant_divisors(node, variables) -> dict:
     """For each of ``variables`` (Vars) that ``node`` divides or takes modulo by constants
     (``v // 9``, ``v % 9 // 3``: an im2col copy's index arithmetic), the set of those

@@ -28,7 +28,7 @@ from math import prod
 
 from tirbyoc._tvm import SPATIAL, s_tir, tirx, vector_bytes, vector_registers
 from tirbyoc.dtypes import dtype_bytes
-from tirbyoc.ir.tir_walk import constant_divisors, uses_var
+from tirbyoc.ir.tir_walk import constant_divisors, divisor_split, loop_extent, uses_var
 from tirbyoc.rewrite.prefetch import mark_weight_prefetch, prefetches
 from tirbyoc.rewrite.row_staging import rows_operands, stage_rows_per_block
 from tirbyoc.rewrite.stack import CALL_BLOCK_BYTES, REGISTER_BLOCK_BYTES, TILE_BLOCK_BYTES, WRITEBACK_ATTR
@@ -56,11 +56,6 @@ def spatial_prefix(sch, loops, realize) -> list:
             break
         prefix.append(loop)
     return prefix
-
-
-def loop_extent(sch, loop) -> int | None:
-    ext = sch.get(loop).extent
-    return int(ext.value) if hasattr(ext, "value") else None
 
 
 def lanes_dividing(count: int, most: int, least: int = 2) -> int:
@@ -223,11 +218,9 @@ def _split_by_divisors(sch, blk) -> bool:
     divisors = constant_divisors(stmt.body, [iv.var for iv in stmt.iter_vars])
     split = False
     for loop, iv in zip(loops, stmt.iter_vars):
-        chain = sorted(divisors.get(iv.var, ()))
-        extent = loop_extent(sch, loop)
-        if not chain or extent is None or extent % chain[-1] or any(b % a for a, b in zip(chain, chain[1:])):
+        factors = divisor_split(loop_extent(sch, loop), divisors.get(iv.var, ()))
+        if factors is None:
             continue
-        factors = [extent // chain[-1]] + [b // a for a, b in zip(chain, chain[1:])][::-1] + [chain[0]]
         sch.split(loop, factors=factors)
         split = True
     return split

@@ -42,10 +42,13 @@ def _elementwise(block) -> tirx.BufferStore | None:
     if (block.init is not None or not isinstance(store, tirx.BufferStore) or len(block.writes) != 1
             or any(int(iv.iter_type) != SPATIAL for iv in block.iter_vars)):
         return None
+    return store if _at_iterators(store.indices, block) else None
+
+
+def _at_iterators(indices, block) -> bool:
+    """Whether ``indices`` are exactly ``block``'s iterators, in order."""
     ivars = [iv.var for iv in block.iter_vars]
-    if len(store.indices) != len(ivars) or not all(i.same_as(v) for i, v in zip(store.indices, ivars)):
-        return None
-    return store
+    return len(indices) == len(ivars) and all(i.same_as(v) for i, v in zip(indices, ivars))
 
 
 def _inlinable(producer, consumer) -> bool:
@@ -55,12 +58,10 @@ def _inlinable(producer, consumer) -> bool:
     buf = made.buffer
     if not _same_shape(buf.shape, used.buffer.shape):
         return False
-    ivars = [iv.var for iv in consumer.iter_vars]
     loads = []
     tvm_ffi.structural_walk(used.value, (TensorLoad, loads.append))
     reads = [ld for ld in loads if ld.source.same_as(buf)]
-    return bool(reads) and all(len(ld.indices) == len(ivars) and all(i.same_as(v) for i, v in zip(ld.indices, ivars))
-                               for ld in reads)
+    return bool(reads) and all(_at_iterators(ld.indices, consumer) for ld in reads)
 
 
 def _same_shape(a, b) -> bool:

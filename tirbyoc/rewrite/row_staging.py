@@ -13,13 +13,8 @@ from __future__ import annotations
 
 from tirbyoc._tvm import s_tir
 from tirbyoc.dtypes import dtype_bytes
-from tirbyoc.ir.tir_walk import block_realize, constant_divisors, uses_var
+from tirbyoc.ir.tir_walk import block_realize, constant_divisors, divisor_split, loop_extent, uses_var
 from tirbyoc.rewrite.in_place import identity_copies
-
-
-def _extent(sch, loop) -> int | None:
-    ext = sch.get(loop).extent
-    return int(ext.value) if hasattr(ext, "value") else None
 
 
 def rows_operands(sch, block, outer, columns) -> set:
@@ -28,7 +23,7 @@ def rows_operands(sch, block, outer, columns) -> set:
     ``columns``, the loop over output-channel tiles, and those buffers' regions move with it);
     else none. (A matrix-vector product's parallel loop runs over its columns: what moves with
     it is the weight, which stays whole, to be packed once.)"""
-    many = [loop for loop in outer if _extent(sch, loop) != 1]
+    many = [loop for loop in outer if loop_extent(sch, loop) != 1]
     if len(many) != 1 or (columns is not None and sch.get(many[0]).same_as(sch.get(columns))):
         return set()
     var = sch.get(many[0]).loop_var
@@ -70,12 +65,11 @@ def _copy_runs_in_vectors(sch, copy) -> None:
     var = sch.get(inner).loop_var
     realize = block_realize(sch.get(sch.get_loops(copy)[0]), stmt)
     bound = [iv.var for iv, value in zip(stmt.iter_vars, realize.iter_values) if uses_var(value, var)]
-    extent = _extent(sch, inner) or 0
-    chain = sorted(constant_divisors(stmt.body, bound).get(bound[0], ())) if len(bound) == 1 else []
-    if chain and extent % chain[-1] == 0 and not any(b % a for a, b in zip(chain, chain[1:])):
-        factors = [extent // chain[-1]] + [b // a for a, b in zip(chain, chain[1:])][::-1] + [chain[0]]
+    extent = loop_extent(sch, inner) or 0
+    factors = divisor_split(extent, constant_divisors(stmt.body, bound).get(bound[0], ())) if len(bound) == 1 else None
+    if factors is not None:
         inner = sch.split(inner, factors=factors)[-1]
-        extent = chain[0]
+        extent = factors[-1]
     vector = 64 // dtype_bytes(str(stmt.writes[0].source.dtype))  # one zmm of elements
     lanes = next((n for n in (vector, 16) if n <= extent and extent % n == 0), 0)
     if lanes >= 16:
