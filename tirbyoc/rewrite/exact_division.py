@@ -42,7 +42,7 @@ import numpy as np
 from tirbyoc._tvm import PrimCall, call_name, expr_dtype, tirx, tvm_ffi
 
 
-def _constant(expr) -> float | None:
+def float_constant(expr) -> float | None:
     """The float32 value of a scalar constant or of a vector broadcast of one, else None."""
     if isinstance(expr, tirx.Broadcast):
         expr = expr.value
@@ -76,7 +76,7 @@ def exact_quotient(div, signed_zero: bool = True):
     ``div`` itself where ``c`` is not a usable constant. ``signed_zero=False``: a zero quotient
     may come out as -0 where the division gives +0 or the reverse (no ``copysign``: for a
     value that ends in an integer cast, `tirbyoc.rewrite.integer_writeback`)."""
-    c = _constant(div.b)
+    c = float_constant(div.b)
     y = reciprocal(c) if c is not None else None
     if y is None or not str(expr_dtype(div)).startswith("float32"):
         return div
@@ -108,4 +108,4 @@ def exact_divisions(stmt, signed_zero: bool = True):
     return tvm_ffi.structural_map(stmt, [(PrimCall, lambda call: _rounded_quotient(call, signed_zero))])
 
 
-__all__ = ["constant_like", "exact_divisions", "exact_quotient", "reciprocal"]
+__all__ = ["constant_like", "exact_divisions", "exact_quotient", "float_constant", "reciprocal"]

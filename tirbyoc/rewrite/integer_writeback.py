@@ -29,6 +29,7 @@ from functools import cache
 
 from tirbyoc._tvm import PrimCall, PrimExpr, TensorLoad, call_name, expr_dtype, tirx, tvm, tvm_ffi
 from tirbyoc.rewrite.exact_division import constant_like, exact_divisions
+from tirbyoc.rewrite.finite_division import proven_quotient
 
 _BLIND = (tirx.Add, tirx.Sub, tirx.Mul, tirx.Min, tirx.Max, tirx.Cast, tirx.Broadcast, tirx.Ramp, TensorLoad,
           tirx.FloatImm, tirx.IntImm)
@@ -144,6 +145,7 @@ def _cheaper(store):
     if not _integer(expr_dtype(value)) or not isinstance(value, tirx.Cast) or not _sign_blind(value):
         return store
     new = tvm_ffi.structural_map(value, [(tirx.Sub, shifted_clip)])
+    new = tvm_ffi.structural_map(new, [(PrimCall, proven_quotient)])
     new = rounding_conversion(exact_divisions(new, signed_zero=False))
     return store if new.same_as(value) else tirx.BufferStore(store.buffer, new, store.indices)
 
