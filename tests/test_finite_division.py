@@ -116,3 +116,17 @@ def test_a_provable_quotient_loses_its_division():
 def test_a_dividend_with_a_float_load_is_left_alone():
     call = quotient(0.031866896897554398, 0.035095557570457458, leaf_dtype="float32")
     assert proven_quotient(call).same_as(call)
+
+
+def test_loads_of_two_buffers_are_two_leaves():
+    """``round((r1 * s + r2 * s) / c)`` over two byte buffers takes 256 x 256 values, not 256:
+    the same expression read from another buffer is another leaf."""
+    from tirbyoc.rewrite.finite_division import _Domain, _evaluate
+
+    i = tirx.IntImm("int32", 0)
+    r1, r2 = (tirx.decl_buffer((16,), "uint8", name) for name in ("R1", "R2"))
+    s = tirx.FloatImm("float32", 0.03)
+    x = tirx.Cast("float32", tirx.BufferLoad(r1, [i])) * s + tirx.Cast("float32", tirx.BufferLoad(r2, [i])) * s
+    domain = _Domain()
+    values = _evaluate(x, domain)
+    assert len(domain.leaves) == 2 and domain.points == 256 * 256 and values.size == 256 * 256

@@ -96,7 +96,7 @@ class _Domain:
 
     def axis(self, expr) -> int | None:
         for i, leaf in enumerate(self.leaves):
-            if structural_equal(leaf, expr):
+            if structural_equal(leaf, expr, map_free_vars=False):  # two buffers alike are two leaves
                 return i
         values = _leaf_values(expr)
         if values is None or len(self.leaves) == MAX_LEAVES or self.points * len(values) > MAX_POINTS:
