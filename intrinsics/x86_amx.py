@@ -54,6 +54,7 @@ PANEL, GROUP_BYTES = 16, 4  # B's packing: 16 output channels x 4 reduction byte
 # one reduction of 9 x c, so that the accumulators stay in tiles over all of it.
 TILE, TILE_K = 32, 1024
 MAX_COLS = 512  # output channels a call covers at most (its int32 block: 32 x 512 x 4 = 64 KB)
+NARROW_COLS, NARROW_MIN_K_BYTES = 64, 256  # rows read in place: an 8 KB int32 block a call (`call_columns`)
 L1_BYTES = 48 * 1024  # the A rows a call reuses across its columns stay in L1 up to this (Golden Cove: 48 KB)
 B_PANEL_BYTES = 32 * 1024  # a call's panel of B reused from L1 up to this (two thirds of it: A's tiles and C's share it)
 MIN_K_BYTES = 128  # shorter reductions are refused: the vector template next in the list is faster there
@@ -201,7 +202,7 @@ def zero_block(kernel: Kernel = INT8, cols: int = TILE) -> Intrinsic:
                      doc=f"zero a {TILE}x{cols} {dtype} accumulator block in 16-lane stores")
 
 
-def call_columns(n: int, k_bytes: int) -> int:
+def call_columns(n: int, k_bytes: int, rows_staged: bool = True) -> int:
     """The output channels one call covers (a multiple of 16 dividing ``n`` padded to the packed
     weight's 16, up to `MAX_COLS`). Three regimes, by the reduction's bytes K:
 
@@ -215,9 +216,21 @@ def call_columns(n: int, k_bytes: int) -> int:
     Measured on an Emerald Rapids Xeon at one thread, three rounds in turns, GOPS by columns
     per call: GEMM 512^3 2656 / 2768 / 2063 / 2084 / 1926 at 32 / 64 / 128 / 256 / 512 (the
     panel of 64 columns is 32 KB, of 128 is 64 KB); GEMM 1024^3 1933 / 2183 / 2197 / 2357 /
-    2510."""
+    2510.
+
+    Where the rows are read in place (``rows_staged`` False: a 1x1 convolution, a GEMM) and K is
+    at least `NARROW_MIN_K_BYTES`, at most `NARROW_COLS` columns: right after each call the
+    write-back passes its 32 x cols int32 block and its output rows through L1, which evicts the
+    panel of B the next call needs unless the block is small (8 KB at 64). Measured with each
+    layer's write-back, int8 ResNet-50 on that Xeon, one thread, each function alone, both
+    builds in turns in one process (`bench/results/amx_call_columns_writeback.json`): res4's
+    1x1 reductions (K = 1024, 256 -> 64 columns) 9-12% faster, its expansions (K = 256, 128 ->
+    64) 4-7%, res3's projection 12%, res5's first reduction 8%; at K = 128 (res3's expansions)
+    as often slower as faster, and a convolution whose rows are staged (an im2col block per
+    call's rows) 2-4% slower: there the widths above stay."""
     n16 = -(-n // PANEL) * PANEL
-    widths = [c for c in range(PANEL, min(MAX_COLS, n16) + 1, PANEL) if n16 % c == 0]
+    cap = NARROW_COLS if not rows_staged and k_bytes >= NARROW_MIN_K_BYTES else MAX_COLS
+    widths = [c for c in range(PANEL, min(cap, n16) + 1, PANEL) if n16 % c == 0]
     in_l1 = [c for c in widths if c * k_bytes <= B_PANEL_BYTES]
     if in_l1 and in_l1[-1] >= 2 * TILE:
         return in_l1[-1]
@@ -254,7 +267,8 @@ def kernel_group(kernel: Kernel, k: int = TILE_K, cols: int = TILE) -> Intrinsic
             raise TirbyocError(f"a window of {pixel} bytes per pixel ({'x'.join(map(str, window))}): the copy into "
                                f"{kernel.instruction}'s rows gathers {pixel}-byte pieces; {kernel.shorter} reads the "
                                "pixels in place faster (the ResNet stem: 2.1-2.4x)")
-        return kernel_group(kernel, depth, call_columns(ext["vj"], depth * (GROUP_BYTES // kernel.group)))
+        cols = call_columns(ext["vj"], depth * (GROUP_BYTES // kernel.group), rows_staged=pixel is not None)
+        return kernel_group(kernel, depth, cols)
 
     suffix = (f"_k{k}" if k != TILE_K else "") + (f"_n{cols}" if cols != TILE else "")
     return IntrinsicGroup(f"gemm_{kernel.types}" + suffix,

@@ -97,9 +97,17 @@ def test_a_call_covers_the_output_channels_its_panel_of_b_or_rows_of_a_keep_in_l
     assert call_columns(256, 2304) == 32  # 32 rows x 2304 bytes of A would not stay in L1
     # a shallower reduction: the widest panel of B up to 32 KB (64 columns or more), reused from L1
     assert [call_columns(n, k) for n, k in ((512, 512), (1024, 256), (512, 128), (64, 576))] == [64, 128, 256, 64]
+    # rows read in place (a 1x1 convolution, a GEMM) from K = 256 bytes: 64 columns, an 8 KB block
+    # the write-back passes through L1 beside B's panel; shallower, the widths above
+    assert [call_columns(n, k, rows_staged=False) for n, k in ((1024, 256), (256, 1024), (512, 128), (256, 2304))] \
+        == [64, 64, 256, 32]
     out = tirbyoc.offload(matmul(64, 1024, 256, "uint8", "int8", "int32", trans_b=True), "x86_amx_emulated")
     (core,) = out.offloaded
-    assert "gemm_32x128x256" in core.intrinsic and out.verification.passed, out.verification.describe()
+    assert "gemm_32x64x256" in core.intrinsic and out.verification.passed, out.verification.describe()
+    window = tirbyoc.offload(conv2d(1, 128, 8, 8, 256, 3, 3, layout="NHWC", dtype="uint8", wdtype="int8",
+                                    acc="int32"), "x86_amx_emulated")
+    (core,) = window.offloaded  # K = 1152 bytes of staged rows: all 128 columns a call, not 64
+    assert "gemm_32x128x1152" in core.intrinsic and window.verification.passed, window.verification.describe()
 
 
 def test_outputs_are_padded_to_the_32x32_block_and_k_must_group_by_4():
