@@ -267,7 +267,10 @@ def kernel_group(kernel: Kernel, k: int = TILE_K, cols: int = TILE) -> Intrinsic
             raise TirbyocError(f"a window of {pixel} bytes per pixel ({'x'.join(map(str, window))}): the copy into "
                                f"{kernel.instruction}'s rows gathers {pixel}-byte pieces; {kernel.shorter} reads the "
                                "pixels in place faster (the ResNet stem: 2.1-2.4x)")
-        cols = call_columns(ext["vj"], depth * (GROUP_BYTES // kernel.group), rows_staged=pixel is not None)
+        # the narrower calls of in-place rows were measured with int8's write-back only: bf16 keeps
+        # the widths its own measurements chose
+        staged = pixel is not None or kernel.b != "int8"
+        cols = call_columns(ext["vj"], depth * (GROUP_BYTES // kernel.group), rows_staged=staged)
         return kernel_group(kernel, depth, cols)
 
     suffix = (f"_k{k}" if k != TILE_K else "") + (f"_n{cols}" if cols != TILE else "")
