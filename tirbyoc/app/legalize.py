@@ -24,6 +24,7 @@ from tirbyoc.relax.bf16 import Bf16Report, bf16_of
 from tirbyoc.relax.bridge import fuse
 from tirbyoc.relax.fast_math import FastMathReport, fast_math_of
 from tirbyoc.relax.layout import LayoutReport, channels_last
+from tirbyoc.relax.narrow_boundary import narrow_boundaries
 from tirbyoc.relax.quantized import QuantizedReport, qdq_output_step
 
 
@@ -48,7 +49,9 @@ def legalized_model(model: str | None, templates, seed: int, inputs: dict | None
     (`tirbyoc.app.model_inputs`). A quantized model's chains are made integer first
     (`integer_module`; ``quantized`` collects the report); ``as_given`` receives the model
     legalized as it was given (the same module when nothing was made integer). For a
-    template that fuses epilogues the module comes fused (`fuse`). ``constant_weights``: the
+    template that fuses epilogues the module comes fused (`fuse`), each fused output that ends
+    in a quantize and a dequantize stored as its 8-bit value and dequantized by its readers
+    (`narrow_boundaries`; named in ``quantized``). ``constant_weights``: the
     weights bound as constants, as a deployed model has them (`with_constant_weights`); the
     inputs returned are then the model's own inputs only. ``fast_math``: when given, the
     model's float32 erf, tanh, exp, softmax, sigmoid, SiLU and GELU become TVM's fast
@@ -76,7 +79,9 @@ def legalized_model(model: str | None, templates, seed: int, inputs: dict | None
     if as_given is not None:
         as_given.append(mod if laid is loaded else relax.transform.LegalizeOps()(loaded))
     if fuses_epilogues(templates):
-        mod = fuse(mod)
+        mod, narrowed = narrow_boundaries(fuse(mod))
+        if quantized is not None:
+            quantized.boundaries += narrowed
     entry = entry_function(mod)
     arrays = model_inputs(mod, entry, seed, inputs, sizes)
     if constant_weights:

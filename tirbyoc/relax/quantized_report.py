@@ -15,6 +15,7 @@ class QuantizedReport:
     shifted: list[str] = field(default_factory=list)  # chains requantized by a shift (requantize="shift")
     unshifted: list[tuple[str, str]] = field(default_factory=list)  # (chain, why it is requantized in float)
     pools: list[str] = field(default_factory=list)  # max pools run on the quantized values
+    boundaries: list[str] = field(default_factory=list)  # fused outputs stored in 8 bits (`narrow_boundary`)
     seen: list = field(default_factory=list, repr=False)  # the calls kept float, reported once
     done: list = field(default_factory=list, repr=False)  # the cores made integer, reported once
     # set by a run: the integer model's output against the float QDQ graph's, and the
@@ -32,6 +33,9 @@ class QuantizedReport:
                      (f", {len(self.unshifted)} in float ({'; '.join(why)})" if why else ""))
         if self.pools:
             text += f"; {len(self.pools)} max pool{'' if len(self.pools) == 1 else 's'} on the quantized values"
+        if self.boundaries:
+            n = len(self.boundaries)
+            text += f"; {n} dequantized output{'' if n == 1 else 's'} stored in 8 bits, dequantized by the reader"
         if self.float_max_abs_diff is not None:
             n = round(self.float_max_abs_diff / self.step) if self.step else None
             steps = f" = {n} output step{'' if n == 1 else 's'}" if n is not None else ""
@@ -42,7 +46,7 @@ class QuantizedReport:
     def to_json(self) -> dict:
         return {"integer": list(self.integer), "kept": [{"chain": c, "reason": r} for c, r in self.kept],
                 "shifted": list(self.shifted), "requantized_in_float": [{"chain": c, "reason": r} for c, r in self.unshifted],
-                "max_pools": list(self.pools),
+                "max_pools": list(self.pools), "boundaries_in_8_bits": list(self.boundaries),
                 "float_max_abs_diff": self.float_max_abs_diff, "step": self.step}
 
 
