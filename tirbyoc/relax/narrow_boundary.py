@@ -109,6 +109,16 @@ def _clip_dtype(value) -> str | None:
     return next((d for d, (a, b) in _RANGES.items() if a <= lo and hi <= b), None)
 
 
+def _step(block, kind):
+    """(the buffer loaded, the constant) of a block storing ``kind(load, constant)`` with the load
+    at its own iterators; else None."""
+    value = block.body.value
+    if not isinstance(value, kind) or _float(value.b) is None:
+        return None
+    source = _load_at(value.a, block)
+    return None if source is None else (source, float(value.b.value))
+
+
 def dequantized_output(func):
     """How ``func`` (a fused PrimFunc) dequantizes its output, where it is ``(m - z) * s`` of an
     8-bit value ``m`` (the module's docstring): (dtype of ``m``, its buffer, ``z``, ``s``, the
@@ -118,23 +128,18 @@ def dequantized_output(func):
     if str(out.dtype) != "float32" or out.name not in writers:
         return None
     w_index, w = writers[out.name]
-    value = w.body.value
-    if not isinstance(value, tirx.Mul) or _float(value.b) is None:
+    scaled = _step(w, tirx.Mul)
+    if scaled is None or scaled[0].name not in writers or _read_elsewhere(func, scaled[0], w_index):
         return None
-    t = _load_at(value.a, w)
-    if t is None or t.name not in writers or _read_elsewhere(func, t, w_index):
+    t_index, t_block = writers[scaled[0].name]
+    shifted = _step(t_block, tirx.Sub)
+    if shifted is None or shifted[0].name not in writers:
         return None
-    t_index, t_block = writers[t.name]
-    sub = t_block.body.value
-    if not isinstance(sub, tirx.Sub) or _float(sub.b) is None:
-        return None
-    m = _load_at(sub.a, t_block)
-    if m is None or m.name not in writers:
-        return None
+    m = shifted[0]
     dtype = _clip_dtype(_value(m, writers))
     if dtype is None:
         return None
-    return dtype, m, float(sub.b.value), float(value.b.value), w_index, t_index
+    return dtype, m, shifted[1], scaled[1], w_index, t_index
 
 
 def _read_elsewhere(func, buffer, except_index: int) -> bool:
