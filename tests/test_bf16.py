@@ -78,6 +78,51 @@ def test_conversion_reads_bf16_and_accumulates_in_float32():
     assert "bf16: 1 conv2d, 1 matmul read bfloat16" in report.describe()
 
 
+@R.function
+def _conv_pool_conv(x: R.Tensor((1, 8, 9, 9), "float32"), w: R.Tensor((8, 8, 3, 3), "float32"),
+                    v: R.Tensor((4, 8, 1, 1), "float32")):
+    with R.dataflow():
+        y = R.nn.relu(R.nn.conv2d(x, w, padding=[1, 1, 1, 1]))
+        p = R.nn.max_pool2d(y, pool_size=[3, 3], strides=[2, 2], padding=[1, 1, 1, 1])
+        z = R.nn.conv2d(p, v)
+        R.output(z)
+    return z
+
+
+def test_a_pooled_input_is_pooled_on_bf16_with_the_same_values():
+    """Rounding to bfloat16 is non-decreasing, so it commutes with a maximum: the pool runs on
+    the narrowed values (the layer before it then stores bfloat16) and the convolution after
+    it reads exactly what it read before; no float32 pool is left."""
+    import tvm
+
+    from tirbyoc._tvm import relax_vm
+
+    mod, report = bf16_of(tvm_module(_conv_pool_conv))
+    assert report.pools == 1 and "1 max pool on bfloat16" in report.describe()
+    text = mod.script()
+    assert text.count("R.nn.max_pool2d") == 1 and 'R.astype(y, dtype="bfloat16")' in text, text
+
+    @R.function
+    def cast_after(x: R.Tensor((1, 8, 9, 9), "float32"), w: R.Tensor((8, 8, 3, 3), "float32"),
+                   v: R.Tensor((4, 8, 1, 1), "float32")):
+        with R.dataflow():
+            y = R.nn.relu(R.nn.conv2d(R.astype(x, "bfloat16"), R.astype(w, "bfloat16"), padding=[1, 1, 1, 1],
+                                      out_dtype="float32"))
+            p = R.nn.max_pool2d(y, pool_size=[3, 3], strides=[2, 2], padding=[1, 1, 1, 1])
+            z = R.nn.conv2d(R.astype(p, "bfloat16"), R.astype(v, "bfloat16"), out_dtype="float32")
+            R.output(z)
+        return z
+
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(s).astype("float32") for s in ((1, 8, 9, 9), (8, 8, 3, 3), (4, 8, 1, 1))]
+    outs = []
+    for m in (mod, tvm_module(cast_after)):
+        m = tvm.IRModule({"main": m["main"].with_attr("global_symbol", "main")})
+        exe = tvm.compile(relax.transform.LegalizeOps()(m), target=tvm.target.Target({"kind": "llvm"}))
+        outs.append(relax_vm(exe, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in args]).numpy())
+    np.testing.assert_array_equal(*outs)
+
+
 def test_accuracy_is_measured_against_float32():
     report = Bf16Report()
     ref = np.array([[0.1, 0.9, 0.3], [0.5, 0.2, 0.4]], "float32")

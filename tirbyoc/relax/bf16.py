@@ -47,6 +47,7 @@ class Bf16Report:
 
     converted: Counter = field(default_factory=Counter)
     kept: Counter = field(default_factory=Counter)
+    pools: int = 0  # max pools run on bfloat16 (their output only read narrowed)
     max_rel_err: float | None = None
     argmax_agreement: float | None = None
     rows: int = 0
@@ -61,6 +62,7 @@ class Bf16Report:
     def add(self, other: "Bf16Report") -> None:
         self.converted.update(other.converted)
         self.kept.update(other.kept)
+        self.pools += other.pools
 
     def measure(self, bf16_out: np.ndarray, fp32_out: np.ndarray) -> None:
         """Fill in the accuracy of ``bf16_out`` against ``fp32_out`` (the same inputs)."""
@@ -78,6 +80,8 @@ class Bf16Report:
             return "bf16 asked for, but the model has no float32 convolution or matmul"
         ops = ", ".join(f"{n} {op}" for op, n in sorted(self.converted.items()))
         text = f"bf16: {ops} read bfloat16 operands, accumulate in float32"
+        if self.pools:
+            text += f"; {self.pools} max pool{'' if self.pools == 1 else 's'} on bfloat16"
         if self.kept:
             text += "; left as they are (not float32): " + ", ".join(
                 f"{n} {op}" for op, n in sorted(self.kept.items()))
@@ -88,7 +92,7 @@ class Bf16Report:
         return text
 
     def to_json(self) -> dict:
-        return {"converted": dict(self.converted), "kept": dict(self.kept),
+        return {"converted": dict(self.converted), "kept": dict(self.kept), "max_pools_on_bf16": self.pools,
                 "max_rel_err": self.max_rel_err, "argmax_agreement": self.argmax_agreement,
                 "rows": self.rows}
 
@@ -137,8 +141,24 @@ class _Narrower(relax.PyExprMutator):
             self.report.kept[name] += 1
             return call
         self.report.converted[name] += 1
-        args = [self.builder_.emit(relax.op.astype(a, "bfloat16")) for a in call.args[:2]]
+        args = [self._narrowed(a) for a in call.args[:2]]
         return rebuild(call, *args, "float32")
+
+    def _narrowed(self, operand):
+        """``astype(operand, bfloat16)``; for a max pool's output, the pool of the narrowed
+        input instead: rounding to bfloat16 is non-decreasing, so it commutes with a maximum
+        (the same values), and the pool then reads and writes half the bytes (the layer
+        before it stores bfloat16, its cast fused into its write-back)."""
+        bound = self.lookup_binding(operand) if isinstance(operand, relax.Var) else None
+        if isinstance(bound, relax.Call) and getattr(bound.op, "name", None) == "relax.nn.max_pool2d":
+            at = bound.attrs
+            narrow = self.builder_.emit(relax.op.astype(bound.args[0], "bfloat16"))
+            self.report.pools += 1
+            return self.builder_.emit(relax.op.nn.max_pool2d(
+                narrow, pool_size=at.pool_size, strides=at.strides, padding=at.padding, dilation=at.dilation,
+                ceil_mode=at.ceil_mode, count_include_pad=at.count_include_pad, layout=at.layout,
+                out_layout=at.out_layout))
+        return self.builder_.emit(relax.op.astype(operand, "bfloat16"))
 
 
 def bf16_of(mod) -> tuple[object, Bf16Report]:
@@ -146,6 +166,9 @@ def bf16_of(mod) -> tuple[object, Bf16Report]:
     converted). Before legalization: the ops are Relax operators, not yet PrimFuncs."""
     report = Bf16Report()
     new = mutate_functions(mod, _Narrower(mod, report))
+    if report.pools:  # the float32 pools no convolution reads any more (every function kept)
+        entries = [gv.name_hint for gv, f in new.functions.items() if isinstance(f, relax.Function)]
+        new = relax.transform.DeadCodeElimination(entry_functions=entries)(new)
     return (new if report.converted else mod), report
 
 
