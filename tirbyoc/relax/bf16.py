@@ -129,6 +129,15 @@ class _Narrower(relax.PyExprMutator):
     def __init__(self, mod, report: Bf16Report):
         super().__init__(mod)
         self.report = report
+        self.narrowed = {}  # a float32 operand -> its bfloat16 value, emitted once for all its readers
+
+    def visit_binding_block_(self, block):
+        self.narrowed = {}  # a value emitted in one block is not reused in another
+        return super().visit_binding_block_(block)
+
+    def visit_dataflow_block_(self, block):
+        self.narrowed = {}
+        return super().visit_dataflow_block_(block)
 
     def visit_call_(self, call):
         call = super().visit_call_(call)
@@ -148,7 +157,17 @@ class _Narrower(relax.PyExprMutator):
         """``astype(operand, bfloat16)``; for a max pool's output, the pool of the narrowed
         input instead: rounding to bfloat16 is non-decreasing, so it commutes with a maximum
         (the same values), and the pool then reads and writes half the bytes (the layer
-        before it stores bfloat16, its cast fused into its write-back)."""
+        before it stores bfloat16, its cast fused into its write-back). Emitted once per
+        operand, whatever number of convolutions read it; a float32 reader of the pool keeps
+        the float32 pool beside it."""
+        if isinstance(operand, relax.Var) and operand in self.narrowed:
+            return self.narrowed[operand]
+        value = self._narrow(operand)
+        if isinstance(operand, relax.Var):
+            self.narrowed[operand] = value
+        return value
+
+    def _narrow(self, operand):
         bound = self.lookup_binding(operand) if isinstance(operand, relax.Var) else None
         if isinstance(bound, relax.Call) and getattr(bound.op, "name", None) == "relax.nn.max_pool2d":
             at = bound.attrs
