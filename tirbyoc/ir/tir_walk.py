@@ -93,6 +93,12 @@ def uses_var(expr, var) -> bool:
     return any(isinstance(n, tirx.Var) and n.same_as(var) for n in iter_exprs(expr))
 
 
+def at_iterators(indices, block) -> bool:
+    """Whether ``indices`` are exactly ``block``'s iterators, in order (an elementwise access)."""
+    ivars = [iv.var for iv in block.iter_vars]
+    return len(indices) == len(ivars) and all(i.same_as(v) for i, v in zip(indices, ivars))
+
+
 def loop_extent(sch, loop) -> int | None:
     """The constant extent of a schedule's ``loop`` (None: symbolic)."""
     ext = sch.get(loop).extent

@@ -25,9 +25,10 @@ Anything else is left as TVM fused it.
 
 from __future__ import annotations
 
-from tirbyoc._tvm import PrimCall, TensorLoad, call_name, expr_dtype, relax, root_block, s_tir, tirx, tvm, tvm_ffi
-from tirbyoc.ir.tir_walk import perfect_nest, with_root_body
+from tirbyoc._tvm import TensorLoad, expr_dtype, relax, root_block, s_tir, tirx, tvm, tvm_ffi
+from tirbyoc.ir.tir_walk import at_iterators, perfect_nest, with_root_body
 from tirbyoc.relax.bridge import call_counts, replace_call_tir
+from tirbyoc.rewrite.exact_division import float_constant, is_round
 
 _RANGES = {"uint8": (0, 255), "int8": (-128, 127)}
 MARK = "tirbyoc.narrow_boundary"  # a changed PrimFunc's attribute: its "output" or an "input" is 8-bit
@@ -50,25 +51,16 @@ def _writers(func) -> dict:
             continue
         block = nest[1].block
         store = block.body
-        if len(block.writes) == 1 and isinstance(store, tirx.BufferStore) and _at_iterators(store.indices, block):
+        if len(block.writes) == 1 and isinstance(store, tirx.BufferStore) and at_iterators(store.indices, block):
             out[store.buffer.name] = (i, block)
     return out
 
 
-def _at_iterators(indices, block) -> bool:
-    its = [iv.var for iv in block.iter_vars]
-    return len(indices) == len(its) and all(a.same_as(b) for a, b in zip(indices, its))
-
-
 def _load_at(expr, block):
     """The buffer ``expr`` loads at ``block``'s own iterators, else None."""
-    if isinstance(expr, TensorLoad) and _at_iterators(expr.indices, block):
+    if isinstance(expr, TensorLoad) and at_iterators(expr.indices, block):
         return expr.source
     return None
-
-
-def _float(expr) -> float | None:
-    return float(expr.value) if isinstance(expr, tirx.FloatImm) else None
 
 
 def _value(buffer, writers, depth: int = 4):
@@ -90,9 +82,10 @@ def _value(buffer, writers, depth: int = 4):
 
 def _rounded(expr) -> bool:
     """Whether ``expr`` is ``round(...)`` or a rounded value plus an integer constant."""
-    if isinstance(expr, tirx.Add) and _float(expr.b) is not None and float(expr.b.value).is_integer():
+    shift = float_constant(expr.b) if isinstance(expr, tirx.Add) else None
+    if shift is not None and shift.is_integer():
         expr = expr.a
-    return isinstance(expr, PrimCall) and call_name(expr) in ("tirx.round", "tirx.nearbyint")
+    return is_round(expr)
 
 
 def _clip_dtype(value) -> str | None:
@@ -102,7 +95,7 @@ def _clip_dtype(value) -> str | None:
         return None
     if type(value) is type(value.a) or not _rounded(value.a.a):
         return None
-    bounds = [_float(value.b), _float(value.a.b)]
+    bounds = [float_constant(value.b), float_constant(value.a.b)]
     if None in bounds or not all(b.is_integer() for b in bounds):
         return None
     lo, hi = min(bounds), max(bounds)
@@ -113,10 +106,9 @@ def _step(block, kind):
     """(the buffer loaded, the constant) of a block storing ``kind(load, constant)`` with the load
     at its own iterators; else None."""
     value = block.body.value
-    if not isinstance(value, kind) or _float(value.b) is None:
-        return None
-    source = _load_at(value.a, block)
-    return None if source is None else (source, float(value.b.value))
+    constant = float_constant(value.b) if isinstance(value, kind) else None
+    source = _load_at(value.a, block) if constant is not None else None
+    return None if source is None else (source, constant)
 
 
 def dequantized_output(func):

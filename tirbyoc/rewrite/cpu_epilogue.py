@@ -31,6 +31,7 @@ from math import gcd
 
 from tirbyoc._tvm import SPATIAL, PrimCall, call_name, expr_dtype, s_tir, structural_equal, tirx, tvm, tvm_ffi
 from tirbyoc.rewrite.cpu import WRITEBACK_ATTR, lanes_dividing, loop_extent
+from tirbyoc.rewrite.exact_division import fenced
 from tirbyoc.rewrite.integer_writeback import integer_writebacks
 from tirbyoc.rewrite.pipeline import stage
 from tirbyoc.rewrite.state import RewriteState
@@ -252,7 +253,7 @@ def _fenced(mul):
     dtype = expr_dtype(mul)
     if not dtype.startswith(("float", "bfloat")):
         return mul
-    return tirx.call_llvm_pure_intrin(dtype, "llvm.arithmetic.fence", mul)
+    return fenced(mul)
 
 
 def _unmarked(attr):

@@ -17,6 +17,7 @@ broadcast, a pad or a transpose), is inlined; TVM's ``compute_inline`` checks th
 from __future__ import annotations
 
 from tirbyoc._tvm import SPATIAL, TensorLoad, expr_dtype, s_tir, tirx, tvm_ffi
+from tirbyoc.ir.tir_walk import at_iterators
 
 
 def inline_elementwise_chains(sch) -> int:
@@ -42,13 +43,7 @@ def _elementwise(block) -> tirx.BufferStore | None:
     if (block.init is not None or not isinstance(store, tirx.BufferStore) or len(block.writes) != 1
             or any(int(iv.iter_type) != SPATIAL for iv in block.iter_vars)):
         return None
-    return store if _at_iterators(store.indices, block) else None
-
-
-def _at_iterators(indices, block) -> bool:
-    """Whether ``indices`` are exactly ``block``'s iterators, in order."""
-    ivars = [iv.var for iv in block.iter_vars]
-    return len(indices) == len(ivars) and all(i.same_as(v) for i, v in zip(indices, ivars))
+    return store if at_iterators(store.indices, block) else None
 
 
 def _inlinable(producer, consumer) -> bool:
@@ -61,7 +56,7 @@ def _inlinable(producer, consumer) -> bool:
     loads = []
     tvm_ffi.structural_walk(used.value, (TensorLoad, loads.append))
     reads = [ld for ld in loads if ld.source.same_as(buf)]
-    return bool(reads) and all(_at_iterators(ld.indices, consumer) for ld in reads)
+    return bool(reads) and all(at_iterators(ld.indices, consumer) for ld in reads)
 
 
 def _same_shape(a, b) -> bool:

@@ -37,9 +37,37 @@ too, on int8 MobileNetV2's depthwise layers: no gain, so it is left as TVM build
 
 from __future__ import annotations
 
+from functools import cache
+
 import numpy as np
 
 from tirbyoc._tvm import PrimCall, call_name, expr_dtype, tirx, tvm_ffi
+
+
+@cache
+def fence_id() -> int:
+    """LLVM's id of ``llvm.arithmetic.fence`` (an intrinsic call carries the id, not the name)."""
+    probe = tirx.call_llvm_pure_intrin("float32", "llvm.arithmetic.fence", tirx.FloatImm("float32", 0.0))
+    return int(probe.args[0].value)
+
+
+def fenced(expr):
+    """``expr`` behind ``llvm.arithmetic.fence``: LLVM keeps its rounding (no contraction of a
+    product into a later sum) and emits no instruction for it."""
+    return tirx.call_llvm_pure_intrin(expr_dtype(expr), "llvm.arithmetic.fence", expr)
+
+
+def fence_argument(expr):
+    """What ``expr`` fences, where it is an arithmetic fence (`fenced`); else None."""
+    if (isinstance(expr, PrimCall) and call_name(expr) == "tirx.call_llvm_pure_intrin" and len(expr.args) == 2
+            and int(expr.args[0].value) == fence_id()):
+        return expr.args[1]
+    return None
+
+
+def is_round(expr) -> bool:
+    """Whether ``expr`` is ``round(...)`` or ``nearbyint(...)`` (both round ties to even)."""
+    return isinstance(expr, PrimCall) and call_name(expr) in ("tirx.round", "tirx.nearbyint")
 
 
 def float_constant(expr) -> float | None:
@@ -82,7 +110,7 @@ def exact_quotient(div, signed_zero: bool = True):
         return div
     dtype = str(expr_dtype(div))
     x, c_, y_ = div.a, div.b, constant_like(div.b, y)
-    q0 = tirx.call_llvm_pure_intrin(dtype, "llvm.arithmetic.fence", x * y_)
+    q0 = fenced(x * y_)
     r = tirx.call_llvm_pure_intrin(dtype, "llvm.fma", -q0, c_, x)
     q = tirx.call_llvm_pure_intrin(dtype, "llvm.fma", r, y_, q0)
     if not signed_zero:
@@ -108,4 +136,5 @@ def exact_divisions(stmt, signed_zero: bool = True):
     return tvm_ffi.structural_map(stmt, [(PrimCall, lambda call: _rounded_quotient(call, signed_zero))])
 
 
-__all__ = ["constant_like", "exact_divisions", "exact_quotient", "float_constant", "reciprocal"]
+__all__ = ["constant_like", "exact_divisions", "exact_quotient", "fence_argument", "fence_id", "fenced",
+           "float_constant", "is_round", "reciprocal"]

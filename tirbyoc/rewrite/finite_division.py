@@ -32,8 +32,8 @@ import itertools
 
 import numpy as np
 
-from tirbyoc._tvm import PrimCall, call_name, expr_dtype, structural_equal, tirx
-from tirbyoc.rewrite.exact_division import constant_like, float_constant, reciprocal
+from tirbyoc._tvm import call_name, expr_dtype, structural_equal, tirx
+from tirbyoc.rewrite.exact_division import constant_like, fence_argument, fenced, float_constant, is_round, reciprocal
 
 MAX_POINTS = 1 << 18  # a domain larger than this is not enumerated (256 x 256 is 1 << 16)
 MAX_INTEGERS = 1 << 16  # a clipped value's integers, at most
@@ -48,21 +48,12 @@ def _scalar(dtype) -> str:
     return str(dtype).split("x")[0]
 
 
-def _fence_of(expr):
-    """The argument of an arithmetic fence (`cpu_epilogue.fence_products`), else None."""
-    if isinstance(expr, PrimCall) and call_name(expr) == "tirx.call_llvm_pure_intrin" and len(expr.args) == 2:
-        return expr.args[1]
-    return None
-
-
 def _clipped_integers(expr) -> np.ndarray | None:
     """The float32 values of ``min(max(round(v), lo), hi)`` / ``max(min(round(v), hi), lo)`` with
     integer bounds: the integers between (and -0, which rounding keeps), else None."""
     if not isinstance(expr, (tirx.Max, tirx.Min)) or not isinstance(expr.a, (tirx.Max, tirx.Min)):
         return None
-    if type(expr) is type(expr.a) or not isinstance(expr.a.a, PrimCall):
-        return None
-    if call_name(expr.a.a) not in ("tirx.round", "tirx.nearbyint"):
+    if type(expr) is type(expr.a) or not is_round(expr.a.a):
         return None
     bounds = [float_constant(expr.a.b), float_constant(expr.b)]
     if None in bounds or not all(float(b).is_integer() for b in bounds):
@@ -123,7 +114,7 @@ def _evaluate(expr, domain: _Domain):
     axis = domain.axis(expr) if not isinstance(expr, tirx.Broadcast) else None
     if axis is not None:
         return domain.grid(axis)
-    fenced = _fence_of(expr)
+    fenced = fence_argument(expr)
     if fenced is not None:
         return _evaluate(fenced, domain)
     if isinstance(expr, tirx.Broadcast):
@@ -148,7 +139,7 @@ def _terms(x) -> int | None:
         return None if a is None or b is None else a + b
     if float_constant(x) is not None:
         return 1
-    product = _fence_of(x)
+    product = fence_argument(x)
     product = x if product is None else product
     if isinstance(product, tirx.Mul) and (float_constant(product.a) is not None or float_constant(product.b) is not None):
         return 1
@@ -173,11 +164,11 @@ def _distributed(x, c: float, nudges: list):
     constant = float_constant(x)
     if constant is not None:
         return constant_like(x, _folded(constant, c, nudges.pop(0)))
-    product = _fence_of(x)
+    product = fence_argument(x)
     product = x if product is None else product
     term, factor = (product.a, product.b) if float_constant(product.b) is not None else (product.b, product.a)
     folded = constant_like(factor, _folded(float_constant(factor), c, nudges.pop(0)))
-    return tirx.call_llvm_pure_intrin(str(expr_dtype(product)), "llvm.arithmetic.fence", term * folded)
+    return fenced(term * folded)
 
 
 def _distributed_forms(x, c: float):
@@ -191,8 +182,7 @@ def _distributed_forms(x, c: float):
 
 
 def _reciprocal(x, c: float, y: float):
-    dtype = str(expr_dtype(x))
-    return tirx.call_llvm_pure_intrin(dtype, "llvm.arithmetic.fence", x * constant_like(x, y))
+    return fenced(x * constant_like(x, y))
 
 
 def proven_quotient(call, signed_zero: bool = False):

@@ -25,10 +25,8 @@ Measured on an Emerald Rapids Xeon, one thread: see `bench/results/integer_write
 
 from __future__ import annotations
 
-from functools import cache
-
 from tirbyoc._tvm import PrimCall, PrimExpr, TensorLoad, call_name, expr_dtype, tirx, tvm, tvm_ffi
-from tirbyoc.rewrite.exact_division import constant_like, exact_divisions
+from tirbyoc.rewrite.exact_division import constant_like, exact_divisions, fence_id, is_round
 from tirbyoc.rewrite.finite_division import proven_quotient
 
 _BLIND = (tirx.Add, tirx.Sub, tirx.Mul, tirx.Min, tirx.Max, tirx.Cast, tirx.Broadcast, tirx.Ramp, TensorLoad,
@@ -57,19 +55,12 @@ def _sign_blind(expr) -> bool:
         elif isinstance(node, PrimCall):
             name = call_name(node)
             ok[0] &= (name in _BLIND_CALLS if name != "tirx.call_llvm_pure_intrin"
-                      else int(node.args[0].value) == _fence_id())
+                      else int(node.args[0].value) == fence_id())
         elif not isinstance(node, _BLIND):
             ok[0] = False
 
     tvm_ffi.structural_walk(expr, (PrimExpr, visit), order="pre")
     return ok[0]
-
-
-@cache
-def _fence_id() -> int:
-    """LLVM's id of ``llvm.arithmetic.fence`` (an intrinsic call carries the id, not the name)."""
-    probe = tirx.call_llvm_pure_intrin("float32", "llvm.arithmetic.fence", tirx.FloatImm("float32", 0.0))
-    return int(probe.args[0].value)
 
 
 def _integer_constant(expr) -> float | None:
@@ -94,10 +85,6 @@ def _clip_parts(expr):
     return expr.a.a, lo, hi
 
 
-def _rounded(expr) -> bool:
-    return isinstance(expr, PrimCall) and call_name(expr) in ("tirx.round", "tirx.nearbyint")
-
-
 def shifted_clip(sub):
     """``clip(round(q) + z) - z`` as ``clip(round(q))`` with the bounds shifted by ``-z`` (see the
     module's docstring), or ``sub`` itself."""
@@ -106,7 +93,7 @@ def shifted_clip(sub):
     if parts is None or not isinstance(parts[0], tirx.Add):
         return sub
     added, lo, hi = parts
-    if _integer_constant(added.b) != z or not _rounded(added.a):
+    if _integer_constant(added.b) != z or not is_round(added.a):
         return sub
     return _clipped(sub.a, added.a, lo - z, hi - z)
 
@@ -130,7 +117,7 @@ def rounding_conversion(cast):
     z = 0.0
     if isinstance(inner, tirx.Add) and _integer_constant(inner.b) is not None:
         inner, z = inner.a, _integer_constant(inner.b)
-    if not _rounded(inner):
+    if not is_round(inner):
         return cast
     dtype = str(expr_dtype(cast.value)).replace("float32", "int32")
     rounded = tirx.call_llvm_pure_intrin(dtype, "llvm.lrint", _clipped(cast.value, inner.args[0], lo - z, hi - z))
