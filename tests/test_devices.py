@@ -53,3 +53,40 @@ def test_a_new_device_is_registered_before_the_catch_all():
             devices.register_device(vendor)
     finally:
         devices.DEVICES.remove(vendor)
+
+
+def test_this_cpu_is_built_for_without_the_features_the_machine_hides():
+    """LLVM names the host by its CPU model; a virtual machine may hide features of that
+    model (a Zen 4 guest without AVX-512 reads as ``znver4``). The host target turns off
+    what the kernel does not report, so code built for it runs here, and a target that
+    names the model plainly is refused with the features this CPU lacks."""
+    import numpy as np
+
+    from tirbyoc._tvm import cpuinfo_flags, hidden_features, host_cpu_features, isa_features, tvm
+    from tirbyoc.offloading.devices import compile_func
+    from tvm.script import tirx as T
+
+    hidden = hidden_features("znver4", ["sse4_1", "sse4_2", "pni", "avx", "avx2", "fma", "bmi1", "sha_ni"])
+    assert {"avx512f", "avx512vnni", "avx512bf16"} <= set(hidden)
+    assert not {"avx", "avx2", "fma", "sse4.1", "sse3", "bmi", "sha"} & set(hidden)
+    if cpuinfo_flags():
+        assert isa_features(host_target()) <= host_cpu_features()
+        assert not set(hidden_features(str(host_target().attrs["mcpu"]), cpuinfo_flags())) & isa_features(host_target())
+
+    @T.prim_func(s_tir=True)
+    def add(a: T.Buffer((64,), "float32"), b: T.Buffer((64,), "float32")):
+        for i in T.vectorized(64):
+            with T.sblock("b"):
+                vi = T.axis.spatial(64, i)
+                b[vi] = a[vi] * T.float32(2)
+
+    exe = compile_func(add, host_target(), "doubling")
+    a, b = tvm.runtime.tensor(np.arange(64, dtype="float32")), tvm.runtime.tensor(np.zeros(64, "float32"))
+    exe.mod["main"](a, b)
+    np.testing.assert_array_equal(b.numpy(), np.arange(64, dtype="float32") * 2)
+    plain = tvm.target.Target({"kind": "llvm", "mcpu": str(host_target().attrs["mcpu"])})
+    missing = isa_features(plain) - host_cpu_features()
+    reason = devices.CPU.cannot_run(add, plain)
+    assert (reason is None) == (not missing)
+    if missing:
+        assert "this CPU lacks" in reason and sorted(missing)[0] in reason

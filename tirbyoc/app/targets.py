@@ -13,7 +13,7 @@ import os
 
 from tvm.s_tir import dlight as dl
 
-from tirbyoc._tvm import host_target, isa_features, make_target
+from tirbyoc._tvm import host_target_spec, isa_features, make_target
 from tirbyoc.decl.template import Runtime
 from tirbyoc.errors import TirbyocError, last_line
 from tirbyoc.offloading.devices import device_of
@@ -25,22 +25,25 @@ def complete_target(target):
     for generic x86-64 while the offloaded build calls a tuned library."""
     if not isinstance(target, dict) or target.get("kind") != "llvm" or target.get("mtriple"):
         return target
-    return {"mcpu": str(host_target().attrs["mcpu"]), "num-cores": os.cpu_count() or 1,
-            **{k: v for k, v in target.items() if v not in (None, "")}}
+    host = {k: v for k, v in host_target_spec().items() if k != "kind"}
+    if target.get("mcpu") not in (None, "", host["mcpu"]):
+        host.pop("mattr", None)  # another CPU named: its own features, as declared
+    return {**host, "num-cores": os.cpu_count() or 1, **{k: v for k, v in target.items() if v not in (None, "")}}
 
 
 def for_this_cpu(target):
     """A template's own target as a run on this machine builds it: an ``llvm`` target naming a
     CPU (x86_vnni's ``cascadelake``) becomes this machine's CPU (``znver4``, ...) where that
-    has every instruction-set feature the named one has, so that LLVM tunes both builds - the
+    has every instruction-set feature the named one has (with the features this machine
+    hides turned off, `host_target_spec`), so that LLVM tunes both builds - the
     offload, the rest of the model, TVM's baseline - for the CPU that runs them. A target for
     another machine (an ``mtriple``), or a CPU this one lacks features of, stays as declared."""
     if not isinstance(target, dict) or target.get("kind") != "llvm" or target.get("mtriple") or not target.get("mcpu"):
         return target
-    host = host_target()
+    host = host_target_spec()
     if not isa_features(make_target(target)) <= isa_features(host):
         return target
-    return {**target, "mcpu": str(host.attrs["mcpu"])}
+    return {**target, **{k: v for k, v in host.items() if k != "kind"}}
 
 
 def run_target(template, target=None):

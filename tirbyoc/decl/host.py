@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shutil
 
-from tirbyoc._tvm import cpuinfo_flags, cuda_available, host_cpu_features, host_target
+from tirbyoc._tvm import cpuinfo_flags, cuda_available, host_cpu_features, host_target, host_target_spec
 
 # (program, Debian package): what running Hexagon code under QEMU takes
 HEXAGON_TOOLS = (("qemu-hexagon", "qemu-user"), ("clang-16", "clang-16"), ("ld.lld-16", "lld-16"))
@@ -33,4 +33,4 @@ def hexagon_emulator_missing(mcpu: str | None = None) -> str | None:
 
 __all__ = ["HEXAGON_EMULATED_CPUS", "HEXAGON_INSTALL", "HEXAGON_TOOLS", "cpuinfo_flags", "cuda_available",
            "hexagon_emulator_missing",
-           "host_cpu_features", "host_target"]
+           "host_cpu_features", "host_target", "host_target_spec"]

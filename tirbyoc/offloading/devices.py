@@ -115,12 +115,13 @@ class Device:
 
 # ---------------------------------------------------------------------------- this CPU
 def _cpu_cannot_run(func, target) -> str | None:
-    mcpu = target.attrs.get("mcpu")
-    if mcpu is not None and str(mcpu) != str(host_target().attrs.get("mcpu")):
-        missing = sorted(isa_features(target) - host_cpu_features())
-        if missing:
-            compile_func(func, target, "rewritten")
-            return f"built for {mcpu}; this CPU lacks {', '.join(missing)}"
+    """Why code built for ``target`` cannot run here: the instruction-set features it lets LLVM
+    use that this CPU lacks (checked whatever the ``mcpu``: a machine may hide features of its
+    own CPU model). The function is built first, so a build error is reported as one."""
+    missing = sorted(isa_features(target) - host_cpu_features())
+    if missing:
+        compile_func(func, target, "rewritten")
+        return f"built for {target.attrs.get('mcpu') or 'this target'}; this CPU lacks {', '.join(missing)}"
     return None
 
 
