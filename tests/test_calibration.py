@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from tvm import relax
 
-from tirbyoc._tvm import build, host_target, relax_vm, to_tensor, tvm
+from tirbyoc._tvm import build, relax_vm, to_tensor, tvm
+from tirbyoc.decl.host import host_target
 from tirbyoc.app.model_inputs import model_inputs
 from tirbyoc.app.models import build_model, small_cnn
 from tirbyoc.app.preparation import with_constant_weights

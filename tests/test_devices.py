@@ -2,7 +2,7 @@
 
 import pytest
 
-from tirbyoc._tvm import host_target
+from tirbyoc.decl.host import host_target
 from tirbyoc.errors import TirbyocError
 from tirbyoc.offloading import devices
 from tirbyoc.offloading.devices import CPU, CUDA, FOREIGN, HEXAGON, Device, device_of
@@ -62,7 +62,8 @@ def test_this_cpu_is_built_for_without_the_features_the_machine_hides():
     names the model plainly is refused with the features this CPU lacks."""
     import numpy as np
 
-    from tirbyoc._tvm import cpuinfo_flags, hidden_features, host_cpu_features, isa_features, tvm
+    from tirbyoc._tvm import isa_features, tvm
+    from tirbyoc.decl.host import cpuinfo_flags, hidden_features, host_cpu_features
     from tirbyoc.offloading.devices import compile_func
     from tvm.script import tirx as T
 

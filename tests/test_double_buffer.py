@@ -9,7 +9,7 @@ from workloads import matmul
 
 import tirbyoc
 from tirbyoc import sim
-from tirbyoc._tvm import host_target
+from tirbyoc.decl.host import host_target
 from tirbyoc.offloading.verification import compile_func
 from tirbyoc.rewrite.double_buffer import ATTR
 from tirbyoc.rewrite.steps import StepKind

@@ -222,7 +222,7 @@ def test_sweep_reports_invalid_points_and_rejects_unknown_parameters():
 
 
 def test_programs_report_scratchpad_high_water_and_fail_past_a_capacity():
-    from tirbyoc._tvm import host_target
+    from tirbyoc.decl.host import host_target
     from tirbyoc.offloading.verification import compile_func as _compile
     from tirbyoc.testing.workloads import matmul
 

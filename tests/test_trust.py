@@ -324,7 +324,7 @@ def test_a_kernel_above_the_measured_peak_stops_the_benchmark(monkeypatch):
 def test_both_builds_use_this_cpu_and_the_json_says_which_target():
     """blas's template names no CPU: the baseline was built for generic x86-64 while the
     offload called OpenBLAS. Both now build for this CPU, and the JSON says so."""
-    from tirbyoc._tvm import host_target_spec
+    from tirbyoc.decl.host import host_target_spec
     from tirbyoc.app.run import complete_target, run_model
 
     spec = host_target_spec()
@@ -342,7 +342,8 @@ def test_a_template_naming_a_cpu_builds_for_this_one_where_it_has_its_features()
     """x86_vnni names cascadelake; a run on a CPU with every one of its instruction-set
     features builds for this CPU instead (LLVM tunes for the CPU that runs the code); one
     lacking any (or a target for another machine) keeps the named CPU."""
-    from tirbyoc._tvm import host_target, host_target_spec, isa_features, make_target
+    from tirbyoc._tvm import isa_features, make_target
+    from tirbyoc.decl.host import host_target, host_target_spec
     from tirbyoc.app.targets import for_this_cpu
 
     host = host_target()

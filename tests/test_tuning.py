@@ -161,7 +161,7 @@ def test_simulator_runner_measures_cycles(tmp_path):
     fewer cycles, and says when the tuned one lost."""
     import numpy as np
 
-    from tirbyoc._tvm import host_target
+    from tirbyoc.decl.host import host_target
     from tirbyoc.offloading.offloader import prepare_for_simulator
     from tirbyoc.offloading.verification import compile_func
 

@@ -7,7 +7,8 @@ import math
 import numpy as np
 from tvm.script import tirx as T
 
-from tirbyoc._tvm import host_target, s_tir
+from tirbyoc._tvm import s_tir
+from tirbyoc.decl.host import host_target
 from tirbyoc.offloading.verification import compile_func, run_executable
 from tirbyoc.rewrite.vector_math import vectorizable_math
 

@@ -10,7 +10,6 @@ TVMScript intrinsics and costs ~40 s.
 
 from __future__ import annotations
 
-import functools
 
 import os
 import platform
@@ -93,51 +92,14 @@ def make_target(spec) -> "tvm.target.Target":
     return tvm.target.Target(spec)
 
 
-@functools.cache
-def cpuinfo_flags() -> frozenset[str]:
-    """The CPU flags Linux reports (``/proc/cpuinfo``: ``amx_int8``, ``avx512_bf16``, ...);
-    empty elsewhere. LLVM derives its view of the host from the CPU's model name, which a
-    virtual machine may report as an older one (an Emerald Rapids guest reads as
-    ``rocketlake``, without AMX or AVX512_BF16): the kernel's flags are what the CPU runs."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-# /proc/cpuinfo flags LLVM spells otherwise (beyond `_llvm_feature`'s underscores)
-_CPUINFO_ALIASES = {"pni": "sse3", "sse4_1": "sse4.1", "sse4_2": "sse4.2", "bmi1": "bmi", "sha_ni": "sha",
-                    "pclmulqdq": "pclmul", "abm": "lzcnt", "rdrand": "rdrnd", "3dnowprefetch": "prfchw"}
-
-
-def _llvm_feature(flag: str) -> str:
-    """A /proc/cpuinfo flag in LLVM's spelling: ``amx_int8`` -> ``amx-int8``,
-    ``avx512_bf16`` -> ``avx512bf16``, ``avx_vnni`` -> ``avxvnni``, ``sse4_1`` -> ``sse4.1``."""
-    if flag in _CPUINFO_ALIASES:
-        return _CPUINFO_ALIASES[flag]
-    return flag.replace("_", "-") if flag.startswith("amx_") else flag.replace("_", "")
-
-
-def host_cpu_features() -> set[str]:
-    """The LLVM feature names of the CPU this process runs on (``avx512vnni``, ...): LLVM's
-    view of the host (`host_target`, less what the kernel does not report) and the features
-    the kernel reports (`cpuinfo_flags`)."""
-
-    return {str(f) for f in codegen.llvm_get_cpu_features(host_target())} | {
-        _llvm_feature(f) for f in cpuinfo_flags()}
-
-
-_ISA = ("avx", "sse", "ssse", "fma", "f16c", "amx", "bmi", "gfni", "vaes", "vpclmul", "sha")
+# LLVM feature names of instruction sets (what code may use), as against tuning flags
+ISA_PREFIXES = ("avx", "sse", "ssse", "fma", "f16c", "amx", "bmi", "gfni", "vaes", "vpclmul", "sha")
 
 
 def isa_features(target) -> set[str]:
     """The instruction-set features (AVX-512, AMX, FMA, ...) an LLVM ``target`` lets code use."""
 
-    return {str(f) for f in codegen.llvm_get_cpu_features(make_target(target)) if str(f).startswith(_ISA)}
+    return {str(f) for f in codegen.llvm_get_cpu_features(make_target(target)) if str(f).startswith(ISA_PREFIXES)}
 
 
 def vector_bytes(target) -> int:
@@ -156,40 +118,6 @@ def vector_registers(target) -> int:
     if "aarch64" in str(tgt.attrs.get("mtriple", "")) or "aarch64" in str(tgt.attrs.get("mcpu", "")):
         return 32
     return 32 if "avx512f" in isa_features(tgt) else 16
-
-
-def hidden_features(cpu: str, flags) -> tuple[str, ...]:
-    """The instruction-set features LLVM's CPU model ``cpu`` has that the kernel's ``flags``
-    (`cpuinfo_flags`) do not report, in LLVM's spelling. LLVM names the host by its family and
-    model, and a virtual machine may hide features of that model: an AMD EPYC Zen 4 guest
-    without AVX-512 reads as ``znver4``, and code built for plain ``znver4`` dies on its first
-    AVX-512 instruction (SIGILL)."""
-    have = {_llvm_feature(f) for f in flags}
-    model = tvm.target.Target({"kind": "llvm", "mcpu": cpu})
-    return tuple(sorted(str(f) for f in codegen.llvm_get_cpu_features(model)
-                        if str(f).startswith(_ISA) and str(f) not in have))
-
-
-@functools.cache
-def _host_spec() -> tuple[str, tuple[str, ...]]:
-    """(LLVM's name of this CPU, the features of that model this machine hides)."""
-    cpu = str(codegen.llvm_get_system_cpu())
-    flags = cpuinfo_flags()
-    if not flags or platform.machine() not in ("x86_64", "AMD64"):  # no flags to read: LLVM's view
-        return cpu, ()
-    return cpu, hidden_features(cpu, flags)
-
-
-def host_target_spec() -> dict:
-    """This CPU as an LLVM target dict: its ``mcpu`` and, where the machine hides features
-    of that CPU model (`_host_spec`), an ``mattr`` turning them off."""
-    cpu, hidden = _host_spec()
-    return {"kind": "llvm", "mcpu": cpu, **({"mattr": [f"-{f}" for f in hidden]} if hidden else {})}
-
-
-def host_target() -> "tvm.target.Target":
-    """This CPU as an LLVM target: code built for it runs here (`host_target_spec`)."""
-    return tvm.target.Target(host_target_spec())
 
 
 def to_tensor(array, device=None):

@@ -13,7 +13,8 @@ import os
 
 from tvm.s_tir import dlight as dl
 
-from tirbyoc._tvm import host_target_spec, isa_features, make_target
+from tirbyoc._tvm import isa_features, make_target
+from tirbyoc.decl.host import host_target_spec
 from tirbyoc.decl.template import Runtime
 from tirbyoc.errors import TirbyocError, last_line
 from tirbyoc.offloading.devices import device_of

@@ -20,19 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from tirbyoc._tvm import (
-    build,
-    cuda_available,
-    cuda_source,
-    gpu_default_schedule,
-    host_cpu_features,
-    host_target,
-    is_host_target,
-    isa_features,
-    make_target,
-    to_tensor,
-    tvm,
-)
+from tirbyoc._tvm import build, cuda_available, cuda_source, gpu_default_schedule, is_host_target, isa_features, make_target, to_tensor, tvm
+from tirbyoc.decl.host import host_cpu_features, host_target
 from tirbyoc.decl.extern import check_loaded
 from tirbyoc.errors import TirbyocError, VerificationError, last_line
 from tirbyoc.offloading import cuda_toolchain, hexagon

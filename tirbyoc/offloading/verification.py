@@ -17,7 +17,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from tirbyoc._tvm import REDUCE, expr_dtype, host_target, iter_blocks, make_target, tirx, tvm
+from tirbyoc._tvm import REDUCE, expr_dtype, iter_blocks, make_target, tirx, tvm
+from tirbyoc.decl.host import host_target
 from tirbyoc.dtypes import is_float, numpy_dtype
 from tirbyoc.errors import VerificationError
 from tirbyoc.ir.domains import buffer_domains, draw

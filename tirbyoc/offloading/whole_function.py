@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from tirbyoc._tvm import host_target, iter_blocks, prim_expr, root_block, tirx, to_tensor, tvm
+from tirbyoc._tvm import iter_blocks, prim_expr, root_block, tirx, to_tensor, tvm
+from tirbyoc.decl.host import host_target
 from tirbyoc.decl.extern import PackedFunction
 from tirbyoc.ir.pattern import static_int
 from tirbyoc.matching.results import Match, Staging

@@ -30,7 +30,8 @@ import numpy as np
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from tirbyoc._tvm import build, const_value, host_target, relax_vm, to_tensor, tvm
+from tirbyoc._tvm import build, const_value, relax_vm, to_tensor, tvm
+from tirbyoc.decl.host import host_target
 from tirbyoc.relax.requantize import ACT_RANGE
 
 _CORES = ("relax.nn.conv2d", "relax.matmul")

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from tvm import relax
 
-from tirbyoc._tvm import const_value, host_target, iter_blocks, root_block, s_tir, tirx, tvm
+from tirbyoc._tvm import const_value, iter_blocks, root_block, s_tir, tirx, tvm
+from tirbyoc.decl.host import host_target
 from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.ir.tir_walk import with_root_body
 from tirbyoc.offloading.verification import compile_func, run_executable
