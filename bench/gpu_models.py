@@ -64,7 +64,7 @@ def rest_times(result, mod_path: Path, target, repeat: int) -> dict:
     from tirbyoc.app.legalize import legalized_model
     from tirbyoc.app.profiling import time_function
 
-    _, mod, _, _ = legalized_model(str(mod_path), ["cuda_mma"], 0)  # as the run prepared it (NHWC for convs)
+    mod = legalized_model(str(mod_path), ["cuda_mma"]).mod  # as the run prepared it (NHWC for convs)
     out = {}
     for f in result.report.functions:
         if f.offloaded:

@@ -108,22 +108,19 @@ def tvm_engines(path: Path, template: str, group: str, repeat: int, fast_math: b
     import tvm  # deferred: after the thread count is set
 
     from tirbyoc._tvm import make_target, relax_vm
-    from tirbyoc import legalized_model
+    from tirbyoc import RunOptions, legalized_model
     from tirbyoc.app.run import model_output
     from tirbyoc.app.targets import complete_target
     from tirbyoc.offloading.lowering import PIPELINE
-    from tirbyoc.relax.bf16 import Bf16Report
     from tirbyoc.relax.bridge import offload_module
-    from tirbyoc.relax.fast_math import FastMathReport
     from tirbyoc.relax.prepack import pack_constant_weights
     from tirbyoc.relax.rest import schedule_rest_of
 
     tgt = make_target(complete_target({"kind": "llvm"}))
-    fast = FastMathReport() if fast_math else None
     templates = template.split(",")
-    bf16 = Bf16Report() if precision == "bf16" else None
-    _, mod, entry, arrays = legalized_model(str(path), templates, 0, constant_weights=True, fast_math=fast,
-                                            bf16=bf16)
+    prepared = legalized_model(str(path), templates, RunOptions(fast_math=fast_math, precision=precision),
+                               constant_weights=True)
+    mod, entry, arrays, fast, bf16 = prepared.mod, prepared.entry, prepared.arrays, prepared.fast_math, prepared.bf16
     facts, builds = {"fast_math": None if fast is None else dict(fast.replaced)}, {"tvm_default": (mod, 1)}
     if bf16 is not None:
         facts["bf16_converted"] = dict(bf16.converted)

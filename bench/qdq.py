@@ -31,7 +31,6 @@ from pathlib import Path
 import tirbyoc
 from tirbyoc import legalized_model, run_model
 from tirbyoc.relax.bridge import offload_module
-from tirbyoc.relax.quantized import QuantizedReport
 from tirbyoc.offloading.table import render
 from tirbyoc.testing.qdq import float_resnet18, float_transformer, ort_quantize
 
@@ -68,8 +67,8 @@ def reach(path: Path) -> dict:
     out = {}
     for name in REACH_TEMPLATES:
         template = tirbyoc.get_template(name)
-        report = QuantizedReport()
-        _, mod, _, _ = legalized_model(str(path), [template], 0, quantized=report)
+        prepared = legalized_model(str(path), [template])
+        mod, report = prepared.mod, prepared.quantized
         _, offload = offload_module(mod, [template], verify=False)
         out[name] = {"integer_chains": len(report.integer), "kept_float": len(report.kept),
                      "coverage": offload.coverage}

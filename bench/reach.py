@@ -69,22 +69,19 @@ def qdq_model(model: str, folder: Path) -> Path:
 def legalized_qdq(path: Path, template):
     """(the QDQ model made integer for ``template`` and legalized, the QuantizedReport)."""
     from tirbyoc import legalized_model
-    from tirbyoc.relax.quantized import QuantizedReport
 
-    report = QuantizedReport()
-    _, mod, _, _ = legalized_model(str(path), [template], 0, quantized=report)
-    return mod, report
+    prepared = legalized_model(str(path), [template])
+    return prepared.mod, prepared.quantized
 
 
 def legalized(model: str, template):
     """(the built-in legalized as `tirbyoc run` prepares it for ``template``: float for blas,
     its ``_int8`` QDQ variant made integer for an int8 template, the QuantizedReport or None)."""
     from tirbyoc import legalized_model
-    from tirbyoc.relax.quantized import QuantizedReport
 
-    report = QuantizedReport()
     name = model if VARIANT.get(template.name, "float32") == "float32" else f"{model}_int8"
-    _, mod, _, _ = legalized_model(f"builtin:{name}", [template], 0, quantized=report)
+    prepared = legalized_model(f"builtin:{name}", [template])
+    mod, report = prepared.mod, prepared.quantized
     return mod, (report if report.integer or report.kept else None)
 
 

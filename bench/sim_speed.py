@@ -36,7 +36,8 @@ def main():
 
     template = get_template(args.template)
     t0 = time.perf_counter()
-    spec, mod, entry, arrays = legalized_model(args.model, [template], 0)
+    prepared = legalized_model(args.model, [template])
+    spec, mod, entry, arrays = prepared.spec, prepared.mod, prepared.entry, prepared.arrays
     offloaded, report = offload_module(mod, [template], verify=False)
     t_offload = time.perf_counter() - t0
     print(f"[sim_speed] {spec}: offloaded {report.coverage:.1%} of {report.total_macs:,} MACs "

@@ -47,7 +47,7 @@ def resnet50_conv():
     """The 3x3, 64 -> 64 channel conv at 56x56 of ResNet-50's first stage, as LegalizeOps
     writes it for the int8 model (pad block + conv block, NCHW, uint8 x int8 -> int32)."""
     tmpl = tirbyoc.get_template("x86_vnni")
-    _, mod, _, _ = legalized_model("builtin:resnet50_int8", [tmpl], 0)
+    mod = legalized_model("builtin:resnet50_int8", [tmpl]).mod
     for gv, func in mod.functions.items():
         if not isinstance(func, tvm.tirx.PrimFunc) or "conv2d" not in gv.name_hint:
             continue

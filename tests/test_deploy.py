@@ -191,7 +191,7 @@ def test_export_module_saves_what_offload_tir_made(tmp_path):
     from tirbyoc.app.run import model_output
     from tirbyoc.relax import OffloadTIR
 
-    _, mod, entry, arrays = legalized_model("builtin:mlp", ["blas"], 0)
+    mod = legalized_model("builtin:mlp", ["blas"]).mod
     offloaded = OffloadTIR(["blas"])(mod)
     assert "external_mods" in offloaded.attrs
     shipped, linked = export_module(offloaded, ["blas"], tmp_path / "mlp.so")

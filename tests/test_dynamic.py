@@ -169,8 +169,9 @@ def test_one_library_serves_every_size_in_a_fresh_process(tmp_path):
     assert built.inputs == [{"name": "x", "shape": ["n", 64], "dtype": "float32"}]
     assert all(f.verified for f in built.report.functions if f.offloaded)
     # TVM's build of the untouched model with the same weights (the same seed binds the same)
-    _, mod, entry, _ = legalized_model(str(path), [tirbyoc.get_template("blas")], 0, constant_weights=True,
-                                       sizes={"n": 4})
+    prepared = legalized_model(str(path), [tirbyoc.get_template("blas")], tirbyoc.RunOptions(sizes={"n": (4,)}),
+                               constant_weights=True)
+    mod, entry = prepared.mod, prepared.entry
     reference = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
     rng = np.random.default_rng(1)
     for n in (3, 9):
@@ -237,8 +238,9 @@ def test_the_llama_layer_library_serves_two_lengths_in_a_fresh_process(tmp_path)
 
     built = build_library("builtin:llama_layer", ["blas"], output=tmp_path / "llama.so")
     assert [i["shape"] for i in built.inputs] == [[1, "seq", 256], ["seq", 32], ["seq", 32]]
-    _, mod, entry, _ = legalized_model("builtin:llama_layer", [tirbyoc.get_template("blas")], 0,
-                                       constant_weights=True, sizes={"seq": 1})
+    prepared = legalized_model("builtin:llama_layer", [tirbyoc.get_template("blas")],
+                               tirbyoc.RunOptions(sizes={"seq": (1,)}), constant_weights=True)
+    mod, entry = prepared.mod, prepared.entry
     reference = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
     rng = np.random.default_rng(2)
     for n in (5, 40):

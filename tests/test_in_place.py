@@ -115,7 +115,7 @@ def test_a_models_1x1_convolution_is_offloaded_in_place_and_the_model_still_matc
     from tirbyoc.app.run import run_model
     from tirbyoc.relax.bridge import offload_module
 
-    _, mod, _, _ = legalized_model("builtin:cnn", ["blas"], 0, constant_weights=True)
+    mod = legalized_model("builtin:cnn", ["blas"], constant_weights=True).mod
     offloaded, _ = offload_module(mod, ["blas"])
     viewed = {gv.name_hint: views(f) for gv, f in offloaded.functions_items()
               if isinstance(f, tirx.PrimFunc) and views(f)}

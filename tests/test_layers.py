@@ -25,6 +25,7 @@ ROOT_MODULES = {"__init__", "__main__", "_tvm", "errors", "dtypes"}
 TVM_THROUGH_DOOR = {"decl", "ir", "matching", "rewrite", "offloading"}
 MAX_FILE_LINES = 400
 MAX_FUNCTION_LINES = 60
+MAX_PARAMETERS = 8  # beyond that, a record (RunOptions, SearchPlan, TuneSettings) travels instead
 DEFERRED = re.compile(r"#\s*deferred:")
 
 
@@ -91,6 +92,14 @@ def _said_why(lines: list[str], lineno: int) -> bool:
     return i > 0 and bool(DEFERRED.search(lines[i - 1]))
 
 
+def parameters(node) -> int:
+    """The parameters a function takes (``self`` / ``cls`` not counted; ``*args`` and
+    ``**kwargs`` one each)."""
+    a = node.args
+    n = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) + (a.vararg is not None) + (a.kwarg is not None)
+    return n - (1 if a.args and a.args[0].arg in ("self", "cls") else 0)
+
+
 def check_file(path: Path, text: str) -> list[Violation]:
     rel = str(path.relative_to(ROOT))
     parts = _module_parts(path)
@@ -107,6 +116,9 @@ def check_file(path: Path, text: str) -> list[Violation]:
             if size > MAX_FUNCTION_LINES:
                 out.append(Violation(rel, node.lineno, "function too long",
                                      f"{node.name}: {size} lines > {MAX_FUNCTION_LINES}"))
+            if parameters(node) > MAX_PARAMETERS:
+                out.append(Violation(rel, node.lineno, "too many parameters",
+                                     f"{node.name}: {parameters(node)} > {MAX_PARAMETERS}"))
         if not isinstance(node, (ast.Import, ast.ImportFrom)):
             continue
         if node.lineno in nested and not _said_why(lines, node.lineno):
@@ -157,6 +169,15 @@ def test_planted_tvm_import_private_name_and_lazy_import_are_caught():
         "\nimport tvm\nfrom tirbyoc.ir.pattern import _private\n\n\ndef f():\n    import numpy\n")
     rules = {p.rule for p in check_file(victim, planted)}
     assert {"TVM outside the door", "private name crosses modules", "import inside a function"} <= rules
+
+
+def test_a_planted_long_signature_is_caught():
+    victim = PACKAGE / "matching" / "unify.py"
+    planted = victim.read_text() + "\n\ndef f(a, b, c, d, e, f, g, h, *, i=0):\n    return a\n"
+    problems = [p for p in check_file(victim, planted) if p.rule == "too many parameters"]
+    assert [p.detail for p in problems] == ["f: 9 > 8"], problems
+    method = "\n\nclass C:\n    def m(self, a, b, c, d, e, f, g, h):\n        return a\n"
+    assert not [p for p in check_file(victim, victim.read_text() + method) if p.rule == "too many parameters"]
 
 
 def test_root_holds_only_the_shared_modules_and_the_layers():
@@ -246,4 +267,7 @@ def test_template_modules_stay_small():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
                     node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES:
                 problems.append(f"{path.name}:{node.lineno}: {node.name} > {MAX_FUNCTION_LINES} lines")
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and parameters(node) > MAX_PARAMETERS:
+                problems.append(f"{path.name}:{node.lineno}: {node.name} takes {parameters(node)} > "
+                                f"{MAX_PARAMETERS} parameters")
     assert not problems, problems

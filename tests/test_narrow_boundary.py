@@ -9,7 +9,6 @@ import tirbyoc.app.legalize as legalize
 from tirbyoc._tvm import relax_vm, tirx, tvm
 from tirbyoc.app.legalize import legalized_model
 from tirbyoc.relax.narrow_boundary import MARK, dequantized_output
-from tirbyoc.relax.quantized import QuantizedReport
 from tirbyoc.testing.qdq import float_resnet18, ort_quantize
 
 pytest.importorskip("onnxruntime")
@@ -28,9 +27,8 @@ def outputs(mod, entry, arrays):
 
 
 def test_the_projections_store_bytes_with_tvms_output_bits(qdq_resnet18, monkeypatch):
-    report = QuantizedReport()
-    _, mod, entry, arrays = legalized_model(str(qdq_resnet18), [TEMPLATE], 0, quantized=report,
-                                            constant_weights=True)
+    prepared = legalized_model(str(qdq_resnet18), [TEMPLATE], constant_weights=True)
+    report, mod, entry, arrays = prepared.quantized, prepared.mod, prepared.entry, prepared.arrays
     assert len(report.boundaries) == 3  # res3, res4, res5's projections
     assert "3 dequantized outputs stored in 8 bits" in report.describe()
     marked = {gv.name_hint: f.attrs[MARK] for gv, f in mod.functions.items()
@@ -40,7 +38,7 @@ def test_the_projections_store_bytes_with_tvms_output_bits(qdq_resnet18, monkeyp
         assert str(mod[name].params[-1].dtype) == "uint8" and dequantized_output(mod[name]) is None
 
     monkeypatch.setattr(legalize, "narrow_boundaries", lambda m: (m, []))
-    _, wide, _, _ = legalized_model(str(qdq_resnet18), [TEMPLATE], 0, constant_weights=True)
+    wide = legalized_model(str(qdq_resnet18), [TEMPLATE], constant_weights=True).mod
     producers = [f for f in wide.functions.values() if isinstance(f, tirx.PrimFunc) and dequantized_output(f)]
     assert len(producers) == 3
     np.testing.assert_array_equal(outputs(mod, entry, arrays), outputs(wide, entry, arrays))

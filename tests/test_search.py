@@ -11,6 +11,7 @@ import pytest
 
 from tirbyoc.app.engines import DaskEngine, LocalEngine
 from tirbyoc.app.objectives import OBJECTIVES, objective, pareto_front
+from tirbyoc.app.options import RunOptions
 from tirbyoc.app.search_space import Constraint, SearchSpace, point_key
 from tirbyoc.app.strategies import strategy
 from tirbyoc.app.sweep_point import SweepPoint
@@ -194,9 +195,9 @@ def test_points_that_differ_only_in_timing_share_one_build_and_give_fresh_rows()
     assert set(vta.timing_params) == {"dma_bytes_per_cycle", "dma_latency", "clock_mhz"}
     assert code_key(vta.variant(dma_bytes_per_cycle=4)) == code_key(vta) != code_key(vta.variant(acc_kib=64))
     shared: dict = {}
-    first = run_point("builtin:mlp_int8", vta, {"dma_bytes_per_cycle": 4}, None, 0, None, None, shared)
-    again = run_point("builtin:mlp_int8", vta, {"dma_bytes_per_cycle": 16}, None, 0, None, None, shared)
-    fresh = run_point("builtin:mlp_int8", vta, {"dma_bytes_per_cycle": 16}, None, 0, None, None, {})
+    first = run_point("builtin:mlp_int8", vta, {"dma_bytes_per_cycle": 4}, RunOptions(), shared)
+    again = run_point("builtin:mlp_int8", vta, {"dma_bytes_per_cycle": 16}, RunOptions(), shared)
+    fresh = run_point("builtin:mlp_int8", vta, {"dma_bytes_per_cycle": 16}, RunOptions(), {})
     assert again.row() == fresh.row() and again.cycles < first.cycles and again.verified
     assert again.seconds < fresh.seconds / 3
 

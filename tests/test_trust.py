@@ -77,7 +77,8 @@ def test_builtin_float_models_keep_activations_of_order_one():
     from tirbyoc.app.legalize import legalized_model
     from tirbyoc.app.run import model_output as _output
 
-    _, mod, entry, arrays = legalized_model("builtin:resnet18", ["blas"], 0)
+    prepared = legalized_model("builtin:resnet18", ["blas"])
+    mod, entry, arrays = prepared.mod, prepared.entry, prepared.arrays
     params = [p.name for p in mod[entry].params]
     w = arrays[params.index("stem.conv.weight")]
     assert np.abs(w).max() <= 1 / np.sqrt(3 * 7 * 7) + 1e-7

@@ -96,7 +96,7 @@ def test_separate_init_needs_prepare():
 def test_tasks_are_distinct_and_weighted():
     from tirbyoc.app.legalize import legalized_model
 
-    _, mod, _, _ = legalized_model("builtin:cnn_int8", [VNNI], 0)
+    mod = legalized_model("builtin:cnn_int8", [VNNI]).mod
     tasks, skipped = offloadable_tasks(mod, NAME)
     assert tasks and all(t.intrinsics and t.macs > 0 and t.weight >= 1 for t in tasks)
     names = [n for t in tasks for n in t.functions]
@@ -110,7 +110,7 @@ def test_tune_then_run_with_database(tmp_path):
 
     from tirbyoc.app.legalize import legalized_model
 
-    _, mod, _, _ = legalized_model("builtin:mlp_int8", [VNNI], 0)
+    mod = legalized_model("builtin:mlp_int8", [VNNI]).mod
     seen = []
     result = tune(mod, NAME, trials=5, work_dir=str(tmp_path),
                   progress=lambda done, total, name: seen.append((done, total)))

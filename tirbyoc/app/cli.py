@@ -21,6 +21,7 @@ from tirbyoc.app.frontends import load_model
 from tirbyoc.app.legalize import importing, legalized_model
 from tirbyoc.app.run import Progress, default_templates, run_model
 from tirbyoc.app import sweep_report
+from tirbyoc.app.search import SearchPlan
 from tirbyoc.app.search_space import SearchSpace
 from tirbyoc.app.sweep import plot, search_model, table
 from tirbyoc.decl.registry import get_template, template_names
@@ -204,8 +205,8 @@ def cmd_tune(args) -> int:
     bar = Progress(enabled=not args.quiet, label="tune")
     bar.phase(importing(args.model))
     options = _options(args)
-    spec, mod, _, _ = legalized_model(args.model, [template], options.seed, obj=options.obj,
-                                      input_shapes=options.input_shapes)
+    prepared = legalized_model(args.model, [template], options)
+    spec, mod = prepared.spec, prepared.mod
     bar.phase(f"tuning the PrimFuncs {template.name} can offload, {args.trials} trials")
     result = tune(mod, template, trials=args.trials, work_dir=work_dir, runner=runner,
                   target=options.target, progress=bar.step, seed=options.seed)
@@ -232,10 +233,10 @@ def cmd_sweep(args) -> int:
     objectives = args.objective or ["cycles"]
     searched = args.search != "grid" or args.objective or args.constraint or args.trials or args.time
     bar = Progress(enabled=not args.quiet)
-    result = search_model(args.model, args.template, space, _options(args), strategy=args.search,
-                          objectives=objectives, constraints=args.constraint or (), trials=args.trials,
-                          seconds=args.time, engine=args.engine, jobs=args.jobs, address=args.address,
-                          results=args.results, progress=bar.step)
+    plan = SearchPlan(strategy=args.search, objectives=tuple(objectives), constraints=tuple(args.constraint or ()),
+                      trials=args.trials, seconds=args.time, engine=args.engine, jobs=args.jobs,
+                      address=args.address, results=args.results)
+    result = search_model(args.model, args.template, space, _options(args), plan=plan, progress=bar.step)
     points = result.points
     if args.json:
         doc = {"model": args.model, "template": args.template, "points": [p.to_json() for p in points]}

@@ -318,11 +318,9 @@ def build_library(model: str | None, templates=None, options: RunOptions | None 
         raise TirbyocError(f"{output}: the library is a shared object; name it "
                            + " or ".join(f"PATH{s}" for s in exporter.suffixes))
     progress.phase(importing(model))
-    fast = FastMathReport() if opts.fast_math else None
-    bf16 = Bf16Report() if opts.precision == "bf16" else None
-    spec, mod, entry, arrays = legalized_model(model, tmpls, opts.seed, opts.inputs, obj=opts.obj,
-                                               input_shapes=opts.input_shapes, constant_weights=True,
-                                               fast_math=fast, sizes=size_bindings(opts.sizes)[0], bf16=bf16)
+    prepared = legalized_model(model, tmpls, opts, constant_weights=True)
+    spec, mod, entry, arrays = prepared.spec, prepared.mod, prepared.entry, prepared.arrays
+    fast, bf16 = prepared.fast_math, prepared.bf16
     progress.phase(f"offloading to {', '.join(t.name for t in tmpls)}")
     tuned = tuned_schedules(opts.database) if opts.database is not None else None
     offloaded, report = offload_module(mod, tmpls, progress=progress.step, tuned=tuned,

@@ -7,11 +7,14 @@ module and a user's model and a built-in take one path.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tvm import relax
 
 from tirbyoc.app.frontends import load_model
 from tirbyoc.app.model_inputs import model_inputs
 from tirbyoc.app.models import CALIBRATION_SEEDS, MODELS
+from tirbyoc.app.options import RunOptions
 from tirbyoc.app.preparation import (
     fuses_epilogues,
     integer_module,
@@ -19,6 +22,7 @@ from tirbyoc.app.preparation import (
     wants_channels_last,
     with_constant_weights,
 )
+from tirbyoc.app.sizes import bindings as size_bindings
 from tirbyoc.errors import TirbyocError
 from tirbyoc.relax.bf16 import Bf16Report, bf16_of
 from tirbyoc.relax.bridge import fuse
@@ -38,59 +42,71 @@ def importing(model: str | None) -> str:
     return f"importing {model or 'the built-in model'}"
 
 
-def legalized_model(model: str | None, templates, seed: int, inputs: dict | None = None, *,
-                    obj: str | None = None, input_shapes: dict | None = None,
-                    quantized: QuantizedReport | None = None, as_given: list | None = None,
-                    constant_weights: bool = False, fast_math: FastMathReport | None = None,
-                    layout: LayoutReport | None = None, sizes: dict | None = None,
-                    bf16: Bf16Report | None = None):
-    """(spec, legalized module, entry function, inputs) of a model for ``templates``: the
-    user's ``inputs`` (name -> array) where given, else seeded data in each input's domain
-    (`tirbyoc.app.model_inputs`). A quantized model's chains are made integer first
-    (`integer_module`; ``quantized`` collects the report); ``as_given`` receives the model
-    legalized as it was given (the same module when nothing was made integer). For a
-    template that fuses epilogues the module comes fused (`fuse`), each fused output that ends
-    in a quantize and a dequantize stored as its 8-bit value and dequantized by its readers
-    (`narrow_boundaries`; named in ``quantized``). ``constant_weights``: the
-    weights bound as constants, as a deployed model has them (`with_constant_weights`); the
-    inputs returned are then the model's own inputs only. ``fast_math``: when given, the
-    model's float32 erf, tanh, exp, softmax, sigmoid, SiLU and GELU become TVM's fast
-    approximations (`tirbyoc.relax.fast_math`), in this module and in ``as_given`` alike, and
-    the report is filled in. For a template whose convolutions read NHWC the module is
-    converted to NHWC once (`tirbyoc.relax.layout`; ``layout`` collects what it did), while
-    ``as_given`` keeps the model's own layout. ``sizes``: the size of each named dimension of
-    the inputs drawn (``{"n": 17}``). ``bf16``: when given, the model's float32 convolutions
-    and matmuls read bfloat16 (`tirbyoc.relax.bf16`) in this module, while ``as_given`` keeps
-    float32 (the accuracy the conversion costs is measured against it); the report is filled in."""
-    spec, loaded = load_model(model, templates, obj, input_shapes)
-    converted = integer_module(loaded, templates, quantized)
-    if quantized is not None and converted is not loaded:
-        quantized.step = qdq_output_step(loaded, entry_function(loaded))
-    if fast_math is not None:
-        fast, done = fast_math_of(converted)
-        fast_math.add(done)
+@dataclass
+class LegalizedModel:
+    """A model as tirbyoc offloads it (`legalized_model`), and what preparing it did."""
+
+    spec: str  # what was loaded (a file, ``builtin:NAME``)
+    mod: object  # the legalized IRModule the templates offload
+    entry: str  # the Relax function a run calls
+    arrays: list  # its inputs (the model's own only, when the weights are constants)
+    quantized: QuantizedReport  # the chains made integer, the 8-bit boundaries
+    layout: LayoutReport  # the convolutions converted to NHWC
+    fast_math: FastMathReport | None = None  # filled in when the options ask for fast math
+    bf16: Bf16Report | None = None  # filled in when the options' precision is bf16
+    as_given: object = None  # with ``as_given=True``: the model legalized as it was given
+
+
+def legalized_model(model: str | None, templates, options: RunOptions | None = None, *,
+                    constant_weights: bool = False, as_given: bool = False) -> LegalizedModel:
+    """``model`` prepared for ``templates`` as `RunOptions` says (``options``: its seed,
+    inputs, obj, input_shapes, fast_math, precision, and the first binding of its sizes): the
+    user's inputs (name -> array) where given, else seeded data in each input's domain
+    (`tirbyoc.app.model_inputs`), at the first binding of ``options.sizes``. A quantized
+    model's chains are made integer first (`integer_module`). For a template that fuses
+    epilogues the module comes fused (`fuse`), each fused output that ends in a quantize and a
+    dequantize stored as its 8-bit value and dequantized by its readers (`narrow_boundaries`;
+    named in the record's ``quantized``). ``fast_math``: the model's float32 erf, tanh, exp,
+    softmax, sigmoid, SiLU and GELU become TVM's fast approximations (`tirbyoc.relax.fast_math`),
+    in the module and in ``as_given`` alike. For a template whose convolutions read NHWC the
+    module is converted to NHWC once (`tirbyoc.relax.layout`), while ``as_given`` keeps the
+    model's own layout. Precision ``bf16``: the model's float32 convolutions and matmuls read
+    bfloat16 (`tirbyoc.relax.bf16`), while ``as_given`` keeps float32 (the accuracy the
+    conversion costs is measured against it). ``constant_weights``: the weights bound as
+    constants, as a deployed model has them (`with_constant_weights`); the arrays are then the
+    model's own inputs only. ``as_given``: also legalize the model as it was given (the same
+    module when nothing was made integer, converted or fused)."""
+    opts = options or RunOptions()
+    spec, loaded = load_model(model, templates, opts.obj, opts.input_shapes)
+    done = LegalizedModel(spec, None, "", [], QuantizedReport(), LayoutReport(),
+                          FastMathReport() if opts.fast_math else None,
+                          Bf16Report() if opts.precision == "bf16" else None)
+    converted = integer_module(loaded, templates, done.quantized)
+    if converted is not loaded:
+        done.quantized.step = qdq_output_step(loaded, entry_function(loaded))
+    if done.fast_math is not None:
+        fast, changed = fast_math_of(converted)
+        done.fast_math.add(changed)
         loaded, converted = (fast if converted is loaded else fast_math_of(loaded)[0]), fast
-    if bf16 is not None:
-        converted, done = bf16_of(converted)
-        bf16.add(done)
-    laid = (channels_last(converted, layout, reduction_tile(templates))[0] if wants_channels_last(templates)
+    if done.bf16 is not None:
+        converted, changed = bf16_of(converted)
+        done.bf16.add(changed)
+    laid = (channels_last(converted, done.layout, reduction_tile(templates))[0] if wants_channels_last(templates)
             else converted)
     mod = relax.transform.LegalizeOps()(laid)
-    if as_given is not None:
-        as_given.append(mod if laid is loaded else relax.transform.LegalizeOps()(loaded))
+    given = (mod if laid is loaded else relax.transform.LegalizeOps()(loaded)) if as_given else None
     if fuses_epilogues(templates):
         mod, narrowed = narrow_boundaries(fuse(mod))
-        if quantized is not None:
-            quantized.boundaries += narrowed
-    entry = entry_function(mod)
-    arrays = model_inputs(mod, entry, seed, inputs, sizes)
+        done.quantized.boundaries += narrowed
+    done.entry = entry_function(mod)
+    arrays = done.arrays = model_inputs(mod, done.entry, opts.seed, opts.inputs, size_bindings(opts.sizes)[0])
     if constant_weights:
-        given = as_given[-1] if as_given else None
-        bound, arrays_left = with_constant_weights(mod, entry, arrays)
+        bound, done.arrays = with_constant_weights(mod, done.entry, arrays)
         if given is not None:
-            as_given[-1] = bound if given is mod else with_constant_weights(given, entry, arrays)[0]
-        mod, arrays = bound, arrays_left
-    return spec, mod, entry, arrays
+            given = bound if given is mod else with_constant_weights(given, done.entry, arrays)[0]
+        mod = bound
+    done.spec, done.mod, done.as_given = spec, mod, given
+    return done
 
 
 def entry_function(mod) -> str:
@@ -109,4 +125,4 @@ def entry_function(mod) -> str:
     raise TirbyocError(f"the model has Relax functions {sorted(names)}; name the entry forward or main")
 
 
-__all__ = ["entry_function", "importing", "legalized_model"]
+__all__ = ["LegalizedModel", "entry_function", "importing", "legalized_model"]

@@ -19,7 +19,7 @@ import numpy as np
 
 from tirbyoc._tvm import build, is_host_target, relax_vm, tirx, tvm
 from tirbyoc.app.frontends import is_float_model, sizes_to_run
-from tirbyoc.app.legalize import importing, legalized_model
+from tirbyoc.app.legalize import LegalizedModel, importing, legalized_model
 from tirbyoc.app.model_call import ModelCall
 from tirbyoc.app.model_inputs import model_inputs
 from tirbyoc.app.options import RunOptions, options_of
@@ -46,10 +46,8 @@ from tirbyoc.offloading.devices import device_of
 from tirbyoc.relax.bf16 import Bf16Report
 from tirbyoc.relax.bridge import offload_module
 from tirbyoc.relax.emulated import EmulatedRuns, emulate_offloaded
-from tirbyoc.relax.fast_math import FastMathReport
 from tirbyoc.relax.prepack import pack_constant_weights
 from tirbyoc.relax.rest import schedule_rest_of
-from tirbyoc.relax.layout import LayoutReport
 from tirbyoc.relax.quantized import QuantizedReport
 from tirbyoc.tuning.apply import tuned_schedules
 
@@ -264,18 +262,18 @@ def templates_and_target(templates, target, model: str | None = None, precision:
     return tmpls, tgt
 
 
-def _references(model, mod, untouched: ModelCall, opts: RunOptions, time_baseline: bool,
-                quantized: QuantizedReport, builds: dict | None = None, bf16: Bf16Report | None = None):
+def _references(model, mod, untouched: ModelCall, opts: RunOptions, quantized: QuantizedReport,
+                builds: dict | None = None, bf16: Bf16Report | None = None):
     """(the output the offloaded model must give, latencies). The baseline is TVM's build of
-    the model as given (``untouched``), timed (``opts.repeat`` runs of ``opts.baseline``'s
-    build). For a QDQ model made integer, the offload is checked against TVM's build of the
+    the model as given (``untouched``), timed where ``opts.time_baseline`` says
+    (``opts.repeat`` runs of ``opts.baseline``'s build). For a QDQ model made integer, the offload is checked against TVM's build of the
     integer model (exact), and the integer model against the float QDQ
     graph, in output quantization steps (``quantized.float_max_abs_diff``, ``.step``):
     integers are exact where the float graph rounds its sums, so a value on a rounding
     boundary can land one step apart. A model converted to bfloat16 (``bf16``) likewise: the
     offload is checked against TVM's build of the bfloat16 model, which is measured against
     the float32 model as given (`Bf16Report.measure`)."""
-    out, ms, _ = build_reference(untouched, opts.repeat, opts.baseline, time_baseline, builds)
+    out, ms, _ = build_reference(untouched, opts.repeat, opts.baseline, opts.time_baseline, builds)
     latency = {"baseline": ms} if ms is not None else {}
     if quantized.integer and out is not None:
         integer_out, _, _ = build_reference(untouched.on(mod), opts.repeat, opts.baseline, timed=False,
@@ -294,20 +292,21 @@ def _references(model, mod, untouched: ModelCall, opts: RunOptions, time_baselin
     return out, latency
 
 
-def _at_sizes(model, mod, untouched: ModelCall, opts, timed: bool, quantized, done, runs, builds, first,
-              bf16: Bf16Report | None = None) -> list[SizeRun]:
+def _at_sizes(model, prepared: LegalizedModel, untouched: ModelCall, opts, done, runs, builds,
+              first) -> list[SizeRun]:
     """The model at each binding of its sizes (`tirbyoc.app.sizes`), both builds made once and
     run again with inputs of those sizes (``untouched``: the model as given, called with the
-    first binding's inputs; ``timed``: whether its baseline is timed, as at the first binding);
-    ``first``: the first binding's (comparison, latency);
-    ``bf16``: the model's conversion to bfloat16, when it was converted: at each size the
-    offload is checked against TVM's build of the bfloat16 model, as at the first."""
+    first binding's inputs; its baseline timed where ``opts.time_baseline`` says, as at the
+    first binding); ``first``: the first binding's (comparison, latency). A model converted to
+    bfloat16 (``prepared.bf16``) is checked at each size against TVM's build of the bfloat16
+    model, as at the first."""
+    mod, quantized, bf16 = prepared.mod, prepared.quantized, prepared.bf16
     out = []
     for i, binding in enumerate(runs):
         comparison, latency = first
         if i:
             call = untouched.with_arrays(model_inputs(mod, untouched.entry, opts.seed, opts.inputs, binding))
-            ref_out, latency = _references(model, mod, call, opts, timed, quantized, builds,
+            ref_out, latency = _references(model, mod, call, opts, quantized, builds,
                                            replace(bf16) if bf16 is not None else None)  # the run's own stays
             comparison = None
             if done.module is not None and ref_out is not None:
@@ -349,21 +348,19 @@ def run_model(model: str | None = None, templates: list | None = None, options: 
     names, seconds = [t.name for t in tmpls], {}
     t0 = time.perf_counter()
     progress.phase(importing(model))
-    quantized, fast, layout, bf16 = QuantizedReport(), (FastMathReport() if opts.fast_math else None), \
-        LayoutReport(), (Bf16Report() if opts.precision == "bf16" else None)
-    as_given, runs, builds = [], size_bindings(opts.sizes), {}
-    spec, mod, entry, arrays = legalized_model(model, tmpls, opts.seed, opts.inputs, obj=opts.obj,
-                                               quantized=quantized, input_shapes=opts.input_shapes,
-                                               as_given=as_given, constant_weights=True, fast_math=fast,
-                                               layout=layout, sizes=runs[0], bf16=bf16)
+    runs, builds = size_bindings(opts.sizes), {}
+    prepared = legalized_model(model, tmpls, opts, constant_weights=True, as_given=True)
+    spec, mod, entry, arrays = prepared.spec, prepared.mod, prepared.entry, prepared.arrays
+    quantized, fast, layout, bf16 = prepared.quantized, prepared.fast_math, prepared.layout, prepared.bf16
     seconds["import"] = time.perf_counter() - t0
-    untouched = ModelCall(as_given[0], model_target(tgt), entry, arrays)
+    untouched = ModelCall(prepared.as_given, model_target(tgt), entry, arrays)
     ref_out, latency = None, {}
-    timed = opts.time_baseline and not device_of(tgt).emulated  # an emulator's time is not the device's
+    # an emulator's time is not the device's
+    opts = replace(opts, time_baseline=opts.time_baseline and not device_of(tgt).emulated)
     if all(t.runs_here() for t in tmpls):
         t0 = time.perf_counter()
         progress.phase("building and running TVM's build of the untouched model")
-        ref_out, latency = _references(model, mod, untouched, opts, timed, quantized, builds, bf16)
+        ref_out, latency = _references(model, mod, untouched, opts, quantized, builds, bf16)
         seconds["baseline"] = time.perf_counter() - t0
     unstable = "baseline" in seconds and ref_out is None
     t0 = time.perf_counter()
@@ -381,8 +378,7 @@ def run_model(model: str | None = None, templates: list | None = None, options: 
     sized = None
     if opts.sizes:
         progress.phase(f"running both builds at {len(runs)} sizes")
-        sized = _at_sizes(model, mod, untouched, opts, timed, quantized, done, runs, builds,
-                          (comparison, dict(latency)), bf16)
+        sized = _at_sizes(model, prepared, untouched, opts, done, runs, builds, (comparison, dict(latency)))
     target_json = json.loads(str(model_target(tgt)))  # the target both builds really used
     return RunResult(model=spec, templates=names, target=target_json, report=done.report,
                      verified=None if comparison is None else comparison.passed,

@@ -15,7 +15,7 @@ does not count as a trial); one on a simulated figure after.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from tirbyoc.app.engines import engine as make_engine
 from tirbyoc.app.objectives import objective, pareto_front, scratchpad_kib
@@ -87,38 +87,70 @@ class _Budget:
         return not over_time and (self.trials is None or self.used < self.trials)
 
 
-def search(space: SearchSpace, run, *, base, strategy: str = "grid", objectives=("cycles",),
-           constraints=(), trials: int | None = None, seconds: float | None = None,
-           engine: str = "local", jobs: int = 1, address: str | None = None,
-           results: ResultsFile | None = None, seed: int = 0, progress=None, worker=None,
-           group_of=None) -> SearchResult:
-    """Run points of ``space`` as ``strategy`` proposes them until the budget (``trials``
-    points, ``seconds``) or the space ends. ``run(params) -> SweepPoint`` runs one point in
-    this process (``jobs`` 1 with the local engine); ``worker``: ``(fn, args)`` the engine
-    calls as ``fn(*args, params)`` in its workers; ``group_of(params)``: which points share a
-    build (the engine keeps them on one worker). ``base``: the template (its variants'
-    scratchpads, for constraints checked before a run)."""
-    objs = [objective(o, base.params) if isinstance(o, str) else o for o in objectives]
-    cons = [Constraint.parse(c) if isinstance(c, str) else c for c in constraints]
-    strat = make_strategy(strategy, space, objs, seed)
-    budget, t0 = _Budget(trials, seconds, space.size), time.monotonic()
+@dataclass(frozen=True)
+class SearchPlan:
+    """How a sweep searches its space: the strategy that proposes points, what it optimizes
+    and under which constraints, its budget, the engine that runs the points and the file
+    the rows stream to. A grid sweep is the default plan."""
+
+    strategy: str = "grid"  # grid, random, tpe, nsga2 (`tirbyoc.app.strategies`)
+    objectives: tuple = ("cycles",)  # names (`tirbyoc.app.objectives`) or Objective records
+    constraints: tuple = ()  # "NAME<=VALUE" strings or Constraint records
+    trials: int | None = None  # points to run (None: the whole space, a grid's default)
+    seconds: float | None = None  # wall-clock budget
+    engine: str = "local"  # local, dask (`tirbyoc.app.engines`)
+    jobs: int = 1  # worker processes
+    address: str | None = None  # a running Dask scheduler to use instead of a local cluster
+    results: str | None = None  # a JSON lines file each row is appended to (a rerun resumes)
+
+    @property
+    def serial(self) -> bool:
+        """Points run one after another in this process."""
+        return self.jobs <= 1 and self.engine == "local" and self.address is None
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+@dataclass(frozen=True)
+class Workers:
+    """How an engine's worker processes run a point: ``fn(*args, params)`` (``fn`` found by
+    name there), and ``group_of(params)``: which points share a build (kept on one worker)."""
+
+    fn: object
+    args: tuple
+    group_of: object = None
+
+
+def search(space: SearchSpace, run, plan: SearchPlan, base, *, seed: int = 0, store: ResultsFile | None = None,
+           progress=None, workers: Workers | None = None) -> SearchResult:
+    """Run points of ``space`` as ``plan.strategy`` proposes them until the budget
+    (``plan.trials`` points, ``plan.seconds``) or the space ends. ``run(params) -> SweepPoint``
+    runs one point in this process (a serial plan); ``workers``: how the engine's workers run
+    one. ``base``: the template (its variants' scratchpads, for constraints checked before a
+    run); ``store``: the rows read back and appended."""
+    objs = [objective(o, base.params) if isinstance(o, str) else o for o in plan.objectives]
+    cons = [Constraint.parse(c) if isinstance(c, str) else c for c in plan.constraints]
+    strat = make_strategy(plan.strategy, space, objs, seed)
+    budget, t0 = _Budget(plan.trials, plan.seconds, space.size), time.monotonic()
     out = SearchResult([], objs, cons, 0, 0.0)
-    serial = jobs <= 1 and engine == "local" and address is None
-    eng = None if serial else make_engine(engine, worker[0], worker[1], jobs, address)
+    serial, jobs = plan.serial, plan.jobs
+    eng = None if serial else make_engine(plan.engine, workers.fn, workers.args, jobs, plan.address)
     try:
         while True:
             while budget.open() and (serial or eng.running < jobs):
-                params = _next(strat, out, base, results, budget)
+                params = _next(strat, out, base, store, budget)
                 if params is None:
                     break
                 if serial:
-                    _finish(out, strat, results, params, run(params), None, progress, budget)
+                    _finish(out, strat, store, params, run(params), None, progress, budget)
                 else:
-                    eng.submit(params, group_of(params) if group_of is not None else None)
+                    eng.submit(params, workers.group_of(params) if workers.group_of is not None else None)
             if serial or eng.running == 0:
                 break
             for params, point, why in eng.wait(timeout=5.0):
-                _finish(out, strat, results, params, point, why, progress, budget)
+                _finish(out, strat, store, params, point, why, progress, budget)
     finally:
         if eng is not None:
             eng.close()
@@ -185,4 +217,4 @@ def _finish(out: SearchResult, strat, results, params, point, why, progress, bud
         progress(out.trials, budget.total, point.label())
 
 
-__all__ = ["SearchResult", "search"]
+__all__ = ["SearchPlan", "SearchResult", "Workers", "search"]

@@ -15,6 +15,7 @@ them): the same rows as a serial sweep, in grid order, sooner.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from tirbyoc.app.preparation import activation_dtype, preparation
 from tirbyoc.app.run import (
@@ -31,7 +32,7 @@ from tirbyoc.app.legalize import legalized_model
 from tirbyoc.app.objectives import scratchpad_kib
 from tirbyoc.app.model_call import ModelCall
 from tirbyoc.app.options import RunOptions, options_of
-from tirbyoc.app.search import SearchResult, search
+from tirbyoc.app.search import SearchPlan, SearchResult, Workers, search
 from tirbyoc.app.search_space import SearchSpace, point_key
 from tirbyoc.app.sweep_point import SweepPoint
 from tirbyoc.app.sweep_results import ResultsFile
@@ -48,78 +49,81 @@ def parse_params(specs) -> dict[str, list]:
 
 
 def sweep(model: str | None, template, grid: dict[str, list], options: RunOptions | None = None, *,
-          progress=None, jobs: int = 1, **changes) -> list[SweepPoint]:
+          progress=None, **changes) -> list[SweepPoint]:
     """One `SweepPoint` per grid point (in grid order), the model loaded and targeted as
     `RunOptions` says (``options``, or its fields as keywords: target, seed, obj,
-    input_shapes); ``jobs``: worker processes."""
-    result = search_model(model, template, SearchSpace(grid), options, progress=progress, jobs=jobs, **changes)
+    input_shapes); ``jobs=N``: worker processes (a `SearchPlan` field, as keywords too)."""
+    result = search_model(model, template, SearchSpace(grid), options, progress=progress, **changes)
     return result.points
 
 
+def _split_changes(changes: dict) -> tuple[dict, dict]:
+    """(the keywords that are `SearchPlan` fields, the rest: `RunOptions` fields)."""
+    planned = {k: v for k, v in changes.items() if k in SearchPlan.names()}
+    return planned, {k: v for k, v in changes.items() if k not in planned}
+
+
 def search_model(model: str | None, template, space: SearchSpace, options: RunOptions | None = None, *,
-                 strategy: str = "grid", objectives=("cycles",), constraints=(), trials: int | None = None,
-                 seconds: float | None = None, engine: str = "local", jobs: int = 1,
-                 address: str | None = None, results: str | None = None, progress=None,
-                 **changes) -> SearchResult:
-    """A sweep of ``space`` as `tirbyoc.app.search.search` runs it: ``strategy`` (grid, random,
-    tpe, nsga2) proposes points until ``trials`` or ``seconds`` run out, ``engine`` (local,
-    dask) runs them in ``jobs`` workers (or on the cluster at ``address``), each finished row
-    appended to the ``results`` file (JSON lines; a second run with it resumes). A grid's
-    points come back in grid order, a search's as they finished."""
+                 plan: SearchPlan | None = None, progress=None, **changes) -> SearchResult:
+    """A sweep of ``space`` as `tirbyoc.app.search.search` runs it, as ``plan`` says (or its
+    fields as keywords: ``strategy="tpe", trials=40, engine="dask", jobs=2``): its strategy
+    proposes points until its trials or seconds run out, its engine runs them in its workers
+    (or on the cluster at its address), each finished row appended to its results file (JSON
+    lines; a second run with it resumes). The model is loaded and targeted as `RunOptions`
+    says (``options``, or its fields as keywords). A grid's points come back in grid order, a
+    search's as they finished."""
+    planned, changes = _split_changes(changes)
+    plan = replace(plan or SearchPlan(), **planned)
     opts = options_of(options, changes, "sweep")
+    point_opts = RunOptions(target=opts.target, seed=opts.seed, obj=opts.obj, input_shapes=opts.input_shapes)
     base = as_template(template)
     space.check(base.params)  # unknown names fail before anything is built
     tgt = check_target(run_target(base, opts.target))
     check_templates_on_target([base], tgt)
-    parallel = jobs > 1 or engine != "local" or address is not None
-    if parallel and (base.name not in template_names() or get_template(base.name) is not base):
+    if not plan.serial and (base.name not in template_names() or get_template(base.name) is not base):
         raise TirbyocError(f"--jobs and --engine run points in worker processes, which find the template "
                            f"by its registered name; the {base.name!r} given is not the registered "
                            "template of that name (a variant, or unregistered): sweep the "
                            "registered template, or run the points in this process (jobs=1)")
-    args = (model, base.name, opts.target, opts.seed, opts.obj, opts.input_shapes)
     references: dict = {}
 
     def run(params: dict) -> SweepPoint:
-        return run_point(model, base, params, opts.target, opts.seed, opts.obj, opts.input_shapes, references)
+        return run_point(model, base, params, point_opts, references)
 
     header = {"model": model, "template": base.name, "target": opts.target, "seed": opts.seed,
               "space": {k: list(v) for k, v in space.params.items()}}
-    store = ResultsFile(results, header) if results is not None else None
-    budget = trials if trials is not None or strategy != "grid" else None
-    result = search(space, run, base=base, strategy=strategy, objectives=objectives, constraints=constraints,
-                    trials=budget, seconds=seconds, engine=engine, jobs=jobs, address=address,
-                    results=store, seed=opts.seed, progress=progress, worker=(run_point_by_name, args),
-                    group_of=lambda params: _code_key_of(base, params))
-    if strategy == "grid":
+    store = ResultsFile(plan.results, header) if plan.results is not None else None
+    workers = Workers(run_point_by_name, (model, base.name, point_opts), lambda params: _code_key_of(base, params))
+    result = search(space, run, plan, base, seed=opts.seed, store=store, progress=progress, workers=workers)
+    if plan.strategy == "grid":
         order = {point_key(p): n for n, p in enumerate(space.grid())}
         result.points.sort(key=lambda p: order.get(point_key(p.params), len(order)))
     return result
 
 
-def run_point(model, base, params, target, seed, obj, input_shapes, references: dict) -> SweepPoint:
-    """One point: the variant offloaded, built, run and compared, on ``target`` or, when
-    none is given, the variant's own (a parameter may change it: hexagon_hvx's ``arch``);
-    ``references``: TVM's build per model preparation (`preparation`: activation dtype,
-    requantization, fusion), shared by the points of one process. Every point runs the model
-    as the base template prepares it, unless its cores take other activations."""
+def run_point(model, base, params, options: RunOptions, references: dict) -> SweepPoint:
+    """One point: the variant offloaded, built, run and compared, on ``options.target`` or,
+    when none is given, the variant's own (a parameter may change it: hexagon_hvx's ``arch``),
+    the model loaded as ``options`` says; ``references``: TVM's build per model preparation
+    (`preparation`: activation dtype, requantization, fusion), shared by the points of one
+    process. Every point runs the model as the base template prepares it, unless its cores
+    take other activations."""
     t0 = time.perf_counter()
     point = SweepPoint(params)
     try:
         variant = base.variant(**params)
         point.scratchpad_kib = scratchpad_kib(variant)
-        tgt = check_target(run_target(variant, target))
+        tgt = check_target(run_target(variant, options.target))
         # one model for the whole grid: prepared as for the base template (a variant without
         # its ALU runs the same requantized model, its epilogues on the host), unless the
         # variant's cores take other activations
         prep = [base] if activation_dtype([base]) == activation_dtype([variant]) else [variant]
         key = preparation(prep)
         if key not in references:
-            _, mod, entry, arrays = legalized_model(model, prep, seed, obj=obj, input_shapes=input_shapes,
-                                                    constant_weights=True)
-            untouched = ModelCall(mod, model_target(tgt), entry, arrays)
+            prepared = legalized_model(model, prep, options, constant_weights=True)
+            untouched = ModelCall(prepared.mod, model_target(tgt), prepared.entry, prepared.arrays)
             ref, _, _ = build_reference(untouched, 1, "default", timed=False)
-            references[key] = (mod, entry, arrays, ref)
+            references[key] = (prepared.mod, prepared.entry, prepared.arrays, ref)
         mod, entry, arrays, ref = references[key]
         done = _offloaded_run(references, key, ModelCall(mod, tgt, entry, arrays), variant, ref)
         _record(point, variant, ref, done)
@@ -188,11 +192,11 @@ def _record(point: SweepPoint, variant, ref, done) -> None:
 _WORKER_REFERENCES: dict = {}
 
 
-def run_point_by_name(model, name, target, seed, obj, input_shapes, params) -> SweepPoint:
+def run_point_by_name(model, name, options: RunOptions, params) -> SweepPoint:
     """`run_point` in a worker process, which finds the template by its registered name."""
-    key = repr((model, name, target, seed, obj, input_shapes))
+    key = repr((model, name, options))
     references = _WORKER_REFERENCES.setdefault(key, {})
-    return run_point(model, get_template(name), params, target, seed, obj, input_shapes, references)
+    return run_point(model, get_template(name), params, options, references)
 
 
 def table(points: list[SweepPoint]) -> str:

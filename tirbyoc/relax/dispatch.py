@@ -18,6 +18,7 @@ takes TVM's default path.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -159,14 +160,11 @@ def dispatch_module(mod, rules: Sequence[Rule], *, target=None, verify: bool = T
                     report: DispatchReport | None = None):
     """``mod`` with every call a rule takes replaced; returns (mod, report)."""
 
-    report = report if report is not None else DispatchReport()
     target = _resolve_target(target)
     active = [r for r in rules if r.applies_to(target)]
     runnable = target is not None and is_host_target(target)
-    bb = relax.BlockBuilder(mod)
-    libs: list = []  # runtime modules of the library kernels used
-    verified_cache: dict = {}
-    seen: list = []
+    state = _Dispatching(relax.BlockBuilder(mod), report if report is not None else DispatchReport(),
+                         verify and runnable, target)
     for gv, func in list(mod.functions_items()):
         if not isinstance(func, relax.Function):
             continue
@@ -174,12 +172,24 @@ def dispatch_module(mod, rules: Sequence[Rule], *, target=None, verify: bool = T
             var2val = relax.analysis.get_var2val(func)
 
             def rewriter(orig, matchings, rule=rule, var2val=var2val, fname=gv.name_hint):
-                return _replace(orig, matchings, rule, var2val, fname, bb, libs, report,
-                                verify and runnable, target, verified_cache, seen)
+                return _replace(orig, matchings, rule, var2val, fname, state)
 
             func = rewrite_call(rule.dfpattern(), rewriter, func)
-        bb.update_func(gv, func)
-    return with_external_mods(bb.get(), libs), report
+        state.bb.update_func(gv, func)
+    return with_external_mods(state.bb.get(), state.libs), state.report
+
+
+@dataclass
+class _Dispatching:
+    """What one `dispatch_module` pass shares among its rewrites."""
+
+    bb: object  # the BlockBuilder the kernels are added to
+    report: DispatchReport
+    verify: bool  # check each kernel against TVM's lowering (a target this CPU runs)
+    target: object
+    libs: list = field(default_factory=list)  # runtime modules of the library kernels used
+    cache: dict = field(default_factory=dict)  # (rule, kernel, input shapes, attrs) -> (verified, error)
+    seen: list = field(default_factory=list)  # calls reported already
 
 
 def _kernel_call(action, m: Matched, inputs, out_ty):
@@ -206,7 +216,7 @@ def _kernel_call(action, m: Matched, inputs, out_ty):
     return packed_call, module
 
 
-def _replace(orig, matchings, rule, var2val, fname, bb, libs, report, verify, target, cache, seen):
+def _replace(orig, matchings, rule, var2val, fname, state: _Dispatching):
 
     out_ty = _tensor_type(orig)
     record = Dispatched(fname, rule.label, rule.action.name, False)
@@ -228,13 +238,13 @@ def _replace(orig, matchings, rule, var2val, fname, bb, libs, report, verify, ta
             return orig
         kernel_call, module = built
         libraries = [module] if module is not None else []
-        if verify:
+        if state.verify:
             key = (rule.label, action.name, tuple((_static_shape(_tensor_type(i)), str(_tensor_type(i).dtype))
                                                   for i in inputs), str(orig.attrs))
-            if key not in cache:
-                cache[key] = _verify(orig, inputs, var2val, lambda params, args: _single_call_module(
-                    params, lambda add_func: kernel_call(args, add_func), libraries), target)
-            record.verified, record.max_abs_err = cache[key]
+            if key not in state.cache:
+                state.cache[key] = _verify(orig, inputs, var2val, lambda params, args: _single_call_module(
+                    params, lambda add_func: kernel_call(args, add_func), libraries), state.target)
+            record.verified, record.max_abs_err = state.cache[key]
             if record.verified is None:
                 record.verified = False
                 record.reason = ("not used: TVM's lowering gives a degenerate output (non-finite, "
@@ -244,8 +254,8 @@ def _replace(orig, matchings, rule, var2val, fname, bb, libs, report, verify, ta
                 record.reason = f"the kernel disagrees with TVM's lowering (max abs error {record.max_abs_err:.3g})"
                 return orig
         record.replaced = True
-        libs.extend(libraries)
-        return kernel_call(inputs, bb.add_func)
+        state.libs.extend(libraries)
+        return kernel_call(inputs, state.bb.add_func)
     except DispatchError:
         raise
     except Exception as err:  # noqa: BLE001 - a kernel that fails to build is not used
@@ -253,9 +263,9 @@ def _replace(orig, matchings, rule, var2val, fname, bb, libs, report, verify, ta
         return orig
     finally:
         # rewrite_call repeats until nothing changes, so a kept call is seen again: report once
-        if (record.replaced or record.reason) and not any(orig.same_as(c) for c in seen):
-            seen.append(orig)
-            report.calls.append(record)
+        if (record.replaced or record.reason) and not any(orig.same_as(c) for c in state.seen):
+            state.seen.append(orig)
+            state.report.calls.append(record)
 
 
 def Dispatch(rules: Sequence[Rule], *, target=None, verify: bool = True,

@@ -1,6 +1,8 @@
 """Workload generators: schedulable PrimFuncs (matmul, batched matmul, conv2d) written as
 TVMScript text so that shapes, dtypes, layouts, loop orders and index expressions vary
 freely. Tests, benchmarks and examples build their workloads here."""
+from dataclasses import dataclass, fields
+
 import tvm.script
 
 
@@ -15,11 +17,48 @@ def _cast(expr: str, to: str, frm: str) -> str:
     return expr if to == frm else f'T.Cast("{to}", {expr})'
 
 
-def matmul(m, n, k, a="float32", b="float32", c="float32", *, trans_a=False, trans_b=False,
-           order="ijk", init="inside", swap_mul=False, batch=None, symbolic: bool | str = False):
-    """C[(b,) m, n] (+)= A[(b,) m, k] * B[(b,) k, n]; options move layouts, loops and init.
-    ``symbolic``: the extents known only at run time, as letters of ``"mnk"`` (True: ``"m"``);
-    each becomes a size variable (``rows``, ``cols``, ``depth``) and its number is unused."""
+@dataclass(frozen=True)
+class MatmulForm:
+    """How `matmul` writes its block: layouts, loop order, where the init is."""
+
+    trans_a: bool = False  # A is [k, m]
+    trans_b: bool = False  # B is [n, k]
+    order: str = "ijk"  # the loops, outermost first
+    init: str = "inside"  # "inside": T.init(); "outside": a block of its own before; "none"
+    swap_mul: bool = False  # B * A
+    batch: int | None = None  # a leading batch dimension of this extent
+    symbolic: bool | str = False  # extents known only at run time, as letters of "mnk" (True: "m")
+
+
+@dataclass(frozen=True)
+class ConvForm:
+    """How `conv2d` writes its block: layout, stride, dilation, dtypes."""
+
+    layout: str = "NCHW"  # NCHW/OIHW or NHWC/HWIO
+    stride: int = 1
+    dilation: int = 1
+    dtype: str = "float32"  # the input's
+    acc: str = "float32"  # the output's
+    wdtype: str | None = None  # the weight's (None: ``dtype``)
+
+
+def _form(record, changes: dict, caller: str):
+    """``record()`` with the fields ``changes`` names; an unknown name is a TypeError."""
+    names = [f.name for f in fields(record)]
+    unknown = sorted(set(changes) - set(names))
+    if unknown:
+        raise TypeError(f"{caller}() got unknown option(s) {', '.join(unknown)}; it takes {', '.join(names)}")
+    return record(**changes)
+
+
+def matmul(m, n, k, a="float32", b="float32", c="float32", **form):
+    """C[(b,) m, n] (+)= A[(b,) m, k] * B[(b,) k, n]; ``form`` (`MatmulForm`'s fields) moves
+    layouts, loops and init. ``symbolic``: the extents known only at run time, as letters of
+    ``"mnk"`` (True: ``"m"``); each becomes a size variable (``rows``, ``cols``, ``depth``) and
+    its number is unused."""
+    f = _form(MatmulForm, form, "matmul")
+    trans_a, trans_b, order, init, swap_mul, batch, symbolic = (
+        f.trans_a, f.trans_b, f.order, f.init, f.swap_mul, f.batch, f.symbolic)
     dims = "m" if symbolic is True else (symbolic or "")
     size_vars = {"m": "rows", "n": "cols", "k": "depth"}
     m, n, k = (size_vars[d] if d in dims else v for d, v in zip("mnk", (m, n, k)))
@@ -67,10 +106,12 @@ def matmul(m, n, k, a="float32", b="float32", c="float32", *, trans_a=False, tra
     return parse(src)
 
 
-def conv2d(n, c, h, w, oc, kh, kw, *, layout="NCHW", stride=1, dilation=1, dtype="float32",
-           acc="float32", wdtype=None):
-    """A direct conv2d block (no padding block) in NCHW/OIHW or NHWC/HWIO."""
-    wdtype = wdtype or dtype
+def conv2d(n, c, h, w, oc, kh, kw, **form):
+    """A direct conv2d block (no padding block) in NCHW/OIHW or NHWC/HWIO; ``form``:
+    `ConvForm`'s fields."""
+    f = _form(ConvForm, form, "conv2d")
+    layout, stride, dilation, dtype, acc = f.layout, f.stride, f.dilation, f.dtype, f.acc
+    wdtype = f.wdtype or dtype
     oh = (h - dilation * (kh - 1) - 1) // stride + 1
     ow = (w - dilation * (kw - 1) - 1) // stride + 1
     hy, wx = f"vy * {stride} + vry * {dilation}", f"vx * {stride} + vrx * {dilation}"

@@ -20,7 +20,7 @@ import shutil
 import sys
 import time
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from pathlib import Path
 
@@ -274,17 +274,32 @@ def _record(outcome: TaskOutcome, secs: list[float], scale: float) -> None:
     outcome.best_secs = best if outcome.best_secs is None else min(outcome.best_secs, best)
 
 
-def tune(mod, template, *, trials: int, work_dir: str, runner=None, builder=None, target=None,
-         trials_per_iter: int | None = None, progress=None, seed: int = 0,
-         quiet: bool = True) -> TuneResult:
-    """Tune the PrimFuncs of ``mod`` (an IRModule or PrimFunc) that ``template`` can
-    offload, ``trials`` candidates in all, into a JSON database in ``work_dir``. The first
-    candidate of each task is its default rewrite (so at least one per task is measured).
+@dataclass(frozen=True)
+class TuneSettings:
+    """How `tune` measures and searches, beyond its budget and where it writes."""
 
-    ``runner``: a MetaSchedule runner (default: `SimulatorRunner` for a simulated template,
-    else ``LocalRunner``; `rpc_runner` for a remote board). ``progress(done, total, task)``
-    is called after each measured batch. ``quiet`` keeps MetaSchedule's own log tables in
-    ``work_dir/logs`` only."""
+    runner: object = None  # a MetaSchedule runner (None: `SimulatorRunner` for a simulated
+    # template, else ``LocalRunner``; `rpc_runner` for a remote board)
+    builder: object = None  # a MetaSchedule builder (None: the template's own)
+    target: object = None  # the target tuned for (None: the template's, for this CPU)
+    trials_per_iter: int | None = None  # candidates per search round (None: from the budget)
+    progress: object = None  # ``progress(done, total, task)``, after each measured batch
+    seed: int = 0
+    quiet: bool = True  # MetaSchedule's own log tables in ``work_dir/logs`` only
+
+
+def tune(mod, template, *, trials: int, work_dir: str, settings: TuneSettings | None = None,
+         **changes) -> TuneResult:
+    """Tune the PrimFuncs of ``mod`` (an IRModule or PrimFunc) that ``template`` can
+    offload, ``trials`` candidates in all, into a JSON database in ``work_dir``, as
+    ``settings`` (or its fields as keywords: ``runner=rpc_runner(...)``) say. The first
+    candidate of each task is its default rewrite (so at least one per task is measured)."""
+    unknown = sorted(set(changes) - {f.name for f in fields(TuneSettings)})
+    if unknown:
+        raise TypeError(f"tune() got unknown option(s) {', '.join(unknown)}; TuneSettings has "
+                        f"{', '.join(f.name for f in fields(TuneSettings))}")
+    opts = replace(settings or TuneSettings(), **changes)
+    runner, builder, target, progress, seed = opts.runner, opts.builder, opts.target, opts.progress, opts.seed
     template = as_template(template)
     if trials < 1:
         raise TirbyocError(f"--trials {trials}: give at least 1")
@@ -305,9 +320,9 @@ def tune(mod, template, *, trials: int, work_dir: str, runner=None, builder=None
     scale = 1.0
     if result.unit == "cycles":
         scale = runner.clock_hz
-    per_iter = trials_per_iter or max(1, min(64, trials // max(1, len(tasks))))
+    per_iter = opts.trials_per_iter or max(1, min(64, trials // max(1, len(tasks))))
     start = time.time()
-    if quiet:
+    if opts.quiet:
         logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     with without_tvm_intrinsic_library():
         contexts = [ms.TuneContext(workload(t.func), target=tgt, space_generator=space(template),
@@ -340,5 +355,5 @@ def _has_xgboost() -> bool:
     return importlib.util.find_spec("xgboost") is not None
 
 
-__all__ = ["TaskOutcome", "TuneResult", "rpc_runner", "space", "tune",
+__all__ = ["TaskOutcome", "TuneResult", "TuneSettings", "rpc_runner", "space", "tune",
            "without_tvm_intrinsic_library"]
