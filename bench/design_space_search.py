@@ -47,10 +47,10 @@ def main():
     parser.add_argument("--plot", default=str(HERE.parent / "docs" / "img" / "vta_resnet18_pareto.png"))
     args = parser.parse_args()
 
-    from tirbyoc.app.objectives import objective
-    from tirbyoc.app.search_space import SearchSpace, point_key
+    from tirbyoc.app.sweeping.objectives import objective
+    from tirbyoc.app.sweeping.search_space import SearchSpace, point_key
     from tirbyoc import search_model
-    from tirbyoc.app.sweep_report import plot_front
+    from tirbyoc.app.sweeping.sweep_report import plot_front
     from tirbyoc.testing.workers import kill_a_worker_after
 
     work = Path(args.work)

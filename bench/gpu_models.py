@@ -50,10 +50,10 @@ def model_file(model: str, batch: int, layers: int, folder: Path) -> Path:
     """A model file holding the built-in model in fp16 at ``batch`` (the built-ins are batch 1)."""
     path = folder / f"{model}_fp16_b{batch}.py"
     if model == "bert":
-        path.write_text("from tirbyoc.app.models import bert_base_fp16\n"
+        path.write_text("from tirbyoc.app.model_in.models import bert_base_fp16\n"
                         f"bert = bert_base_fp16(batch={batch}, seq={SEQ}, layers={layers})\n")
     else:
-        path.write_text(f"from tirbyoc.app.models import resnet50_fp16\nresnet = resnet50_fp16(batch={batch})\n")
+        path.write_text(f"from tirbyoc.app.model_in.models import resnet50_fp16\nresnet = resnet50_fp16(batch={batch})\n")
     return path
 
 
@@ -61,8 +61,8 @@ def rest_times(result, mod_path: Path, target, repeat: int) -> dict:
     """Milliseconds per call of each function no template took, alone on the GPU as TVM's
     default pipeline schedules it (times its number of calls in the model)."""
 
-    from tirbyoc.app.legalize import legalized_model
-    from tirbyoc.app.profiling import time_function
+    from tirbyoc.app.model_in.legalize import legalized_model
+    from tirbyoc.app.running.profiling import time_function
 
     mod = legalized_model(str(mod_path), ["cuda_mma"]).mod  # as the run prepared it (NHWC for convs)
     out = {}
@@ -85,7 +85,7 @@ def run_tirbyoc(model: str, batch: int, layers: int, repeat: int, profile: bool 
 
     import tirbyoc
     from tirbyoc import run_model
-    from tirbyoc.app.run import Progress
+    from tirbyoc.app.running.run import Progress
 
     config = {"relax.backend.use_cuda_graph": cuda_graph}
     with tempfile.TemporaryDirectory() as tmp, tvm.transform.PassContext(opt_level=tvm.transform.PassContext.current().opt_level, config=config):
@@ -103,7 +103,7 @@ def run_tirbyoc(model: str, batch: int, layers: int, repeat: int, profile: bool 
 
 # ---------------------------------------------------------------------------- torch
 def torch_resnet50():
-    """ResNet-50 v1.5 as `tirbyoc.app.models.resnet50` builds it (conv biases, no batch norm:
+    """ResNet-50 v1.5 as `tirbyoc.app.model_in.models.resnet50` builds it (conv biases, no batch norm:
     the built-in folds none), in PyTorch."""
     import torch
 

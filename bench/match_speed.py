@@ -11,7 +11,7 @@ import json
 import time
 
 import tirbyoc
-from tirbyoc.app.loaders import legalize
+from tirbyoc.app.model_in.loaders import legalize
 from tirbyoc.matching.matcher import explain, intrinsic_pattern
 from tirbyoc import build_model
 

@@ -9,7 +9,7 @@ ResNet-18, ResNet-50 and MobileNetV2 at 224x224 and a BERT-base encoder (12 laye
 ``--int8`` also their QDQ versions from ONNX Runtime's recommended flow (``quant_pre_process``,
 then ``quantize_static``), ``--precisions int8`` those alone. Each precision goes to the fastest
 template of that precision this CPU runs, the choice `tirbyoc run` makes: fp32 to
-x86_fp32_avx512 with AVX-512, else x86_fp32_avx2, else blas (`tirbyoc.app.run.FLOAT_TEMPLATES`);
+x86_fp32_avx512 with AVX-512, else x86_fp32_avx2, else blas (`tirbyoc.app.running.run.FLOAT_TEMPLATES`);
 int8 to x86_amx (then x86_vnni for what its kernel refuses) where AMX is granted, else
 x86_vnni with AVX-512 VNNI, else x86_avx512bw, else x86_avx2 (`INT8_TEMPLATES`).
 ``--precisions bf16`` runs the float file as ``tirbyoc run --precision bf16`` does (its
@@ -71,7 +71,7 @@ def template_for(precision: str, args) -> str:
     if forced:
         return forced
     import tirbyoc  # deferred: imports TVM, after the thread count is set
-    from tirbyoc.app.run import FALLBACKS, FLOAT_TEMPLATES, INT8_TEMPLATES, default_templates
+    from tirbyoc.app.running.run import FALLBACKS, FLOAT_TEMPLATES, INT8_TEMPLATES, default_templates
 
     if precision == "bf16":
         return ",".join(default_templates(precision="bf16"))
@@ -109,8 +109,8 @@ def tvm_engines(path: Path, template: str, group: str, repeat: int, fast_math: b
 
     from tirbyoc._tvm import make_target, relax_vm
     from tirbyoc import RunOptions, legalized_model
-    from tirbyoc.app.run import model_output
-    from tirbyoc.app.targets import complete_target
+    from tirbyoc.app.running.run import model_output
+    from tirbyoc.app.running.targets import complete_target
     from tirbyoc.offloading.lowering import PIPELINE
     from tirbyoc.relax.bridge import offload_module
     from tirbyoc.relax.prepack import pack_constant_weights
@@ -151,7 +151,7 @@ def ort_engine(path: Path, inputs: Path, threads: int, repeat: int):
     import numpy as np  # deferred: after the thread count is set
     import onnxruntime
 
-    from tirbyoc.app.reference import ort_session
+    from tirbyoc.app.running.reference import ort_session
 
     with np.load(inputs) as saved:
         arrays = [saved[f"arr_{i}"] for i in range(len(saved.files))]
@@ -235,7 +235,7 @@ def profile(packed, tgt, repeat: int, model=None) -> list[dict]:
     sites (``ms``), and, given ``model`` (vm, entry, args), its ms inside a run of the model
     (``in_model_ms``, the row's ``model_ms`` beside it); most time first."""
     from tirbyoc._tvm import tirx  # deferred: after the thread count is set
-    from tirbyoc.app.profiling import time_function
+    from tirbyoc.app.running.profiling import time_function
     from tirbyoc.relax.bridge import OFFLOADED_ATTR, call_counts
 
     calls = call_counts(packed)  # from the module: fusion renames what the report named
@@ -373,8 +373,8 @@ def measure(args, threads: str, name: str, precision: str) -> dict:
     import numpy as np
 
     import tirbyoc
-    from tirbyoc.app.reference import agrees, output_step, steps_apart
-    from tirbyoc.app.run import compare
+    from tirbyoc.app.running.reference import agrees, output_step, steps_apart
+    from tirbyoc.app.running.run import compare
 
     template = template_for(precision, args)
     row = {"model": name, "precision": precision, "template": template, "threads": int(threads),

@@ -13,7 +13,7 @@ call sites - of:
   operand order, same dtypes), up to loop tiling.
 
 Models are legalized as ``tirbyoc run`` prepares them for the template: float32 for ``blas``;
-for an int8 template the built-in's ``_int8`` variant (`tirbyoc.app.models.quantize`: QDQ,
+for an int8 template the built-in's ``_int8`` variant (`tirbyoc.app.model_in.models.quantize`: QDQ,
 calibrated) made integer by `QuantizedToInteger` (uint8 x int8 -> int32 cores for ``x86_vnni``
 and ``hexagon_hvx``; int8 x int8 for ``vta`` and ``cuda_mma``).
 
@@ -38,8 +38,8 @@ import time
 from pathlib import Path
 
 import tirbyoc
-from tirbyoc.app.models import bert_base, mobilenet_v2, resnet50
-from tirbyoc.app.preparation import preparation
+from tirbyoc.app.model_in.models import bert_base, mobilenet_v2, resnet50
+from tirbyoc.app.model_in.preparation import preparation
 from tirbyoc.relax.bridge import call_counts, mac_blocks, offload_module
 from tirbyoc.offloading.table import render
 
@@ -173,7 +173,7 @@ def main():
                 "not_covered": top_reasons(report),
             }
             if quantized is not None:
-                made_by = "ONNX Runtime" if args.qdq else "tirbyoc.app.models.quantize"
+                made_by = "ONNX Runtime" if args.qdq else "tirbyoc.app.model_in.models.quantize"
                 entry["variant"] = f"QDQ ({made_by}), {variant} activations"
                 entry["chains_integer"] = len(quantized.integer)
                 entry["chains_kept_float"] = [{"chain": c, "why": w} for c, w in quantized.kept]

@@ -32,7 +32,7 @@ def main():
     from tirbyoc import PIPELINE, get_template, legalized_model
     from tirbyoc._tvm import make_target, relax_vm
     from tirbyoc.relax.bridge import offload_module
-    from tirbyoc.app.run import compare
+    from tirbyoc.app.running.run import compare
 
     template = get_template(args.template)
     t0 = time.perf_counter()

@@ -2,7 +2,7 @@
 offload, build, run.
 
 A float CNN written with ``relax.frontend.nn`` is quantized as ONNX Runtime's
-``quantize_static`` would (`tirbyoc.app.models.quantize`: its weights bound as constants, QDQ
+``quantize_static`` would (`tirbyoc.app.model_in.models.quantize`: its weights bound as constants, QDQ
 pairs calibrated on sample inputs, per-channel int8 weights, uint8 activations), its chains
 made integer (`QuantizedToInteger`: uint8 x int8 -> int32 cores), legalized, and its
 convolutions and dense layer are offloaded to the ``x86_vnni`` template (``vpdpbusd`` 16x4

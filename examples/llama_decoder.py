@@ -1,6 +1,6 @@
 """A Llama-style decoder layer whose sequence length is known only at run time, on blas.
 
-The layer (`tirbyoc.app.llm.llama_layer`: RMSNorm, rotary embedding, attention over a sequence
+The layer (`tirbyoc.app.model_in.llm.llama_layer`: RMSNorm, rotary embedding, attention over a sequence
 of ``seq`` tokens, a SiLU-gated MLP; random weights) is offloaded once with ``seq`` symbolic:
 each function is checked at seq = 1, 7, 16, 17 and 131 on the way; the attention's q.k^T and
 p.v become one batched GEMM call each that reads ``seq`` from its arguments. One build of each

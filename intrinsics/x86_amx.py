@@ -21,7 +21,7 @@ is a constant. N must be a multiple of 16 and K of g; rows and reductions of any
 run in the kernel (remainders through a zero-padded block, the last bytes of K under 64 with
 ``vpdpbusd`` / ``vdpbf16ps``). A reduction under 128 bytes (a 1x1 convolution of 64 int8
 channels, MobileNetV2's narrow ones) is refused for the vector template the default list puts
-after it (`tirbyoc.app.run.FALLBACKS`): one or two tile products a call leave the block's
+after it (`tirbyoc.app.running.run.FALLBACKS`): one or two tile products a call leave the block's
 zeroing and write-back the whole cost (ResNet-50's res2 1x1 expansion: 404 GOPS on AMX, 605
 on VNNI, one thread).
 

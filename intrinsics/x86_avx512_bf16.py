@@ -4,7 +4,7 @@
 a float32 lane: C[16] += A[2] . B[16, 2], twice the multiply-adds of an fp32 ``vfmadd231ps``
 per instruction (AMD Zen 4 / 5, Intel Cooper Lake, Sapphire Rapids and later). It is the
 bf16 core where AMX is missing, and what ``x86_amx_bf16`` hands the reductions too short for
-tiles (`tirbyoc.app.run.FALLBACKS`).
+tiles (`tirbyoc.app.running.run.FALLBACKS`).
 
 The kernel (``csrc/bf16_shim.c``) is declared like AMX's (`x86_amx.kernel_group`): 32 x 32
 outputs a call over the block's whole reduction, activations read in place, the weight packed

@@ -14,7 +14,7 @@ import tirbyoc
 from tirbyoc import (ExternLibrary, ExternLibraryError, Intrinsic, IntrinsicError, IntrinsicGroup,
                      Operand, Role, Runtime, Template, TemplateError, UnknownTemplateError,
                      VerificationError)
-from tirbyoc.app.cli import main
+from tirbyoc.app.commands.cli import main
 from tirbyoc.testing.workloads import matmul
 from workloads import symbolic_matmul
 

@@ -140,7 +140,7 @@ def tvm_module(func):
 
 
 def test_a_float_model_runs_in_bf16_verified_and_its_accuracy_reported():
-    from tirbyoc.app.run import run_model
+    from tirbyoc.app.running.run import run_model
 
     names = (["x86_amx_bf16", "x86_fp32_avx512"] if tirbyoc.get_template("x86_amx_bf16").runs_here()
              else ["x86_amx_bf16_emulated"])
@@ -154,7 +154,7 @@ def test_a_float_model_runs_in_bf16_verified_and_its_accuracy_reported():
 
 
 def test_precision_is_checked():
-    from tirbyoc.app.run import run_model
+    from tirbyoc.app.running.run import run_model
 
     with pytest.raises(tirbyoc.TirbyocError, match="precision 'fp8'"):
         run_model("builtin:mlp", ["x86_amx_bf16_emulated"], precision="fp8", repeat=1)

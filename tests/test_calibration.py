@@ -8,10 +8,10 @@ from tvm import relax
 
 from tirbyoc._tvm import build, relax_vm, to_tensor, tvm
 from tirbyoc.decl.host import host_target
-from tirbyoc.app.model_inputs import model_inputs
-from tirbyoc.app.models import build_model, small_cnn
-from tirbyoc.app.preparation import with_constant_weights
-from tirbyoc.app.run import run_model
+from tirbyoc.app.model_in.model_inputs import model_inputs
+from tirbyoc.app.model_in.models import build_model, small_cnn
+from tirbyoc.app.model_in.preparation import with_constant_weights
+from tirbyoc.app.running.run import run_model
 from tirbyoc.relax.calibration import activation_params, quantize_static, weight_params
 from tirbyoc.relax.quantized import has_quantize_ops, quantized_to_integer
 from tirbyoc.relax.requantize import shift_exponent

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tirbyoc.app.cli import main
+from tirbyoc.app.commands.cli import main
 from tirbyoc.errors import TirbyocError
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "gemm_workloads.py"
@@ -95,7 +95,7 @@ def test_unknown_template(capsys):
 
 
 def test_one_loader_takes_every_model_spec_by_its_frontend():
-    from tirbyoc.app import frontends
+    from tirbyoc.app.model_in import frontends
 
     assert [f.name for f in frontends.FRONTENDS][:3] == ["builtin", "onnx", "python"]
     assert frontends.frontend_for("builtin:mlp").name == "builtin"
@@ -111,7 +111,7 @@ def test_one_loader_takes_every_model_spec_by_its_frontend():
 
 
 def test_a_new_frontend_is_registered_not_coded_in(tmp_path):
-    from tirbyoc.app import frontends
+    from tirbyoc.app.model_in import frontends
 
     path = tmp_path / "kernel.tir"
     path.write_text("unused")

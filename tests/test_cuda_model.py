@@ -11,7 +11,7 @@ from tvm import relax
 
 import tirbyoc
 from tirbyoc._tvm import build, cuda_source, tirx, tvm
-from tirbyoc.app.models import bert_base_fp16
+from tirbyoc.app.model_in.models import bert_base_fp16
 from tirbyoc.offloading import cuda_toolchain
 from tirbyoc.offloading.devices import compile_func, device_of
 from tirbyoc.offloading.lowering import PIPELINE
@@ -71,10 +71,10 @@ def test_a_gpu_device_times_functions_as_its_default_pipeline_builds_them(bert, 
 def test_bert_fp16_runs_on_the_gpu_and_agrees_with_tvms_build(tmp_path):
     if not tirbyoc.get_template("cuda_mma").runs_here():
         pytest.skip(tirbyoc.get_template("cuda_mma").unavailable_reason())
-    from tirbyoc.app.run import run_model
+    from tirbyoc.app.running.run import run_model
 
     model = tmp_path / "bert.py"
-    model.write_text("from tirbyoc.app.models import bert_base_fp16\n"
+    model.write_text("from tirbyoc.app.model_in.models import bert_base_fp16\n"
                      "bert = bert_base_fp16(batch=2, seq=32, layers=2)\n")
     result = run_model(str(model), ["cuda_mma"], repeat=2)
     assert result.report.coverage == 1.0
@@ -95,7 +95,7 @@ def test_no_function_is_offloaded_twice_by_the_default_pipeline(bert):
 def resnet():
     """ResNet-50 in float16 at 64x64 in NHWC (as `tirbyoc run` lays a model out for cuda_mma),
     legalized and offloaded."""
-    from tirbyoc.app.convnets import resnet50_fp16
+    from tirbyoc.app.model_in.convnets import resnet50_fp16
     from tirbyoc.relax.layout import channels_last
 
     mod = relax.transform.LegalizeOps()(channels_last(resnet50_fp16(image=64), None, 16)[0])
@@ -121,10 +121,10 @@ def test_resnet50_fp16_convolutions_run_as_implicit_gemms_on_the_tensor_core_ker
 def test_resnet50_fp16_runs_on_the_gpu_and_agrees_with_tvms_build(tmp_path):
     if not tirbyoc.get_template("cuda_mma").runs_here():
         pytest.skip(tirbyoc.get_template("cuda_mma").unavailable_reason())
-    from tirbyoc.app.run import run_model
+    from tirbyoc.app.running.run import run_model
 
     model = tmp_path / "resnet.py"
-    model.write_text("from tirbyoc.app.convnets import resnet50_fp16\nresnet = resnet50_fp16(image=64)\n")
+    model.write_text("from tirbyoc.app.model_in.convnets import resnet50_fp16\nresnet = resnet50_fp16(image=64)\n")
     result = run_model(str(model), ["cuda_mma"], repeat=2)
     assert result.verified and result.report.coverage > 0.9
 

@@ -13,7 +13,7 @@ import tvm
 from workloads import matmul
 
 import tirbyoc
-from tirbyoc.app.deploy import build_library, export_module
+from tirbyoc.app.building.deploy import build_library, export_module
 from tirbyoc.decl.host import hexagon_emulator_missing
 from tirbyoc.errors import TirbyocError
 
@@ -111,7 +111,7 @@ def test_onnx_model_with_blas_through_the_command_line(tmp_path):
     assert "2 of 2 offloaded functions verified" in proc.stdout and "ships with" in proc.stdout
     x = rng.uniform(-1, 1, (8, 64)).astype("float32")
     np.save(tmp_path / "x.npy", x)
-    run = subprocess.run([sys.executable, "-m", "tirbyoc.app.runner", str(out), "--input", "x.npy",
+    run = subprocess.run([sys.executable, "-m", "tirbyoc.app.building.runner", str(out), "--input", "x.npy",
                           "--output", "y.npy"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     want = np.maximum(x @ numpy_helper.to_array(w1), 0) @ numpy_helper.to_array(w2)
@@ -164,13 +164,13 @@ def test_hexagon_library_as_objects_and_linked(tmp_path):
 
     so = build_library("builtin:cnn_int8", ["hexagon_hvx"], output=tmp_path / "linked" / "cnn.so")
     assert _elf(so.path) == (ET_DYN, ELF_QDSP6) and so.output is None
-    refused = subprocess.run([sys.executable, "-m", "tirbyoc.app.runner", str(so.path)],
+    refused = subprocess.run([sys.executable, "-m", "tirbyoc.app.building.runner", str(so.path)],
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode != 0 and "Hexagon shared object" in refused.stderr
 
 
 def test_hexagon_library_refuses_vtcm_staging():
-    from tirbyoc.app.deploy_hexagon import check_deployable
+    from tirbyoc.app.building.deploy_hexagon import check_deployable
     from tirbyoc_intrinsics.hexagon_hvx import make_template
 
     t = make_template(vtcm_bytes=64 * 1024)
@@ -186,9 +186,9 @@ def test_export_module_saves_what_offload_tir_made(tmp_path):
     export_library cannot save) exported with its C code linked in, weights as inputs."""
     from tvm import relax
 
-    from tirbyoc.app.deploy import export_module
-    from tirbyoc.app.legalize import legalized_model
-    from tirbyoc.app.run import model_output
+    from tirbyoc.app.building.deploy import export_module
+    from tirbyoc.app.model_in.legalize import legalized_model
+    from tirbyoc.app.running.run import model_output
     from tirbyoc.relax import OffloadTIR
 
     mod = legalized_model("builtin:mlp", ["blas"]).mod
@@ -209,7 +209,7 @@ def test_libraries_are_found_from_the_calls_in_the_ir_not_from_its_text():
     import tvm
     from tvm.script import tirx as T
 
-    from tirbyoc.app.deploy import called_symbols
+    from tirbyoc.app.building.deploy import called_symbols
 
     @T.prim_func(s_tir=True)
     def calls(A: T.Buffer((4,), "int32")):

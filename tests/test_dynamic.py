@@ -32,7 +32,7 @@ spec = {"forward": {"x": nn.spec.Tensor(("n", 64), "float32")}}
 @pytest.fixture(scope="module")
 def dynamic_mlp(tmp_path_factory):
     """`MODEL` (a relax.frontend.nn MLP whose row count is the name ``n``), legalized (int64 shapes)."""
-    from tirbyoc.app.frontends import load_model
+    from tirbyoc.app.model_in.frontends import load_model
 
     path = tmp_path_factory.mktemp("model") / "mlp.py"
     path.write_text(MODEL)
@@ -116,7 +116,7 @@ def test_a_dynamic_model_offloaded_runs_at_every_size(dynamic_mlp):
 def test_run_binds_a_named_size_to_several_values_from_one_build(tmp_path, capsys):
     import json
 
-    from tirbyoc.app.cli import main
+    from tirbyoc.app.commands.cli import main
 
     path = tmp_path / "mlp.py"
     path.write_text(MODEL)
@@ -134,7 +134,7 @@ def test_run_binds_a_named_size_to_several_values_from_one_build(tmp_path, capsy
 
 
 def test_a_named_size_without_values_says_how_to_give_them(tmp_path, capsys):
-    from tirbyoc.app.cli import main
+    from tirbyoc.app.commands.cli import main
 
     path = tmp_path / "mlp.py"
     path.write_text(MODEL)
@@ -145,7 +145,7 @@ def test_a_named_size_without_values_says_how_to_give_them(tmp_path, capsys):
 
 
 def test_sizes_are_taken_together_position_by_position():
-    from tirbyoc.app.sizes import bindings
+    from tirbyoc.app.model_in.sizes import bindings
     from tirbyoc.errors import TirbyocError
 
     assert bindings(None) == [None]
@@ -160,8 +160,8 @@ def test_one_library_serves_every_size_in_a_fresh_process(tmp_path):
 
     import tvm
 
-    from tirbyoc.app.deploy import build_library
-    from tirbyoc.app.legalize import legalized_model
+    from tirbyoc.app.building.deploy import build_library
+    from tirbyoc.app.model_in.legalize import legalized_model
 
     path = tmp_path / "mlp.py"
     path.write_text(MODEL)
@@ -177,7 +177,7 @@ def test_one_library_serves_every_size_in_a_fresh_process(tmp_path):
     for n in (3, 9):
         x = rng.uniform(-1, 1, (n, 64)).astype("float32")
         np.save(tmp_path / "x.npy", x)
-        done = subprocess.run([sys.executable, "-m", "tirbyoc.app.runner", str(built.path), "--input",
+        done = subprocess.run([sys.executable, "-m", "tirbyoc.app.building.runner", str(built.path), "--input",
                                str(tmp_path / "x.npy"), "--output", str(tmp_path / "y.npy")],
                               capture_output=True, text=True, cwd=tmp_path, timeout=300)
         assert done.returncode == 0, done.stderr
@@ -191,7 +191,7 @@ def test_an_onnx_models_dim_param_is_a_size_to_run_at(tmp_path, capsys):
     onnx = pytest.importorskip("onnx")
     from onnx import TensorProto, helper, numpy_helper
 
-    from tirbyoc.app.cli import main
+    from tirbyoc.app.commands.cli import main
 
     rng = np.random.default_rng(0)
     weights = [numpy_helper.from_array(rng.uniform(-0.1, 0.1, s).astype("float32"), n)
@@ -213,7 +213,7 @@ def test_an_onnx_models_dim_param_is_a_size_to_run_at(tmp_path, capsys):
 def test_a_llama_layer_offloads_every_matmul_mac_at_every_length(capsys):
     import json
 
-    from tirbyoc.app.cli import main
+    from tirbyoc.app.commands.cli import main
 
     assert main(["run", "-q", "-m", "builtin:llama_layer", "-t", "blas", "--repeat", "1", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
@@ -233,8 +233,8 @@ def test_the_llama_layer_library_serves_two_lengths_in_a_fresh_process(tmp_path)
 
     import tvm
 
-    from tirbyoc.app.deploy import build_library
-    from tirbyoc.app.legalize import legalized_model
+    from tirbyoc.app.building.deploy import build_library
+    from tirbyoc.app.model_in.legalize import legalized_model
 
     built = build_library("builtin:llama_layer", ["blas"], output=tmp_path / "llama.so")
     assert [i["shape"] for i in built.inputs] == [[1, "seq", 256], ["seq", 32], ["seq", 32]]
@@ -250,7 +250,7 @@ def test_the_llama_layer_library_serves_two_lengths_in_a_fresh_process(tmp_path)
         for k, a in arrays.items():
             np.save(tmp_path / f"{k}.npy", a)
             args += ["--input", f"{k}={tmp_path / f'{k}.npy'}"]
-        done = subprocess.run([sys.executable, "-m", "tirbyoc.app.runner", str(built.path), *args,
+        done = subprocess.run([sys.executable, "-m", "tirbyoc.app.building.runner", str(built.path), *args,
                                "--output", str(tmp_path / "y.npy")], capture_output=True, text=True,
                               cwd=tmp_path, timeout=300)
         assert done.returncode == 0, done.stderr
@@ -267,7 +267,7 @@ def test_the_quantized_llama_layer_runs_integer_at_every_length(template, capsys
     when the function runs."""
     import json
 
-    from tirbyoc.app.cli import main
+    from tirbyoc.app.commands.cli import main
     from vnni import VNNI
 
     name = VNNI.name if template == "x86_vnni" else template
@@ -282,7 +282,7 @@ def test_a_dynamic_onnx_bert_encoder_offloads_every_mac_at_each_length(tmp_path,
     import json
 
     pytest.importorskip("onnx")
-    from tirbyoc.app.cli import main
+    from tirbyoc.app.commands.cli import main
     from tirbyoc.testing.qdq import float_bert_base
 
     path = float_bert_base(tmp_path / "bert.onnx", dynamic=True, layers=2, dim=256, heads=4, hidden=1024)
@@ -320,8 +320,8 @@ def test_a_torch_export_with_a_dynamic_batch_runs_at_every_size(tmp_path, capsys
     import json
 
     pytest.importorskip("torch")
-    from tirbyoc.app.cli import main
-    from tirbyoc.app.frontends import load_model
+    from tirbyoc.app.commands.cli import main
+    from tirbyoc.app.model_in.frontends import load_model
 
     path = tmp_path / "mlp.py"
     path.write_text(TORCH_MODEL.replace("{DYNAMIC}", dynamic))
@@ -342,7 +342,7 @@ def test_a_dynamic_batch_onnx_bert_encoder_offloads_every_mac_at_each_batch(tmp_
     import json
 
     pytest.importorskip("onnx")
-    from tirbyoc.app.cli import main
+    from tirbyoc.app.commands.cli import main
     from tirbyoc.testing.qdq import float_bert_base
 
     path = float_bert_base(tmp_path / "bert.onnx", dynamic="batch", batch=2, seq=16, layers=2, dim=128,

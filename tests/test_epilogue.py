@@ -124,7 +124,7 @@ def _fields(template) -> dict:
 
 @pytest.mark.slow  # 36 s: a sweep of whole simulated models (test_sim sweeps in the default run)
 def test_a_sweep_over_the_alu_runs_one_model_and_the_fused_point_stores_less():
-    from tirbyoc.app.sweep import parse_params, sweep
+    from tirbyoc.app.sweeping.sweep import parse_params, sweep
 
     host, fused = sweep("builtin:mlp_int8", "vta", parse_params(["FUSED_EPILOGUE=false,true"]))
     assert host.verified is True and fused.verified is True, (host.error, fused.error)
@@ -137,7 +137,7 @@ def test_a_sweep_over_the_alu_runs_one_model_and_the_fused_point_stores_less():
 def test_run_reports_where_each_functions_epilogue_runs(capsys):
     import json
 
-    from tirbyoc.app.cli import main
+    from tirbyoc.app.commands.cli import main
 
     assert main(["run", "--json", "-q", "-t", "vta"]) == 0  # the built-in quantized MLP
     out = json.loads(capsys.readouterr().out)

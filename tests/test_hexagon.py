@@ -12,7 +12,7 @@ import pytest
 
 import tirbyoc
 from tirbyoc._tvm import is_host_target
-from tirbyoc.app.cli import main
+from tirbyoc.app.commands.cli import main
 from tirbyoc.decl import host
 from tirbyoc.decl.host import hexagon_emulator_missing
 from tirbyoc.offloading import hexagon
@@ -186,7 +186,7 @@ def test_hexagon_targets_are_not_this_cpu():
 def test_a_sweep_runs_each_variant_for_its_own_dsp():
     """arch changes the target: v66 runs under QEMU and verifies; v68 is built only and says
     so, instead of being run as v66 code."""
-    from tirbyoc.app.sweep import parse_params, sweep
+    from tirbyoc.app.sweeping.sweep import parse_params, sweep
 
     v66, v68 = sweep("builtin:mlp_int8", "hexagon_hvx", parse_params(["ARCH=v66,v68"]))
     assert v66.verified is True and v66.coverage == 1.0 and v66.error is None

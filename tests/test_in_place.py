@@ -111,8 +111,8 @@ def test_only_provable_identities_become_views_and_results_stay_equal():
 
 
 def test_a_models_1x1_convolution_is_offloaded_in_place_and_the_model_still_matches():
-    from tirbyoc.app.legalize import legalized_model
-    from tirbyoc.app.run import run_model
+    from tirbyoc.app.model_in.legalize import legalized_model
+    from tirbyoc.app.running.run import run_model
     from tirbyoc.relax.bridge import offload_module
 
     mod = legalized_model("builtin:cnn", ["blas"], constant_weights=True).mod

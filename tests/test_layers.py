@@ -23,6 +23,10 @@ ROOT_MODULES = {"__init__", "__main__", "_tvm", "errors", "dtypes"}
 # The TIR core spells TVM through _tvm (one file to change on the next rename); the layers
 # above it drive Relax, MetaSchedule and the runtime, whose APIs they use directly.
 TVM_THROUGH_DOOR = {"decl", "ir", "matching", "rewrite", "offloading"}
+# Rooms inside a layer, lowest first: a room imports only the rooms before it and the modules
+# at the layer's top (its shared records), which import no room.
+ROOMS = {"app": ("model_in", "running", "building", "sweeping", "commands")}
+ROOM_SHARED = {"app": {"__init__", "options", "jsonout"}}
 MAX_FILE_LINES = 400
 MAX_FUNCTION_LINES = 60
 MAX_PARAMETERS = 8  # beyond that, a record (RunOptions, SearchPlan, TuneSettings) travels instead
@@ -100,6 +104,38 @@ def parameters(node) -> int:
     return n - (1 if a.args and a.args[0].arg in ("self", "cls") else 0)
 
 
+def _room(parts: tuple[str, ...]) -> str | None:
+    """The room of tirbyoc/<layer>/<room>/<module>.py; None at the layer's top."""
+    return parts[2] if len(parts) > 3 else None
+
+
+def _room_violations(rel: str, parts: tuple[str, ...], node, module: str) -> list[Violation]:
+    layer = _layer(parts)
+    rooms = ROOMS.get(layer)
+    bits = module.split(".")
+    if not rooms or bits[:2] != ["tirbyoc", layer] or len(bits) < 3:
+        return []
+    mine, theirs = _room(parts), bits[2]
+    if theirs not in rooms:
+        return []
+    if mine is None and parts[-1] != "__init__":
+        return [Violation(rel, node.lineno, "room import", f"{layer}'s shared {parts[-1]} imports the {theirs} room")]
+    if mine is not None and rooms.index(theirs) > rooms.index(mine):
+        return [Violation(rel, node.lineno, "room import", f"the {mine} room imports the {theirs} room (after it)")]
+    return []
+
+
+def check_rooms_listed() -> list[str]:
+    """Modules at a roomed layer's top that are not its shared records, and rooms not listed."""
+    out = []
+    for layer, rooms in ROOMS.items():
+        top = PACKAGE / layer
+        out += [f"{layer}/{p.name}: outside the rooms" for p in top.glob("*.py") if p.stem not in ROOM_SHARED[layer]]
+        out += [f"{layer}/{d.name}/: a room not in ROOMS" for d in top.iterdir()
+                if d.is_dir() and (d / "__init__.py").exists() and d.name not in rooms]
+    return out
+
+
 def check_file(path: Path, text: str) -> list[Violation]:
     rel = str(path.relative_to(ROOT))
     parts = _module_parts(path)
@@ -126,6 +162,7 @@ def check_file(path: Path, text: str) -> list[Violation]:
                                      "move it to the top, or say why it waits in a '# deferred:' comment"))
         for module, names in _imported(node, parts):
             top = module.split(".")[0]
+            out += _room_violations(rel, parts, node, module)
             if top in ("tvm", "tvm_ffi") and layer in TVM_THROUGH_DOOR:
                 out.append(Violation(rel, node.lineno, "TVM outside the door",
                                      f"layer {layer!r} imports {module}: use tirbyoc._tvm"))
@@ -156,9 +193,20 @@ def test_package_is_layered():
     assert not problems, "\n".join(map(str, problems))
 
 
+def test_the_application_is_in_rooms_by_command():
+    assert not check_rooms_listed(), check_rooms_listed()
+    victim = PACKAGE / "app" / "model_in" / "legalize.py"
+    planted = victim.read_text() + "\nfrom tirbyoc.app.running.run import run_model\n"
+    problems = [p for p in check_file(victim, planted) if p.rule == "room import"]
+    assert [p.detail for p in problems] == ["the model_in room imports the running room (after it)"], problems
+    shared = PACKAGE / "app" / "options.py"
+    planted = shared.read_text() + "\nfrom tirbyoc.app.model_in import sizes\n"
+    assert [p.rule for p in check_file(shared, planted) if p.rule == "room import"] == ["room import"]
+
+
 def test_a_planted_upward_import_is_caught():
     victim = PACKAGE / "ir" / "pattern.py"
-    planted = victim.read_text() + "\nfrom tirbyoc.app.run import run_model\n"
+    planted = victim.read_text() + "\nfrom tirbyoc.app.running.run import run_model\n"
     problems = [p for p in layer_violations({victim: planted}) if p.rule == "upward import"]
     assert [p.path for p in problems] == ["tirbyoc/ir/pattern.py"], problems
 

@@ -84,7 +84,7 @@ def test_a_value_quantized_then_dequantized_skips_the_8_bit_round_trip_bit_for_b
 
 def _quantized_cnn(tmp_path):
     pytest.importorskip("onnxruntime")
-    from tirbyoc.app.loaders import import_onnx
+    from tirbyoc.app.model_in.loaders import import_onnx
     from tirbyoc.testing.qdq import float_cnn, ort_quantize
 
     mod = import_onnx(ort_quantize(float_cnn(tmp_path / "cnn.onnx"), tmp_path / "cnn_qdq.onnx"))

@@ -1,8 +1,8 @@
 """Matching legalized full-size models: every block gets a match or a reason."""
 
 import tirbyoc
-from tirbyoc.app.loaders import legalize
-from tirbyoc.app.models import build_model
+from tirbyoc.app.model_in.loaders import legalize
+from tirbyoc.app.model_in.models import build_model
 
 
 def test_resnet50_convs_and_dense_match_blas_everything_else_has_a_reason():

@@ -5,9 +5,9 @@ Runtime's quantizer writes them, with the same output bits in TVM's build and in
 import numpy as np
 import pytest
 
-import tirbyoc.app.legalize as legalize
+import tirbyoc.app.model_in.legalize as legalize
 from tirbyoc._tvm import relax_vm, tirx, tvm
-from tirbyoc.app.legalize import legalized_model
+from tirbyoc.app.model_in.legalize import legalized_model
 from tirbyoc.relax.narrow_boundary import MARK, dequantized_output
 from tirbyoc.testing.qdq import float_resnet18, ort_quantize
 
@@ -45,7 +45,7 @@ def test_the_projections_store_bytes_with_tvms_output_bits(qdq_resnet18, monkeyp
 
 
 def test_offloaded_with_the_boundaries_in_bytes_is_bit_exact(qdq_resnet18):
-    from tirbyoc.app.run import run_model
+    from tirbyoc.app.running.run import run_model
 
     result = run_model(str(qdq_resnet18), [TEMPLATE])
     assert result.verified and result.max_abs_err == 0.0

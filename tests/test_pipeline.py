@@ -7,7 +7,7 @@ from workloads import matmul
 
 import tirbyoc
 from tirbyoc import offload, verify
-from tirbyoc.app.cli import main
+from tirbyoc.app.commands.cli import main
 from tirbyoc.ir.pattern import function_blocks
 from tirbyoc.matching.candidates import candidates
 from tirbyoc.matching.matcher import match_block

@@ -9,8 +9,8 @@ from tvm import relax
 
 import tirbyoc
 from tirbyoc._tvm import structural_equal
-from tirbyoc.app.model_call import ModelCall
-from tirbyoc.app.run import build_and_time, run_model
+from tirbyoc.app.running.model_call import ModelCall
+from tirbyoc.app.running.run import build_and_time, run_model
 from tirbyoc.relax.bridge import offload_module
 from tirbyoc.dtypes import numpy_dtype
 from tirbyoc.relax.prepack import PackConstantWeights, PackedWeights, pack_constant_weights

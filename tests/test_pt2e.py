@@ -13,8 +13,8 @@ pytest.importorskip("torchao.quantization.pt2e.quantize_pt2e")
 
 from tirbyoc._tvm import relax_vm, tvm
 from tirbyoc.decl.host import host_target
-from tirbyoc.app.frontends import load_model  # noqa: E402
-from tirbyoc.app.run import run_model  # noqa: E402
+from tirbyoc.app.model_in.frontends import load_model  # noqa: E402
+from tirbyoc.app.running.run import run_model  # noqa: E402
 from tirbyoc.relax.quantized import quantized_to_integer  # noqa: E402
 
 MODEL = '''

@@ -10,9 +10,9 @@ import pytest
 from tvm import relax
 
 from tirbyoc._tvm import relax_vm, tvm
-from tirbyoc.app.loaders import import_onnx
-from tirbyoc.app.reference import output_step
-from tirbyoc.app.run import run_model
+from tirbyoc.app.model_in.loaders import import_onnx
+from tirbyoc.app.running.reference import output_step
+from tirbyoc.app.running.run import run_model
 from tirbyoc.relax.quantized import has_quantize_ops, quantized_to_integer
 from tirbyoc.testing.qdq import float_cnn, float_transformer, ort_quantize, qdq_matmul
 
@@ -204,7 +204,7 @@ def test_a_quantized_model_deploys(ort_cnn, tmp_path):
     process, equal to this process's run."""
     from test_deploy import run_fresh
 
-    from tirbyoc.app.deploy import build_library
+    from tirbyoc.app.building.deploy import build_library
 
     built = build_library(str(ort_cnn), ["vta"], output=tmp_path / "out" / "cnn.so")
     assert built.report.offloaded_macs == built.report.total_macs
@@ -264,7 +264,7 @@ def test_one_output_step_apart_agrees_whatever_the_float32_rounding():
     """Dequantized outputs are whole steps apart only up to float32 rounding at their
     magnitude (a step of 0.03940047 read as 0.0394011 near 40): one step agrees, two do
     not, and the count of steps is what the agreement is decided by."""
-    from tirbyoc.app.reference import agrees, steps_apart
+    from tirbyoc.app.running.reference import agrees, steps_apart
 
     step = 0.03940047
     q = np.arange(900, 1100)

@@ -5,15 +5,15 @@ import json
 import pytest
 
 import tirbyoc
-from tirbyoc.app.cli import main
+from tirbyoc.app.commands.cli import main
 from tirbyoc.relax.bridge import OffloadReport, OffloadTIR
-from tirbyoc.app.run import run_model
+from tirbyoc.app.running.run import run_model
 
 
 def legalized(name):
     from tvm import relax
 
-    from tirbyoc.app.models import build_model
+    from tirbyoc.app.model_in.models import build_model
 
     return relax.transform.LegalizeOps()(build_model(name))
 
@@ -235,7 +235,7 @@ def test_int8_builtins_run_verified_on_x86_vnni(name):
 
 
 def test_builtin_architectures():
-    from tirbyoc.app.models import build_model
+    from tirbyoc.app.model_in.models import build_model
 
     text = str(build_model("mobilenet_v2")["forward"])
     assert text.count("R.nn.conv2d(") == 52 and text.count("groups=") >= 17

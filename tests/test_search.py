@@ -9,13 +9,13 @@ import time
 
 import pytest
 
-from tirbyoc.app.engines import DaskEngine, LocalEngine
-from tirbyoc.app.objectives import OBJECTIVES, objective, pareto_front
+from tirbyoc.app.sweeping.engines import DaskEngine, LocalEngine
+from tirbyoc.app.sweeping.objectives import OBJECTIVES, objective, pareto_front
 from tirbyoc.app.options import RunOptions
-from tirbyoc.app.search_space import Constraint, SearchSpace, point_key
-from tirbyoc.app.strategies import strategy
-from tirbyoc.app.sweep_point import SweepPoint
-from tirbyoc.app.sweep_results import ResultsFile
+from tirbyoc.app.sweeping.search_space import Constraint, SearchSpace, point_key
+from tirbyoc.app.sweeping.strategies import strategy
+from tirbyoc.app.sweeping.sweep_point import SweepPoint
+from tirbyoc.app.sweeping.sweep_results import ResultsFile
 from tirbyoc.errors import TirbyocError
 from tirbyoc.testing.workers import kill_a_worker_after
 
@@ -153,7 +153,7 @@ def test_the_local_engine_refuses_an_address():
 def test_a_search_on_a_local_dask_cluster_gives_the_serial_rows_and_survives_a_killed_worker(tmp_path):
     pytest.importorskip("distributed")
     pytest.importorskip("optuna")
-    from tirbyoc.app.sweep import search_model
+    from tirbyoc.app.sweeping.sweep import search_model
 
     space = SearchSpace.parse(["BLOCK_OUT=8,16", "DMA_BYTES_PER_CYCLE=4,16"])
     serial = search_model("builtin:mlp_int8", "vta", space)
@@ -173,7 +173,7 @@ def test_a_search_on_a_local_dask_cluster_gives_the_serial_rows_and_survives_a_k
 
 def test_the_sweep_command_searches_and_reports_the_front(tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    from tirbyoc.app.cli import main
+    from tirbyoc.app.commands.cli import main
 
     plot = tmp_path / "front.png"
     assert main(["sweep", "-q", "-t", "vta", "-m", "builtin:mlp_int8", "-p", "BLOCK_OUT=8,16", "-p", "ACC_KIB=32..128:x2",
@@ -189,7 +189,7 @@ def test_points_that_differ_only_in_timing_share_one_build_and_give_fresh_rows()
     """vta's DMA bandwidth changes its timing, not its code (`Template.timing_params`): the
     second point re-simulates the first one's build, and its row is what a fresh run gives."""
     import tirbyoc
-    from tirbyoc.app.sweep import code_key, run_point
+    from tirbyoc.app.sweeping.sweep import code_key, run_point
 
     vta = tirbyoc.get_template("vta")
     assert set(vta.timing_params) == {"dma_bytes_per_cycle", "dma_latency", "clock_mhz"}

@@ -144,7 +144,7 @@ def test_vta_offload_runs_bit_exact_in_the_simulator():
 
 
 def test_run_on_vta_reports_cycles():
-    from tirbyoc.app.run import run_model
+    from tirbyoc.app.running.run import run_model
 
     r = run_model("builtin:cnn_int8", ["vta"], repeat=1)
     assert r.verified is True and r.max_abs_err == 0 and r.report.coverage == 1.0
@@ -158,7 +158,7 @@ def test_run_on_vta_reports_cycles():
 
 # ------------------------------------------------------------------------ sweep
 def test_sweep_table_json_and_plot(tmp_path, capsys):
-    from tirbyoc.app.cli import main
+    from tirbyoc.app.commands.cli import main
 
     plot = tmp_path / "sweep.png"
     code = main(["sweep", "-q", "-t", "vta", "-p", "BLOCK_OUT=8,16", "-p", "dma_latency=0",
@@ -175,7 +175,7 @@ def test_sweep_table_json_and_plot(tmp_path, capsys):
 def test_sweep_rows_do_not_depend_on_the_rest_of_the_grid():
     """A grid point's row is the same alone, after another point and before it: variants
     share the simulator library, so each must configure it with its own capacities."""
-    from tirbyoc.app.sweep import parse_params, sweep
+    from tirbyoc.app.sweeping.sweep import parse_params, sweep
 
     def rows(spec):
         pts = sweep("builtin:cnn_int8", "vta", parse_params([spec]))
@@ -191,7 +191,7 @@ def test_sweep_rows_do_not_depend_on_the_rest_of_the_grid():
 def test_sweep_in_worker_processes_gives_the_serial_rows():
     """--jobs 2: each point in a process of its own, the rows as a serial sweep gives them,
     in grid order."""
-    from tirbyoc.app.sweep import parse_params, sweep
+    from tirbyoc.app.sweeping.sweep import parse_params, sweep
 
     grid = parse_params(["BLOCK_OUT=8,16"])
     serial = sweep("builtin:cnn_int8", "vta", grid)
@@ -206,7 +206,7 @@ def test_sweep_in_worker_processes_gives_the_serial_rows():
 
 def test_sweep_reports_invalid_points_and_rejects_unknown_parameters():
     from tirbyoc.errors import TirbyocError
-    from tirbyoc.app.sweep import parse_params, sweep, table
+    from tirbyoc.app.sweeping.sweep import parse_params, sweep, table
 
     points = sweep("builtin:mlp_int8", "vta", parse_params(["block_out=0"]))
     assert points[0].error and "block_out must be a positive int" in points[0].error
@@ -246,7 +246,7 @@ def test_readme_sweep_gives_the_same_rows_in_both_grid_orders():
     """README's grid, forwards and backwards: each point's coverage, cycles and verdict agree
     (the end of every offloaded PrimFunc is a barrier, so host address reuse by earlier
     points cannot shift a dependence)."""
-    from tirbyoc.app.sweep import parse_params, sweep
+    from tirbyoc.app.sweeping.sweep import parse_params, sweep
 
     def rows(specs):
         return {(p.params["block_out"], p.params["acc_kib"]): (p.coverage, p.cycles, p.verified, p.error)

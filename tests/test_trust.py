@@ -64,7 +64,7 @@ def test_verify_reports_relative_error_and_tolerance():
 
 @pytest.mark.slow
 def test_builtin_resnet50_outputs_are_finite_and_verified_on_blas():
-    from tirbyoc.app.run import run_model
+    from tirbyoc.app.running.run import run_model
 
     r = run_model("builtin:resnet50", ["blas"], repeat=1)
     assert r.verified is True and r.comparison.note is None
@@ -74,8 +74,8 @@ def test_builtin_resnet50_outputs_are_finite_and_verified_on_blas():
 def test_builtin_float_models_keep_activations_of_order_one():
     """Weights drawn as torch.nn initialises them (+-1/sqrt(fan-in)): a ResNet-18's logits
     stay O(1) instead of 1e20."""
-    from tirbyoc.app.legalize import legalized_model
-    from tirbyoc.app.run import model_output as _output
+    from tirbyoc.app.model_in.legalize import legalized_model
+    from tirbyoc.app.running.run import model_output as _output
 
     prepared = legalized_model("builtin:resnet18", ["blas"])
     mod, entry, arrays = prepared.mod, prepared.entry, prepared.arrays
@@ -89,7 +89,7 @@ def test_builtin_float_models_keep_activations_of_order_one():
 
 
 def test_json_never_prints_nan(capsys, monkeypatch):
-    from tirbyoc.app.cli import main
+    from tirbyoc.app.commands.cli import main
     from tirbyoc.decl import host
 
     monkeypatch.setattr(host.shutil, "which", lambda prog: None)  # Hexagon code cannot run
@@ -140,7 +140,7 @@ def test_draw_stays_in_the_domain():
 
 
 def test_model_inputs_follow_call_tir_domains():
-    from tirbyoc.app.model_inputs import model_inputs
+    from tirbyoc.app.model_in.model_inputs import model_inputs
 
     mod = _gather_module()
     table, ids, x, s, d = model_inputs(mod, "main", 0)
@@ -157,11 +157,11 @@ def test_verify_draws_gather_indices_inside_the_table():
 
 
 def test_run_takes_user_inputs(tmp_path):
-    from tirbyoc.app.run import run_model
+    from tirbyoc.app.running.run import run_model
 
     x = np.full((16, 256), 0.25, "float32")
     np.savez(tmp_path / "in.npz", x=x)
-    from tirbyoc.app.model_inputs import load_inputs
+    from tirbyoc.app.model_in.model_inputs import load_inputs
 
     r = run_model("builtin:mlp", ["blas"], repeat=1, inputs=load_inputs(str(tmp_path / "in.npz")))
     assert r.verified is True
@@ -326,7 +326,7 @@ def test_both_builds_use_this_cpu_and_the_json_says_which_target():
     """blas's template names no CPU: the baseline was built for generic x86-64 while the
     offload called OpenBLAS. Both now build for this CPU, and the JSON says so."""
     from tirbyoc.decl.host import host_target_spec
-    from tirbyoc.app.run import complete_target, run_model
+    from tirbyoc.app.running.run import complete_target, run_model
 
     spec = host_target_spec()
     host = spec["mcpu"]
@@ -345,7 +345,7 @@ def test_a_template_naming_a_cpu_builds_for_this_one_where_it_has_its_features()
     lacking any (or a target for another machine) keeps the named CPU."""
     from tirbyoc._tvm import isa_features, make_target
     from tirbyoc.decl.host import host_target, host_target_spec
-    from tirbyoc.app.targets import for_this_cpu
+    from tirbyoc.app.running.targets import for_this_cpu
 
     host = host_target()
     declared = {"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2}

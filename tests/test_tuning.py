@@ -94,7 +94,7 @@ def test_separate_init_needs_prepare():
 
 
 def test_tasks_are_distinct_and_weighted():
-    from tirbyoc.app.legalize import legalized_model
+    from tirbyoc.app.model_in.legalize import legalized_model
 
     mod = legalized_model("builtin:cnn_int8", [VNNI]).mod
     tasks, skipped = offloadable_tasks(mod, NAME)
@@ -106,9 +106,9 @@ def test_tasks_are_distinct_and_weighted():
 @pytest.mark.slow  # 31 s: tune then run a model (tuning itself is in the default run)
 def test_tune_then_run_with_database(tmp_path):
     """`tune` fills a database; `run_model(database=...)` applies it, verified."""
-    from tirbyoc.app.run import run_model
+    from tirbyoc.app.running.run import run_model
 
-    from tirbyoc.app.legalize import legalized_model
+    from tirbyoc.app.model_in.legalize import legalized_model
 
     mod = legalized_model("builtin:mlp_int8", [VNNI]).mod
     seen = []
@@ -237,7 +237,7 @@ def test_rpc_runner_bad_arguments(tracker, key, match):
 
 
 def test_cli_tune_arguments(capsys):
-    from tirbyoc.app.cli import main
+    from tirbyoc.app.commands.cli import main
 
     assert main(["tune", "--trials", "0"]) == 2
     assert "--trials" in capsys.readouterr().err

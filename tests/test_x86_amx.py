@@ -123,7 +123,7 @@ def test_outputs_are_padded_to_the_32x32_block_and_k_must_group_by_4():
 
 def test_an_int8_model_runs_on_amx_with_vnni_for_what_it_refuses():
     """The default template list on an AMX CPU; everywhere the emulated twin runs the model."""
-    from tirbyoc.app.run import run_model
+    from tirbyoc.app.running.run import run_model
 
     names = ["x86_amx", "x86_vnni"] if tirbyoc.get_template("x86_amx").runs_here() else ["x86_amx_emulated"]
     result = run_model("builtin:mlp_int8", names, repeat=1)

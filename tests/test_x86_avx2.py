@@ -9,7 +9,7 @@ from cpu_templates import assert_intrinsics_check, runnable
 
 import tirbyoc
 from tirbyoc._tvm import vector_registers
-from tirbyoc.app.run import FALLBACKS, FLOAT_TEMPLATES, INT8_TEMPLATES, default_templates
+from tirbyoc.app.running.run import FALLBACKS, FLOAT_TEMPLATES, INT8_TEMPLATES, default_templates
 from tirbyoc.offloading.selfcheck import tensorize_exact
 from tirbyoc.offloading.verification import compile_func
 from tirbyoc.rewrite.cpu import register_block
@@ -132,7 +132,7 @@ def test_float_onnx_model_defaults_to_a_float_template(tmp_path):
 def test_int8_model_runs_verified_on_avx2_code():
     """The whole int8 path on AVX2 code: channels-last, the stem padded to the reduction tile
     (2 channels), epilogues fused into the write-back, weights packed once; bit-exact."""
-    from tirbyoc.app.run import run_model
+    from tirbyoc.app.running.run import run_model
 
     runnable("x86_avx2")
     r = run_model("builtin:cnn_int8", ["x86_avx2"], target=AVX2_CODE, repeat=1)

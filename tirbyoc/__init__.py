@@ -49,9 +49,9 @@ _LAZY = {
     "verify": "offloading.verification", "Verification": "offloading.verification", "relax_vm": "_tvm",
     "PIPELINE": "offloading.lowering", "self_check": "offloading.selfcheck",
     # the application's front door: what README, docs, examples and benchmarks call
-    "run_model": "app.run", "RunOptions": "app.options", "build_library": "app.deploy",
-    "build_model": "app.models", "quantize": "app.models", "import_onnx": "app.loaders",
-    "sweep": "app.sweep", "search_model": "app.sweep", "legalized_model": "app.legalize",
+    "run_model": "app.running.run", "RunOptions": "app.options", "build_library": "app.building.deploy",
+    "build_model": "app.model_in.models", "quantize": "app.model_in.models", "import_onnx": "app.model_in.loaders",
+    "sweep": "app.sweeping.sweep", "search_model": "app.sweeping.sweep", "legalized_model": "app.model_in.legalize",
 }
 
 

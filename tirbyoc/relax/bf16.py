@@ -13,7 +13,7 @@ The pass, before legalization, on each float32 ``conv1d`` / ``conv2d`` / ``conv3
     conv2d(x, w)  ->  conv2d(astype(x, bfloat16), astype(w, bfloat16), out_dtype=float32)
 
 and leaves everything else (bias, normalization, softmax, activations) in float32. A weight
-bound as a constant is converted once: `tirbyoc.app.preparation.with_constant_weights` folds
+bound as a constant is converted once: `tirbyoc.app.model_in.preparation.with_constant_weights` folds
 its ``astype`` at build time; an activation's ``astype`` is an elementwise op that TVM's
 fusion puts into the write-back of the layer that produced it. Legalized, each such layer
 reads ``float32(x_bf16[...]) * float32(w_bf16[...])`` - the pattern the bf16 templates
@@ -55,7 +55,7 @@ class Bf16Report:
     @property
     def rounding(self) -> str | None:
         """The dtype the converted model rounds its activations to between layers (what the
-        whole model's output is compared at: `tirbyoc.app.run.compare`); None when nothing
+        whole model's output is compared at: `tirbyoc.app.running.run.compare`); None when nothing
         was converted."""
         return "bfloat16" if self.converted else None
 

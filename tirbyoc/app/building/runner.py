@@ -1,7 +1,7 @@
 """Run a library `tirbyoc build` wrote, with TVM alone::
 
-    python -m tirbyoc.app.runner model.so --input x.npy [--output y.npy]
-    python -m tirbyoc.app.runner model.so --input x=x.npy --input mask=m.npy
+    python -m tirbyoc.app.building.runner model.so --input x.npy [--output y.npy]
+    python -m tirbyoc.app.building.runner model.so --input x=x.npy --input mask=m.npy
 
 This module imports nothing of tirbyoc's: copy it next to the library to run it where tirbyoc
 is not installed. The entry function and its inputs come from the manifest ``model.json``
@@ -56,7 +56,7 @@ def run(library: str, inputs: list[np.ndarray], entry: str | None = None) -> lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tirbyoc.app.runner", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tirbyoc.app.building.runner", description=__doc__.split("\n\n")[0])
     parser.add_argument("library", help="the .so that `tirbyoc build` wrote")
     parser.add_argument("--input", "-i", action="append", default=[], metavar="[NAME=]FILE.npy")
     parser.add_argument("--entry", help="the function to call (default: the manifest's)")

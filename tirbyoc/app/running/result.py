@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tirbyoc.app.reference import Reference
-from tirbyoc.app.sizes import table as size_table
-from tirbyoc.app.targets import BASELINES
+from tirbyoc.app.running.reference import Reference
+from tirbyoc.app.model_in.sizes import table as size_table
+from tirbyoc.app.running.targets import BASELINES
 from tirbyoc.offloading.table import group_repeats, render
 from tirbyoc.relax.bridge import OffloadReport
 from tirbyoc.relax.emulated import EmulatedRuns

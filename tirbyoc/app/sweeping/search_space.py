@@ -9,7 +9,7 @@ Every parameter has finitely many values, so the grid is the space itself and a 
 from it: a point of a search is a point of the grid, with the same row.
 
 A constraint is ``NAME<=VALUE`` (or ``<``, ``>=``, ``>``, ``==``) on a parameter or on an
-objective the point reports (`tirbyoc.app.objectives`), e.g. ``scratchpad_kib<=256``.
+objective the point reports (`tirbyoc.app.sweeping.objectives`), e.g. ``scratchpad_kib<=256``.
 """
 
 from __future__ import annotations

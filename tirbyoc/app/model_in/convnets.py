@@ -1,5 +1,5 @@
 """The built-in convolutional networks (ResNet-18 / -50, MobileNetV2, a small CNN), written
-with ``tvm.relax.frontend.nn``; `tirbyoc.app.models` registers them with the other built-ins.
+with ``tvm.relax.frontend.nn``; `tirbyoc.app.model_in.models` registers them with the other built-ins.
 
 The architectures are the published ones (layer counts, widths, strides); batch norm is folded
 into the convolutions' bias, as an inference graph has it. Weights are parameters of

@@ -8,22 +8,22 @@ import os
 import sys
 import tempfile
 
-from tirbyoc.app.cli_parser import build_parser
-from tirbyoc.app.deploy import build_library
-from tirbyoc.app.html_report import write
+from tirbyoc.app.commands.cli_parser import build_parser
+from tirbyoc.app.building.deploy import build_library
+from tirbyoc.app.commands.html_report import write
 from tirbyoc.app.jsonout import dumps
-from tirbyoc.app.loaders import legalize
-from tirbyoc.app.model_inputs import load_inputs
+from tirbyoc.app.model_in.loaders import legalize
+from tirbyoc.app.model_in.model_inputs import load_inputs
 from tirbyoc.app.options import RunOptions, from_flags
-from tirbyoc.app.preparation import integer_module
-from tirbyoc.app.sizes import named_integers, parse_sizes
-from tirbyoc.app.frontends import load_model
-from tirbyoc.app.legalize import importing, legalized_model
-from tirbyoc.app.run import Progress, default_templates, run_model
-from tirbyoc.app import sweep_report
-from tirbyoc.app.search import SearchPlan
-from tirbyoc.app.search_space import SearchSpace
-from tirbyoc.app.sweep import plot, search_model, table
+from tirbyoc.app.model_in.preparation import integer_module
+from tirbyoc.app.model_in.sizes import named_integers, parse_sizes
+from tirbyoc.app.model_in.frontends import load_model
+from tirbyoc.app.model_in.legalize import importing, legalized_model
+from tirbyoc.app.running.run import Progress, default_templates, run_model
+from tirbyoc.app.sweeping import sweep_report
+from tirbyoc.app.sweeping.search import SearchPlan
+from tirbyoc.app.sweeping.search_space import SearchSpace
+from tirbyoc.app.sweeping.sweep import plot, search_model, table
 from tirbyoc.decl.registry import get_template, template_names
 from tirbyoc.errors import TirbyocError
 from tirbyoc.matching.chain import match_chains
@@ -290,7 +290,7 @@ def cmd_build(args) -> int:
     for lib in built.shipped:
         print(f"  ships with: {lib} (keep it beside the library)")
     print(f"  manifest: {built.path.with_suffix('.json')}")
-    print(f"run it with TVM alone: python -m tirbyoc.app.runner {built.path} --input x.npy")
+    print(f"run it with TVM alone: python -m tirbyoc.app.building.runner {built.path} --input x.npy")
     return 0 if all(f.verified is not False for f in r.functions) else 1
 
 

@@ -1,4 +1,4 @@
-"""A model as tirbyoc offloads it: loaded (`tirbyoc.app.frontends.load_model`), made integer
+"""A model as tirbyoc offloads it: loaded (`tirbyoc.app.model_in.frontends.load_model`), made integer
 where it is quantized, optionally given fast math, legalized, and its inputs drawn.
 
 `run`, `build`, `sweep` and the benchmarks all start here, so that they offload the same
@@ -11,18 +11,18 @@ from dataclasses import dataclass
 
 from tvm import relax
 
-from tirbyoc.app.frontends import load_model
-from tirbyoc.app.model_inputs import model_inputs
-from tirbyoc.app.models import CALIBRATION_SEEDS, MODELS
+from tirbyoc.app.model_in.frontends import load_model
+from tirbyoc.app.model_in.model_inputs import model_inputs
+from tirbyoc.app.model_in.models import CALIBRATION_SEEDS, MODELS
 from tirbyoc.app.options import RunOptions
-from tirbyoc.app.preparation import (
+from tirbyoc.app.model_in.preparation import (
     fuses_epilogues,
     integer_module,
     reduction_tile,
     wants_channels_last,
     with_constant_weights,
 )
-from tirbyoc.app.sizes import bindings as size_bindings
+from tirbyoc.app.model_in.sizes import bindings as size_bindings
 from tirbyoc.errors import TirbyocError
 from tirbyoc.relax.bf16 import Bf16Report, bf16_of
 from tirbyoc.relax.bridge import fuse
@@ -62,7 +62,7 @@ def legalized_model(model: str | None, templates, options: RunOptions | None = N
     """``model`` prepared for ``templates`` as `RunOptions` says (``options``: its seed,
     inputs, obj, input_shapes, fast_math, precision, and the first binding of its sizes): the
     user's inputs (name -> array) where given, else seeded data in each input's domain
-    (`tirbyoc.app.model_inputs`), at the first binding of ``options.sizes``. A quantized
+    (`tirbyoc.app.model_in.model_inputs`), at the first binding of ``options.sizes``. A quantized
     model's chains are made integer first (`integer_module`). For a template that fuses
     epilogues the module comes fused (`fuse`), each fused output that ends in a quantize and a
     dequantize stored as its 8-bit value and dequantized by its readers (`narrow_boundaries`;

@@ -1,4 +1,4 @@
-"""The file loaders behind `tirbyoc.app.frontends`: ONNX models and Python files.
+"""The file loaders behind `tirbyoc.app.model_in.frontends`: ONNX models and Python files.
 
 Each returns an IRModule (a Relax module, or TensorIR), or raises `LoadError` saying what is
 wrong with which file; `legalize` turns a Relax module's operators into PrimFuncs.
@@ -13,8 +13,8 @@ from tvm import relax
 from tvm.relax.frontend import nn
 
 from tirbyoc._tvm import IRModule, PrimFunc
-from tirbyoc.app.load_errors import LoadError, ModelImportError
-from tirbyoc.app.torch_export import from_torch
+from tirbyoc.app.model_in.load_errors import LoadError, ModelImportError
+from tirbyoc.app.model_in.torch_export import from_torch
 
 
 def legalize(mod):
@@ -134,7 +134,7 @@ def load_python_file(path: Path, obj: str | None = None):
 
     ``obj`` names the object to take when the file defines several, or one function inside a
     module (``--object dense_int8`` of a module of workloads); without it, a file with several
-    candidates of the same kind is refused with their names. `tirbyoc.app.frontends` calls it
+    candidates of the same kind is refused with their names. `tirbyoc.app.model_in.frontends` calls it
     for a ``.py`` model.
     """
     namespace = _run_python_file(path, "__tirbyoc_model__")

@@ -18,17 +18,17 @@ from dataclasses import field as dataclass_field
 import numpy as np
 
 from tirbyoc._tvm import build, is_host_target, relax_vm, tirx, tvm
-from tirbyoc.app.frontends import is_float_model, sizes_to_run
-from tirbyoc.app.legalize import LegalizedModel, importing, legalized_model
-from tirbyoc.app.model_call import ModelCall
-from tirbyoc.app.model_inputs import model_inputs
+from tirbyoc.app.model_in.frontends import is_float_model, sizes_to_run
+from tirbyoc.app.model_in.legalize import LegalizedModel, importing, legalized_model
+from tirbyoc.app.running.model_call import ModelCall
+from tirbyoc.app.model_in.model_inputs import model_inputs
 from tirbyoc.app.options import RunOptions, options_of
-from tirbyoc.app.profiling import profile_functions
-from tirbyoc.app.reference import onnxruntime_reference, output_step
-from tirbyoc.app.result import RunResult
-from tirbyoc.app.sizes import SizeRun, coverage_at
-from tirbyoc.app.sizes import bindings as size_bindings
-from tirbyoc.app.targets import (
+from tirbyoc.app.running.profiling import profile_functions
+from tirbyoc.app.running.reference import onnxruntime_reference, output_step
+from tirbyoc.app.running.result import RunResult
+from tirbyoc.app.model_in.sizes import SizeRun, coverage_at
+from tirbyoc.app.model_in.sizes import bindings as size_bindings
+from tirbyoc.app.running.targets import (
     BASELINES,
     baseline_module,
     check_target,
@@ -72,7 +72,7 @@ class Progress:
         if self.enabled:
             self._write(f"tirbyoc: {text}", end=True)
         else:
-            logging.getLogger("tirbyoc.app.run").debug(text)
+            logging.getLogger("tirbyoc.app.running.run").debug(text)
 
     def step(self, done: int, total: int, name: str) -> None:
         if not self.enabled or not total:
@@ -224,7 +224,7 @@ def run_offloaded(call: ModelCall, tmpls, ref_out, opts: RunOptions = RunOptions
     (simulators measuring that run), time (``opts.repeat``), compare with ``ref_out``. Code for
     an emulated target (Hexagon) runs PrimFunc by PrimFunc under the emulator, the rest of the
     model here, untimed. ``opts.profile``: also time each offloaded PrimFunc alone
-    (`tirbyoc.app.profiling`). ``rounding``: as `compare`'s."""
+    (`tirbyoc.app.running.profiling`). ``rounding``: as `compare`'s."""
     mod, target = call.mod, call.target
     offloaded, report = offload_module(mod, tmpls, progress=progress, tuned=tuned)
     offloaded, packed = pack_constant_weights(offloaded)
@@ -294,7 +294,7 @@ def _references(model, mod, untouched: ModelCall, opts: RunOptions, quantized: Q
 
 def _at_sizes(model, prepared: LegalizedModel, untouched: ModelCall, opts, done, runs, builds,
               first) -> list[SizeRun]:
-    """The model at each binding of its sizes (`tirbyoc.app.sizes`), both builds made once and
+    """The model at each binding of its sizes (`tirbyoc.app.model_in.sizes`), both builds made once and
     run again with inputs of those sizes (``untouched``: the model as given, called with the
     first binding's inputs; its baseline timed where ``opts.time_baseline`` says, as at the
     first binding); ``first``: the first binding's (comparison, latency). A model converted to

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 
-from tirbyoc.app.search_space import SearchSpace, point_key
+from tirbyoc.app.sweeping.search_space import SearchSpace, point_key
 from tirbyoc.errors import TirbyocError
 
 

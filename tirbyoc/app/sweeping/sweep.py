@@ -17,8 +17,8 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from tirbyoc.app.preparation import activation_dtype, preparation
-from tirbyoc.app.run import (
+from tirbyoc.app.model_in.preparation import activation_dtype, preparation
+from tirbyoc.app.running.run import (
     UNSTABLE,
     OffloadRun,
     build_and_time,
@@ -28,15 +28,15 @@ from tirbyoc.app.run import (
     compare,
     run_offloaded,
 )
-from tirbyoc.app.legalize import legalized_model
-from tirbyoc.app.objectives import scratchpad_kib
-from tirbyoc.app.model_call import ModelCall
+from tirbyoc.app.model_in.legalize import legalized_model
+from tirbyoc.app.sweeping.objectives import scratchpad_kib
+from tirbyoc.app.running.model_call import ModelCall
 from tirbyoc.app.options import RunOptions, options_of
-from tirbyoc.app.search import SearchPlan, SearchResult, Workers, search
-from tirbyoc.app.search_space import SearchSpace, point_key
-from tirbyoc.app.sweep_point import SweepPoint
-from tirbyoc.app.sweep_results import ResultsFile
-from tirbyoc.app.targets import model_target, run_target
+from tirbyoc.app.sweeping.search import SearchPlan, SearchResult, Workers, search
+from tirbyoc.app.sweeping.search_space import SearchSpace, point_key
+from tirbyoc.app.sweeping.sweep_point import SweepPoint
+from tirbyoc.app.sweeping.sweep_results import ResultsFile
+from tirbyoc.app.running.targets import model_target, run_target
 from tirbyoc.decl.registry import as_template, get_template, template_names
 from tirbyoc.errors import TirbyocError
 from tirbyoc.offloading.table import render
@@ -65,7 +65,7 @@ def _split_changes(changes: dict) -> tuple[dict, dict]:
 
 def search_model(model: str | None, template, space: SearchSpace, options: RunOptions | None = None, *,
                  plan: SearchPlan | None = None, progress=None, **changes) -> SearchResult:
-    """A sweep of ``space`` as `tirbyoc.app.search.search` runs it, as ``plan`` says (or its
+    """A sweep of ``space`` as `tirbyoc.app.sweeping.search.search` runs it, as ``plan`` says (or its
     fields as keywords: ``strategy="tpe", trials=40, engine="dask", jobs=2``): its strategy
     proposes points until its trials or seconds run out, its engine runs them in its workers
     (or on the cluster at its address), each finished row appended to its results file (JSON

@@ -126,7 +126,7 @@ class DaskEngine:
         return sorted(names, key=str), set(stuck)
 
     def submit(self, params: dict, group: str | None = None) -> None:
-        """Run ``params``; points of one ``group`` (the same code: `tirbyoc.app.sweep.code_key`)
+        """Run ``params``; points of one ``group`` (the same code: `tirbyoc.app.sweeping.sweep.code_key`)
         run on one worker, named strictly (no fallback, so that the scheduler's work stealing
         cannot move them), so that it builds that code once. The scheduler's allowed_failures
         (3 by default) re-runs a point whose worker died: a local cluster's nanny restarts the

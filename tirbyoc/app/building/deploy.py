@@ -16,8 +16,8 @@ What `tirbyoc run` keeps in its own process has to travel inside the artifact:
   them through ``$ORIGIN``.
 
 A manifest (``PATH.json``) says what the library takes and gives and how it was made;
-`tirbyoc.app.runner` reads it. For a Hexagon target the library is Hexagon code for TVM's
-Hexagon runtime, linked or as objects with its link command (`tirbyoc.app.deploy_hexagon`).
+`tirbyoc.app.building.runner` reads it. For a Hexagon target the library is Hexagon code for TVM's
+Hexagon runtime, linked or as objects with its link command (`tirbyoc.app.building.deploy_hexagon`).
 """
 
 from __future__ import annotations
@@ -33,16 +33,16 @@ from pathlib import Path
 import numpy as np
 
 from tirbyoc._tvm import PrimCall, StringImm, make_target, relax, tirx, tvm, tvm_ffi
-from tirbyoc.app.deploy_hexagon import FORMATS as HEXAGON_FORMATS
-from tirbyoc.app.deploy_hexagon import HexagonArtifact, check_deployable, export_hexagon
-from tirbyoc.app.frontends import sizes_to_run
+from tirbyoc.app.building.deploy_hexagon import FORMATS as HEXAGON_FORMATS
+from tirbyoc.app.building.deploy_hexagon import HexagonArtifact, check_deployable, export_hexagon
+from tirbyoc.app.model_in.frontends import sizes_to_run
 from tirbyoc.app.jsonout import dumps
-from tirbyoc.app.legalize import importing, legalized_model
-from tirbyoc.app.model_call import ModelCall
+from tirbyoc.app.model_in.legalize import importing, legalized_model
+from tirbyoc.app.running.model_call import ModelCall
 from tirbyoc.app.options import RunOptions, options_of
-from tirbyoc.app.sizes import SizeRun, coverage_at
-from tirbyoc.app.sizes import bindings as size_bindings
-from tirbyoc.app.run import Progress, build_and_time, templates_and_target
+from tirbyoc.app.model_in.sizes import SizeRun, coverage_at
+from tirbyoc.app.model_in.sizes import bindings as size_bindings
+from tirbyoc.app.running.run import Progress, build_and_time, templates_and_target
 from tirbyoc.decl.extern import ExternLibrary, c_compiler
 from tirbyoc.errors import TirbyocError
 from tirbyoc.offloading.devices import CPU, device_of
@@ -239,7 +239,7 @@ def export_module(mod, templates, output, target=None) -> tuple[list[Path], list
 def _cpu_only(target) -> None:
     """Refuse, before any work, a target whose code this machine's linker cannot link into a
     library it loads: another kind, or an ``llvm`` target for another architecture (Hexagon,
-    which `build_library` writes with `tirbyoc.app.deploy_hexagon` instead)."""
+    which `build_library` writes with `tirbyoc.app.building.deploy_hexagon` instead)."""
     if device_of(target) is not CPU:
         kind = str(target.kind.name)
         what = f"{kind} with mtriple={target.attrs.get('mtriple')}" if kind == "llvm" else kind

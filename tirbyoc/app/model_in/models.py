@@ -15,10 +15,10 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend import nn
 
-from tirbyoc.app.convnets import mobilenet_v2, resnet18, resnet50, resnet50_fp16, small_cnn, wrap
-from tirbyoc.app.llm import llama_layer
-from tirbyoc.app.model_inputs import model_inputs
-from tirbyoc.app.preparation import with_constant_weights
+from tirbyoc.app.model_in.convnets import mobilenet_v2, resnet18, resnet50, resnet50_fp16, small_cnn, wrap
+from tirbyoc.app.model_in.llm import llama_layer
+from tirbyoc.app.model_in.model_inputs import model_inputs
+from tirbyoc.app.model_in.preparation import with_constant_weights
 from tirbyoc.relax.calibration import quantize_static
 
 

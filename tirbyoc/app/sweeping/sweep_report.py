@@ -3,7 +3,7 @@ and the whole search as JSON."""
 
 from __future__ import annotations
 
-from tirbyoc.app.search import SearchResult
+from tirbyoc.app.sweeping.search import SearchResult
 from tirbyoc.errors import TirbyocError
 from tirbyoc.offloading.table import render
 

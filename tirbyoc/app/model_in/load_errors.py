@@ -1,4 +1,4 @@
-"""The errors of loading a model file (`tirbyoc.app.loaders`, `tirbyoc.app.torch_export`)."""
+"""The errors of loading a model file (`tirbyoc.app.model_in.loaders`, `tirbyoc.app.model_in.torch_export`)."""
 
 from __future__ import annotations
 

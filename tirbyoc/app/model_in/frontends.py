@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from tirbyoc.app.loaders import LoadError, import_onnx, load_python_file
-from tirbyoc.app.models import MODELS, build_model
-from tirbyoc.app.preparation import activation_dtype, requantize_mode
+from tirbyoc.app.model_in.loaders import LoadError, import_onnx, load_python_file
+from tirbyoc.app.model_in.models import MODELS, build_model
+from tirbyoc.app.model_in.preparation import activation_dtype, requantize_mode
 from tirbyoc.errors import TirbyocError
 
 QUANTIZED_ONNX_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul",

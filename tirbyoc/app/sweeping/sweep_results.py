@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from tirbyoc.app.search_space import point_key
+from tirbyoc.app.sweeping.search_space import point_key
 from tirbyoc.errors import TirbyocError
 
 

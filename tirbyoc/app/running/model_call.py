@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from tirbyoc.app.targets import model_target
+from tirbyoc.app.running.targets import model_target
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,7 @@ def _flat(outputs) -> np.ndarray:
 def onnxruntime_reference(path, inputs: list[np.ndarray], output: np.ndarray, repeat: int = 10,
                           threads: int | None = None) -> Reference:
     """ONNX Runtime on ``path`` with ``inputs`` (in the graph's input order), against
-    tirbyoc's ``output`` (flattened as `tirbyoc.app.run.model_output` does)."""
+    tirbyoc's ``output`` (flattened as `tirbyoc.app.running.run.model_output` does)."""
     try:
         import onnxruntime as ort  # noqa: F401  # deferred: optional dependency (onnxruntime)
     except ImportError:

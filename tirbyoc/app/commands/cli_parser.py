@@ -1,5 +1,5 @@
 """The ``tirbyoc`` command line's arguments: one sub-command per job, with the exit codes and
-examples its help shows. `tirbyoc.app.cli.main` parses with `build_parser` and dispatches on
+examples its help shows. `tirbyoc.app.commands.cli.main` parses with `build_parser` and dispatches on
 ``args.command``."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import argparse
 import textwrap
 from importlib import metadata
 
-from tirbyoc.app.models import MODELS
+from tirbyoc.app.model_in.models import MODELS
 from tirbyoc.decl.registry import template_names
 from tirbyoc.relax.fast_math import ERF_ABS, EXP_REL
 

@@ -48,7 +48,7 @@ def _bars(report, width: int = 640, row: int = 18) -> str:
 
 
 def render(result) -> str:
-    """The HTML page for a `tirbyoc.app.run.RunResult`."""
+    """The HTML page for a `tirbyoc.app.running.run.RunResult`."""
     r = result.report
     lat = result.latency_ms
     css = {True: "ok", False: "bad"}.get(result.verified, "")

@@ -16,7 +16,7 @@ from pathlib import Path
 from tirbyoc._tvm import expr_dtype, tirx
 from tvm import relax
 
-from tirbyoc.app.load_errors import LoadError, ModelImportError
+from tirbyoc.app.model_in.load_errors import LoadError, ModelImportError
 from tirbyoc.relax.pt2e import CONVERTERS as PT2E_CONVERTERS
 from tirbyoc.relax.pt2e import fold_constant_casts
 

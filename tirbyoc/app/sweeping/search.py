@@ -5,7 +5,7 @@ the results stream to a file, and the report is the best point and the Pareto fr
         --search tpe --trials 40 --objective cycles --objective scratchpad_kib \\
         --constraint scratchpad_kib<=512 --engine dask --jobs 2 --results vta.jsonl
 
-Each point is what a grid sweep makes of it (`tirbyoc.app.sweep.run_point`: the variant
+Each point is what a grid sweep makes of it (`tirbyoc.app.sweeping.sweep.run_point`: the variant
 offloaded, simulated, checked against TVM's build), so a point's row is the same whichever
 strategy proposed it and whichever engine ran it. A constraint on the parameters or on the
 variant's scratchpad is checked before a point runs (a point that breaks it is not run and
@@ -17,12 +17,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, fields
 
-from tirbyoc.app.engines import engine as make_engine
-from tirbyoc.app.objectives import objective, pareto_front, scratchpad_kib
-from tirbyoc.app.search_space import Constraint, SearchSpace, point_key
-from tirbyoc.app.strategies import strategy as make_strategy
-from tirbyoc.app.sweep_point import SweepPoint
-from tirbyoc.app.sweep_results import ResultsFile
+from tirbyoc.app.sweeping.engines import engine as make_engine
+from tirbyoc.app.sweeping.objectives import objective, pareto_front, scratchpad_kib
+from tirbyoc.app.sweeping.search_space import Constraint, SearchSpace, point_key
+from tirbyoc.app.sweeping.strategies import strategy as make_strategy
+from tirbyoc.app.sweeping.sweep_point import SweepPoint
+from tirbyoc.app.sweeping.sweep_results import ResultsFile
 from tirbyoc.errors import TirbyocError
 
 
@@ -93,12 +93,12 @@ class SearchPlan:
     and under which constraints, its budget, the engine that runs the points and the file
     the rows stream to. A grid sweep is the default plan."""
 
-    strategy: str = "grid"  # grid, random, tpe, nsga2 (`tirbyoc.app.strategies`)
-    objectives: tuple = ("cycles",)  # names (`tirbyoc.app.objectives`) or Objective records
+    strategy: str = "grid"  # grid, random, tpe, nsga2 (`tirbyoc.app.sweeping.strategies`)
+    objectives: tuple = ("cycles",)  # names (`tirbyoc.app.sweeping.objectives`) or Objective records
     constraints: tuple = ()  # "NAME<=VALUE" strings or Constraint records
     trials: int | None = None  # points to run (None: the whole space, a grid's default)
     seconds: float | None = None  # wall-clock budget
-    engine: str = "local"  # local, dask (`tirbyoc.app.engines`)
+    engine: str = "local"  # local, dask (`tirbyoc.app.sweeping.engines`)
     jobs: int = 1  # worker processes
     address: str | None = None  # a running Dask scheduler to use instead of a local cluster
     results: str | None = None  # a JSON lines file each row is appended to (a rerun resumes)

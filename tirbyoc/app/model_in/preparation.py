@@ -32,7 +32,7 @@ def requantize_mode(templates) -> str:
     ``"shift"`` (integer requantization, which an accelerator's ALU runs before a narrowing
     store; the quantized built-ins are then quantized with power-of-two scales, as VTA's
     quantizer does) where the first template's ALU fuses epilogues, else ``"float"``
-    (`tirbyoc.relax.requantize`, `tirbyoc.app.models.quantize`)."""
+    (`tirbyoc.relax.requantize`, `tirbyoc.app.model_in.models.quantize`)."""
     return "shift" if any(_has_alu(t) for t in templates[:1]) else "float"
 
 
