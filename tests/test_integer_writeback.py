@@ -112,12 +112,12 @@ def vector_requantize(zo: float):
 
 
 @pytest.mark.parametrize("zo", [0.0, 7.0])
-def test_the_vector_write_back_through_tirbyocs_pipeline(zo):
+def test_the_vector_write_back_through_tirbyocs_pipeline(zo, vector_target):
     from tirbyoc._tvm import build
     from tirbyoc.offloading.lowering import PIPELINE
 
     func = vector_requantize(zo)
-    target = {"kind": "llvm", "mcpu": "skylake-avx512"}
+    target = vector_target
     a, r = edge_inputs()
     outs = []
     for pipeline in (PIPELINE, "default"):
