@@ -17,7 +17,7 @@ from tirbyoc.app.building.deploy import build_library, export_module
 from tirbyoc.decl.host import hexagon_emulator_missing
 from tirbyoc.errors import TirbyocError
 
-RUNNER = Path(tirbyoc.__file__).parent / "app" / "runner.py"
+RUNNER = Path(tirbyoc.__file__).parent / "app" / "building" / "runner.py"
 
 # A process with TVM but no tirbyoc: importing it (or OpenBLAS's Python package) fails.
 FRESH = """
@@ -191,7 +191,8 @@ def test_export_module_saves_what_offload_tir_made(tmp_path):
     from tirbyoc.app.running.run import model_output
     from tirbyoc.relax import OffloadTIR
 
-    mod = legalized_model("builtin:mlp", ["blas"]).mod
+    prepared = legalized_model("builtin:mlp", ["blas"])
+    mod, entry, arrays = prepared.mod, prepared.entry, prepared.arrays
     offloaded = OffloadTIR(["blas"])(mod)
     assert "external_mods" in offloaded.attrs
     shipped, linked = export_module(offloaded, ["blas"], tmp_path / "mlp.so")
