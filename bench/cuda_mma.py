@@ -2,7 +2,7 @@
 cuBLAS (torch.matmul) on the same GPU, in the same run (JSON out).
 
 cuda_mma schedules a GEMM that one of its declared block tiles divides as its tensor-core
-kernel (ldmatrix + mma.sync, 2x2 warps, a cp.async pipeline; `tirbyoc.rewrite.tensor_core`);
+kernel (ldmatrix + mma.sync, 2x2 warps, a cp.async pipeline; `tirbyoc.rewrite.block.tensor_core`);
 each row names the tile it chose, times every other declared tile that divides the GEMM
 (``tilings``: what the choice left on the table) and the one-warp WMMA schedule the kernel
 replaced (``one_warp``). int8 GEMMs take B as [N, K], the layout int8's ldmatrix reads and

@@ -3,7 +3,7 @@
 Each distinct convolution of ResNet-50 (NCHW, fp32, batch 1) is rewritten once for blas (the
 tile `offload` chooses for one core); the
 same rewrite is built twice, as the engine leaves it (every staging copy made on each call)
-and after `tirbyoc.rewrite.in_place` (copies that move nothing replaced by views), and both
+and after `tirbyoc.rewrite.functions.in_place` (copies that move nothing replaced by views), and both
 are timed, interleaved, beside the GEMM alone (numpy's matmul of the same M x N x K, the
 floor a copy-free call could reach). One thread (TVM's pool and OpenBLAS's); medians. Each
 in-place function is verified against TVM's build of the workload first.
@@ -49,7 +49,7 @@ def measure(c: int, hw: int, oc: int, k: int, repeat: int) -> dict:
     from tirbyoc.app.running.targets import complete_target
     from tirbyoc.offloading.offloader import exact_size
     from tirbyoc.offloading.verification import compile_func, verify
-    from tirbyoc.rewrite.in_place import read_in_place
+    from tirbyoc.rewrite.functions.in_place import read_in_place
     from tirbyoc.testing.workloads import conv2d
 
     pad = k // 2

@@ -64,7 +64,7 @@ def fma(name: str = "x86_fp32_avx512") -> Intrinsic:
                 T.reads(C[0:lanes], A[0:1], B[0:lanes])
                 T.writes(C[0:lanes])
                 # an explicit fma (not a multiply and an add): the fences a fused write-back puts
-                # on float products (`tirbyoc.rewrite.cpu_epilogue`) leave the core alone
+                # on float products (`tirbyoc.rewrite.cpu.cpu_epilogue`) leave the core alone
                 C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
                     T.llvm_lookup_intrinsic_id(f"llvm.fma.v{lanes}f32"),
                     T.broadcast(A[0], lanes), B.vload([0], vec), C.vload([0], vec), dtype=vec)

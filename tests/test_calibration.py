@@ -15,7 +15,7 @@ from tirbyoc.app.running.run import run_model
 from tirbyoc.relax.calibration import activation_params, quantize_static, weight_params
 from tirbyoc.relax.quantized import has_quantize_ops, quantized_to_integer
 from tirbyoc.relax.requantize import shift_exponent
-from tirbyoc.rewrite.steps import StepKind
+from tirbyoc.rewrite.foundation.steps import StepKind
 
 
 def run(mod, arrays):

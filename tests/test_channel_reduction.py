@@ -11,8 +11,8 @@ from tirbyoc._tvm import make_target, relax_vm, tirx
 from tirbyoc.offloading.lowering import PIPELINE
 from tirbyoc.relax.bridge import fuse
 from tirbyoc.relax.rest import schedule_rest_of
-from tirbyoc.rewrite.cpu import WRITEBACK_ATTR
-from tirbyoc.rewrite.rest import schedule_rest
+from tirbyoc.rewrite.cpu.register_blocks import WRITEBACK_ATTR
+from tirbyoc.rewrite.rest_schedule.nests import schedule_rest
 
 TARGET = make_target({"kind": "llvm"})
 AVX2, AVX512 = 32, 64  # bytes per vector

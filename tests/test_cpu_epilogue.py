@@ -9,8 +9,8 @@ import tirbyoc
 from tirbyoc._tvm import iter_blocks, tirx, tvm, tvm_ffi
 from tirbyoc.offloading.lowering import PIPELINE
 from tirbyoc.relax.bridge import fuse
-from tirbyoc.rewrite.cpu import WRITEBACK_ATTR
-from tirbyoc.rewrite.steps import StepKind
+from tirbyoc.rewrite.cpu.register_blocks import WRITEBACK_ATTR
+from tirbyoc.rewrite.foundation.steps import StepKind
 
 
 def requantized_matmul(m=48, k=64, n=32):
@@ -61,7 +61,7 @@ def test_the_fused_products_are_rounded_before_they_are_added():
     assert "@llvm.arithmetic.fence.v" in llvm_ir  # vector lanes: the write-back stays vectorized
     assert "fmuladd" not in llvm_ir
     # the only fused multiply-adds are round(x / s_y)'s, computed without a division to the
-    # same bits (tirbyoc.rewrite.exact_division): two per quotient, none elsewhere
+    # same bits (tirbyoc.rewrite.cpu.exact_division): two per quotient, none elsewhere
     assert "fdiv" not in llvm_ir and "@llvm.fma.v" in llvm_ir
 
 

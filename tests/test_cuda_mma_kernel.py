@@ -1,7 +1,7 @@
 """Tensor-core kernels from `tirbyoc.offload(func, "cuda_mma")`.
 
 Two CUDA schedules. A plain GEMM one of the group's declared block tiles divides becomes the
-tensor-core kernel (`tirbyoc.rewrite.tensor_core`: 2x2 warps, ldmatrix + mma.sync, a cp.async
+tensor-core kernel (`tirbyoc.rewrite.block.tensor_core`: 2x2 warps, ldmatrix + mma.sync, a cp.async
 pipeline through dynamic shared memory). Everything else gets one warp per thread block owning
 2x2 output fragments, tiles staged global -> shared (the warp's 32 threads copy) -> WMMA
 fragments, mma_sync, the accumulator stored after the reduction; every copy tensorized with
@@ -21,7 +21,7 @@ from workloads import conv2d, matmul, shared_weight_matmul
 import tirbyoc
 from tirbyoc._tvm import build, cuda_source
 from tirbyoc.offloading import cuda_toolchain
-from tirbyoc.rewrite import gpu_threads
+from tirbyoc.rewrite.functions import gpu_threads
 
 CASES = {
     "f16 64^3": lambda: matmul(64, 64, 64, "float16", "float16", "float32"),

@@ -12,7 +12,7 @@ from workloads import conv2d, matmul
 
 import tirbyoc
 from tirbyoc import RewriteError, tensorize
-from tirbyoc.rewrite.scratchpad import TileAxis, TileOperand, rank_tiles, scratchpad_usage
+from tirbyoc.rewrite.block.scratchpad import TileAxis, TileOperand, rank_tiles, scratchpad_usage
 
 VTA = tirbyoc.get_template("vta")
 VTA_TILE_DMA = VTA.variant(block_dma=False)  # one DMA per intrinsic tile
@@ -216,7 +216,7 @@ def test_window_copy_blockize_keeps_the_right_rows():
     from tvm.script import tirx as T
 
     from tirbyoc._tvm import Schedule
-    from tirbyoc.rewrite.dma import blockize_exact as _blockize_exact
+    from tirbyoc.rewrite.block.dma import blockize_exact as _blockize_exact
 
     @T.prim_func(s_tir=True)
     def filt(D: T.Buffer((18, 16), "float32"), W: T.Buffer((3, 16), "float32"), O: T.Buffer((16, 16), "float32")):

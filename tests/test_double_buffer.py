@@ -1,4 +1,4 @@
-"""Double buffering of scratchpad tiles (tirbyoc.rewrite.double_buffer): loads overlap the
+"""Double buffering of scratchpad tiles (tirbyoc.rewrite.functions.double_buffer): loads overlap the
 GEMMs only where the program's dependences allow it, results stay bit-exact, and the
 scratchpad footprint the simulator checks is that of the code that runs."""
 
@@ -11,8 +11,8 @@ import tirbyoc
 from tirbyoc import sim
 from tirbyoc.decl.host import host_target
 from tirbyoc.offloading.verification import compile_func
-from tirbyoc.rewrite.double_buffer import ATTR
-from tirbyoc.rewrite.steps import StepKind
+from tirbyoc.rewrite.functions.double_buffer import ATTR
+from tirbyoc.rewrite.foundation.steps import StepKind
 
 LAT, BPC = 10, 8
 VTA = tirbyoc.get_template("vta")

@@ -1,4 +1,4 @@
-"""Fused epilogues (tirbyoc.rewrite.epilogue): the elementwise blocks after a core - bias add,
+"""Fused epilogues (tirbyoc.rewrite.block.epilogue): the elementwise blocks after a core - bias add,
 requantization, ReLU - run on the accumulator tile with the template's block ALU and the store
 narrows; every result is verified bit-exact in the simulator, the bytes stored drop 4x, the
 scratchpad holds no more than the tile (and its bias), and a block that cannot be fused says
@@ -10,7 +10,7 @@ from tvm import relax
 import tirbyoc
 from tirbyoc import BlockALU, TemplateError
 from tirbyoc.relax.bridge import fuse
-from tirbyoc.rewrite.steps import StepKind
+from tirbyoc.rewrite.foundation.steps import StepKind
 
 VTA = tirbyoc.get_template("vta")
 

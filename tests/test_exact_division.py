@@ -1,12 +1,12 @@
 """A quantize write-back's ``round(x / c)`` without a division, to the same bits
-(`tirbyoc.rewrite.exact_division`: Markstein's correction with fused multiply-adds)."""
+(`tirbyoc.rewrite.cpu.exact_division`: Markstein's correction with fused multiply-adds)."""
 
 import numpy as np
 import pytest
 from tvm.script import tirx as T
 
 from tirbyoc._tvm import tirx, tvm, tvm_ffi
-from tirbyoc.rewrite.exact_division import exact_quotient, reciprocal
+from tirbyoc.rewrite.cpu.exact_division import exact_quotient, reciprocal
 
 N = 1 << 16
 SCALES = [0.03, 0.0029906476847827435, 0.0070884982123970985, 1 / 3, 7.0, 1e-6, 123.456, 0.1, -0.37,

@@ -1,5 +1,5 @@
 """A rounded quotient whose dividend takes few values, its division proven away at build time
-(`tirbyoc.rewrite.finite_division`): ResNet-50's residual write-backs, the same bytes as TVM's
+(`tirbyoc.rewrite.cpu.finite_division`): ResNet-50's residual write-backs, the same bytes as TVM's
 build on every (quantized output, residual byte) pair."""
 
 import numpy as np
@@ -8,7 +8,7 @@ from tvm.script import tirx as T
 
 from tirbyoc._tvm import build, tirx, tvm
 from tirbyoc.offloading.lowering import PIPELINE
-from tirbyoc.rewrite.finite_division import proven_quotient
+from tirbyoc.rewrite.cpu.finite_division import proven_quotient
 
 # (s_x, z_x, s_r, s_y) of two of int8 ResNet-50's res3 residual write-backs: the first has a pair
 # that every cheaper form rounds differently from the division, the second none
@@ -128,7 +128,7 @@ def test_a_dividend_with_a_float_load_is_left_alone():
 def test_loads_of_two_buffers_are_two_leaves():
     """``round((r1 * s + r2 * s) / c)`` over two byte buffers takes 256 x 256 values, not 256:
     the same expression read from another buffer is another leaf."""
-    from tirbyoc.rewrite.finite_division import _Domain, _evaluate
+    from tirbyoc.rewrite.cpu.finite_division import _Domain, _evaluate
 
     i = tirx.IntImm("int32", 0)
     r1, r2 = (tirx.decl_buffer((16,), "uint8", name) for name in ("R1", "R2"))

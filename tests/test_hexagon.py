@@ -17,7 +17,7 @@ from tirbyoc.decl import host
 from tirbyoc.decl.host import hexagon_emulator_missing
 from tirbyoc.offloading import hexagon
 from tirbyoc.offloading.selfcheck import tensorize_exact
-from tirbyoc.rewrite.tensorize import tensorize
+from tirbyoc.rewrite.block.tensorize import tensorize
 from tirbyoc import Intrinsic, Operand, Role
 from tirbyoc.offloading.selfcheck import self_check
 from tirbyoc_intrinsics.hexagon_hvx import TARGET, dma_load, dmpy_i16, make_template

@@ -1,4 +1,4 @@
-"""Staging copies that move nothing become views of the parameter (tirbyoc.rewrite.in_place):
+"""Staging copies that move nothing become views of the parameter (tirbyoc.rewrite.functions.in_place):
 removed where they are provably the identity in memory and nothing else can see the
 difference, kept everywhere else; every result built and compared with TVM's build."""
 
@@ -10,8 +10,8 @@ from workloads import conv2d, matmul
 import tirbyoc
 from tirbyoc._tvm import TensorLoad, iter_blocks, tirx, tvm_ffi
 from tirbyoc.offloading.verification import verify
-from tirbyoc.rewrite.in_place import read_in_place
-from tirbyoc.rewrite.steps import StepKind
+from tirbyoc.rewrite.functions.in_place import read_in_place
+from tirbyoc.rewrite.foundation.steps import StepKind
 
 HOST = {"kind": "llvm"}
 

@@ -1,5 +1,5 @@
 """A write-back that stores integers computed without the steps only a signed zero tells apart
-(`tirbyoc.rewrite.integer_writeback`): the same integers as TVM's build, bit for bit, on the
+(`tirbyoc.rewrite.cpu.integer_writeback`): the same integers as TVM's build, bit for bit, on the
 values where the shortcuts could differ (zeros of both signs, halfway points, values too large
 for ``+ z`` to be exact)."""
 
@@ -8,7 +8,7 @@ import pytest
 from tvm.script import tirx as T
 
 from tirbyoc._tvm import tvm
-from tirbyoc.rewrite.integer_writeback import integer_writebacks
+from tirbyoc.rewrite.cpu.integer_writeback import integer_writebacks
 
 N = 1 << 14
 S1, S2, Z = 0.010359642095863819, 0.036594510078430176, 131.0  # ResNet-50's res2 residual

@@ -12,9 +12,9 @@ from tirbyoc.ir.pattern import function_blocks
 from tirbyoc.matching.candidates import candidates
 from tirbyoc.matching.matcher import match_block
 from tirbyoc.matching.results import Match, MatchStage, Mismatch
-from tirbyoc.rewrite.pipeline import ORDER, stage, stage_names, stages
-from tirbyoc.rewrite.steps import Step, StepKind
-from tirbyoc.rewrite.tensorize import tensorize
+from tirbyoc.rewrite.foundation.pipeline import ORDER, stage, stage_names, stages
+from tirbyoc.rewrite.foundation.steps import Step, StepKind
+from tirbyoc.rewrite.block.tensorize import tensorize
 
 VTA = tirbyoc.get_template("vta")
 

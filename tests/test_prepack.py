@@ -24,7 +24,7 @@ def conv_model(weight_as_input: bool = False, second_conv_input: bool = False):
     """x (1, 8, 10, 10) -> conv 3x3 (16 channels, constant weight unless ``weight_as_input``)
     -> relu [-> the same conv again, its weight an input: ``second_conv_input``]. The weight is
     HWIO: blas's GEMM reads it as [O, C*kh*kw], a transpose (an OIHW weight already is that
-    and is read in place, `tirbyoc.rewrite.in_place`: nothing to pack)."""
+    and is read in place, `tirbyoc.rewrite.functions.in_place`: nothing to pack)."""
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((3, 3, 8, 16)) / 8).astype("float32")
     bb = relax.BlockBuilder()

@@ -14,7 +14,7 @@ from tirbyoc._tvm import make_target, relax_vm, tirx
 from tirbyoc.offloading.lowering import PIPELINE
 from tirbyoc.relax.bridge import OFFLOADED_ATTR, offload_module
 from tirbyoc.relax.rest import RestSchedule, ScheduleRest, schedule_rest_of
-from tirbyoc.rewrite.rest import SCHEDULED_ATTR, schedule_rest
+from tirbyoc.rewrite.rest_schedule.nests import SCHEDULED_ATTR, schedule_rest
 
 TARGET = make_target({"kind": "llvm"})
 AVX2 = 32  # bytes per vector: 8 float32 lanes

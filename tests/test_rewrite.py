@@ -278,7 +278,7 @@ def test_an_im2col_copy_is_split_at_its_divisors_and_still_copies_the_same():
     from tvm.script import tirx as T
 
     from tirbyoc._tvm import s_tir
-    from tirbyoc.rewrite.cpu import schedule_copies
+    from tirbyoc.rewrite.cpu.register_blocks import schedule_copies
 
     @T.prim_func(s_tir=True)
     def func(X: T.Buffer((4, 18, 18), "float32"), Y: T.Buffer((256, 36), "float32")):

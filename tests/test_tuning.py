@@ -71,7 +71,7 @@ def test_rule_leaves_unmatched_blocks_and_says_why():
 def test_commuted_product_needs_prepare():
     """A product written B * A is reordered by an IR edit, which a trace cannot replay: the
     traced rewrite refuses it, and `prepare` makes the workload traceable."""
-    from tirbyoc.rewrite.tensorize import tensorize_in
+    from tirbyoc.rewrite.block.tensorize import tensorize_in
     from tirbyoc.tuning.preparation import best_matches
 
     func = workloads.matmul(32, 32, 32, "uint8", "int8", "int32", trans_b=True, swap_mul=True)

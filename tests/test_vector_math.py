@@ -1,4 +1,4 @@
-"""float32 erf and exp as vector arithmetic (`tirbyoc.rewrite.vector_math`): within 2 units in
+"""float32 erf and exp as vector arithmetic (`tirbyoc.rewrite.rest_schedule.vector_math`): within 2 units in
 the last place of the true function on dense grids, NaN / inf / signed zero / subnormal
 results as libm, and no libm call left."""
 
@@ -10,7 +10,7 @@ from tvm.script import tirx as T
 from tirbyoc._tvm import s_tir
 from tirbyoc.decl.host import host_target
 from tirbyoc.offloading.verification import compile_func, run_executable
-from tirbyoc.rewrite.vector_math import vectorizable_math
+from tirbyoc.rewrite.rest_schedule.vector_math import vectorizable_math
 
 
 def _unary_func(n: int, op=T.erf):

@@ -1,5 +1,5 @@
 """CPU cores whose weights outweigh their input: output-channel tiles outermost, the next
-tiles' weights prefetched (`tirbyoc.rewrite.prefetch`)."""
+tiles' weights prefetched (`tirbyoc.rewrite.cpu.prefetch`)."""
 
 import pytest
 from vnni import NAME
@@ -8,7 +8,7 @@ from workloads import conv2d, matmul
 import tirbyoc
 from tirbyoc._tvm import tvm
 from tirbyoc.offloading.lowering import PIPELINE
-from tirbyoc.rewrite.steps import StepKind
+from tirbyoc.rewrite.foundation.steps import StepKind
 
 
 def _offloaded(func):
@@ -43,7 +43,7 @@ def test_the_next_tiles_are_prefetched_once_each_spread_over_the_row_blocks():
     import tvm_ffi
 
     from tirbyoc._tvm import REDUCE, expr_dtype, s_tir, sym, tirx
-    from tirbyoc.rewrite.prefetch import insert_weight_prefetches
+    from tirbyoc.rewrite.cpu.prefetch import insert_weight_prefetches
 
     out, _ = _offloaded(conv2d(1, 64, 9, 9, 128, 3, 3, layout="NHWC", dtype="uint8", wdtype="int8", acc="int32"))
     blocks = []

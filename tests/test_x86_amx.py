@@ -70,7 +70,7 @@ def test_the_rows_staging_is_copied_block_by_block_and_a_1x1_input_read_in_place
     computed inside the parallel loop over 32-row blocks, each block's rows right before its
     call; a 1x1 convolution over an NHWC input reads it in place (its staging an identity: a
     view of the parameter, which no block copies)."""
-    from tirbyoc.rewrite.steps import StepKind
+    from tirbyoc.rewrite.foundation.steps import StepKind
 
     for workload, copy in ((conv2d(1, 64, 14, 14, 64, 3, 3, layout="NHWC", dtype="uint8", wdtype="int8",
                                    acc="int32"), "D_global_pad"),

@@ -12,7 +12,7 @@ from tirbyoc._tvm import vector_registers
 from tirbyoc.app.running.run import FALLBACKS, FLOAT_TEMPLATES, INT8_TEMPLATES, default_templates
 from tirbyoc.offloading.selfcheck import tensorize_exact
 from tirbyoc.offloading.verification import compile_func
-from tirbyoc.rewrite.cpu import register_block
+from tirbyoc.rewrite.cpu.register_blocks import register_block
 from tirbyoc.testing.workloads import conv2d, matmul
 
 AVX2_CODE = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}  # AVX2 only: 16 ymm, no AVX-512

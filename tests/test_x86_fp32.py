@@ -9,7 +9,7 @@ from cpu_templates import assert_intrinsics_check, runnable
 
 import tirbyoc
 from tirbyoc.relax.bridge import fuse
-from tirbyoc.rewrite.steps import StepKind
+from tirbyoc.rewrite.foundation.steps import StepKind
 from tirbyoc.testing.workloads import conv2d, matmul
 
 TEMPLATES = ["x86_fp32_avx512", "x86_fp32_avx2"]

@@ -44,7 +44,7 @@ _LAZY = {
     "AxisMap": "matching.results", "OperandMap": "matching.results", "BlockResult": "matching.results",
     "Mismatch": "matching.results",
     "match_chains": "matching.chain", "ChainMatch": "matching.chain",
-    "tensorize": "rewrite.tensorize", "Rewritten": "rewrite.tensorize",
+    "tensorize": "rewrite.block.tensorize", "Rewritten": "rewrite.block.tensorize",
     "offload": "offloading.offloader", "Offloaded": "offloading.offloader",
     "verify": "offloading.verification", "Verification": "offloading.verification", "relax_vm": "_tvm",
     "PIPELINE": "offloading.lowering", "self_check": "offloading.selfcheck",

@@ -126,7 +126,7 @@ def to_tensor(array, device=None):
 
 
 # software_pipeline_async_stages becomes cp.async only with the first option (the tensor-core
-# kernel's pipeline, `tirbyoc.rewrite.tensor_core`); it changes nothing in other kernels. The
+# kernel's pipeline, `tirbyoc.rewrite.block.tensor_core`); it changes nothing in other kernels. The
 # second captures a model's kernel launches once as a CUDA graph and replays it (TVM's
 # RewriteCUDAGraph, static-shape regions only): BERT-base fp16 on an H100 1.17 -> 0.84 ms at
 # batch 1, 2.19 -> 1.92 ms at batch 8 (bench/results/gpu_models_h100_graph.json). A caller's

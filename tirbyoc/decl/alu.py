@@ -7,7 +7,7 @@ does one operation (add, max, min, shift right), with an immediate or a second a
 tile, over a whole tile. A template with such an ALU declares it here, by the packed
 functions that perform it; the rewrite then fuses the elementwise blocks that follow a
 tensorized core in the same PrimFunc (``FuseOps`` / ``FuseTIR`` put them there) into the
-scratchpad tile loop (`tirbyoc.rewrite.epilogue`).
+scratchpad tile loop (`tirbyoc.rewrite.block.epilogue`).
 
 The functions take:
 

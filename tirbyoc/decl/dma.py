@@ -12,7 +12,7 @@ DLTensor views with as many elements, copied in the row-major order of each (a s
 narrow, keeping the low bits as a cast does).
 
 ``double_buffer`` names the scopes whose tiles get two versions, so that the load of the next
-tile overlaps the compute on this one (`tirbyoc.rewrite.double_buffer`): the tile planner
+tile overlaps the compute on this one (`tirbyoc.rewrite.functions.double_buffer`): the tile planner
 gives such a scope half its capacity.
 """
 

@@ -72,7 +72,7 @@ class Template:
     block_alu : BlockALU or None
         A vector ALU over whole accumulator tiles (`tirbyoc.decl.alu`): with it (and a block
         DMA) the elementwise blocks after a core - bias, requantization, ReLU - run on the
-        accumulator tile and the store narrows (`tirbyoc.rewrite.epilogue`).
+        accumulator tile and the store narrows (`tirbyoc.rewrite.block.epilogue`).
     emulates : str
         For a template whose implementations stand in, as portable code, for an instruction
         this machine may lack (``x86_vnni_emulated``): that instruction. Its offloads are

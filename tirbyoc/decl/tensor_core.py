@@ -3,7 +3,7 @@
 A group of WMMA-shaped intrinsics (`IntrinsicGroup`) says *what* a warp computes on 16x16
 fragments; it says nothing of the schedule that makes tensor cores fast. That schedule is a
 handful of choices, which this record declares so that a template (``intrinsics/cuda_mma``)
-states them as data and the rewrite (`tirbyoc.rewrite.tensor_core`) carries them out:
+states them as data and the rewrite (`tirbyoc.rewrite.block.tensor_core`) carries them out:
 
 - the PTX instructions: ``ldmatrix`` from shared memory into registers in the fragment layout
   ``mma.sync`` reads, ``mma.sync`` itself (m16n8k16 for fp16, m16n8k32 for int8), named by

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from tirbyoc._tvm import PrimExpr, child_stmts, expr_dtype, root_block, s_tir, tirx
+from tirbyoc._tvm import SPATIAL, PrimExpr, child_stmts, expr_dtype, root_block, s_tir, tirx
 
 
 def perfect_nest(stmt):
@@ -103,6 +103,19 @@ def loop_extent(sch, loop) -> int | None:
     """The constant extent of a schedule's ``loop`` (None: symbolic)."""
     ext = sch.get(loop).extent
     return int(ext.value) if hasattr(ext, "value") else None
+
+
+def spatial_prefix(sch, loops, realize) -> list:
+    """The leading ``loops`` that only the spatial iterators' bindings in ``realize`` use."""
+    binds = list(zip(realize.block.iter_vars, realize.iter_values))
+    prefix = []
+    for loop in loops:
+        var = sch.get(loop).loop_var
+        kinds = {int(iv.iter_type) for iv, value in binds if uses_var(value, var)}
+        if not kinds <= {SPATIAL}:
+            break
+        prefix.append(loop)
+    return prefix
 
 
 def divisor_split(extent: int | None, divisors) -> list[int] | None:

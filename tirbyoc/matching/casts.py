@@ -7,7 +7,7 @@ not depend on where it is computed), so the block matches an intrinsic that read
 operands as they are once the casts move into staging copies. `cast_staged` gives the
 block's pattern as it reads after that move; the matcher tries it only when the block as
 written matches no way, and marks the operands so staged (`Staging.CAST`); the rewrite's
-first stage makes the copies (`tirbyoc.rewrite.cast_staging`).
+first stage makes the copies (`tirbyoc.rewrite.block.cast_staging`).
 """
 
 from __future__ import annotations

@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tirbyoc.offloading.devices import CUDA, device_of
-from tirbyoc.rewrite.double_buffer import plan_double_buffering
-from tirbyoc.rewrite.gpu_threads import THREADS, bind_unbound_nests
-from tirbyoc.rewrite.in_place import in_place_note, read_in_place
-from tirbyoc.rewrite.scratchpad import scratchpad_usage
-from tirbyoc.rewrite.steps import Step, StepKind
+from tirbyoc.rewrite.functions.double_buffer import plan_double_buffering
+from tirbyoc.rewrite.functions.gpu_threads import THREADS, bind_unbound_nests
+from tirbyoc.rewrite.functions.in_place import in_place_note, read_in_place
+from tirbyoc.rewrite.block.scratchpad import scratchpad_usage
+from tirbyoc.rewrite.foundation.steps import Step, StepKind
 
 
 def with_step(off, step):
@@ -47,7 +47,7 @@ def _noted(outcomes, owners, step_of):
 
 def in_place(func, template, owners, outcomes):
     """(``func`` with the staging copies that move nothing replaced by views of its
-    parameters (`tirbyoc.rewrite.in_place`), ``outcomes`` with that among the steps of the
+    parameters (`tirbyoc.rewrite.functions.in_place`), ``outcomes`` with that among the steps of the
     offloaded blocks whose operands they were)."""
     if not owners:
         return func, outcomes
@@ -66,7 +66,7 @@ def in_place(func, template, owners, outcomes):
 
 def bind_to_gpu(func, template, owners, outcomes):
     """For a CUDA template: (the function with the loop nests its kernels left unbound - the
-    padding and staging copies around them - bound to GPU threads (`tirbyoc.rewrite.gpu_threads`:
+    padding and staging copies around them - bound to GPU threads (`tirbyoc.rewrite.functions.gpu_threads`:
     unbound, they would run on the host over device memory), ``outcomes`` saying so)."""
     if device_of(dict(template.target)) is not CUDA or not owners:
         return func, outcomes
@@ -79,7 +79,7 @@ def bind_to_gpu(func, template, owners, outcomes):
 
 def plan_scratchpads(func, template):
     """For a simulated template: (``func`` with the scratchpad tiles that have room for two
-    versions marked for double buffering (`tirbyoc.rewrite.double_buffer`) and telling the
+    versions marked for double buffering (`tirbyoc.rewrite.functions.double_buffer`) and telling the
     simulator what it allocates, the decisions as sentences); ``func`` and none otherwise.
     MetaSchedule's candidates go through it too (`offloader.prepare_for_simulator`)."""
     sim = getattr(template, "simulator", None)

@@ -3,33 +3,33 @@ that TVM has no hook for. Every build of offloaded code goes through it (`PIPELI
 ``tvm.compile(..., tir_pipeline=PIPELINE)``); a function without tirbyoc's attributes comes
 out as TVM's default pipeline leaves it.
 
-* `tirbyoc.rewrite.double_buffer.version_tiles`: two versions of each scratchpad tile the
+* `tirbyoc.rewrite.functions.double_buffer.version_tiles`: two versions of each scratchpad tile the
   rewrite marked for double buffering.
 
-* `tirbyoc.rewrite.stack.keep_register_blocks_on_stack`: the register blocks of accumulators
+* `tirbyoc.rewrite.cpu.stack.keep_register_blocks_on_stack`: the register blocks of accumulators
   left on the stack (in registers) where TVM would move a buffer of 1 KiB or more to the heap.
 
-* `tirbyoc.rewrite.cpu_epilogue.fence_products`: the float products of an epilogue fused
+* `tirbyoc.rewrite.cpu.cpu_epilogue.fence_products`: the float products of an epilogue fused
   into a write-back rounded before they are added (no fused multiply-add that TVM's own
   build of the unfused blocks would not make), in the loop nests that
 
 and, before TVM's lowering, on the scheduled functions:
 
-* `tirbyoc.rewrite.cpu_epilogue.mark_writebacks` marks (the write-backs, by their block
+* `tirbyoc.rewrite.cpu.cpu_epilogue.mark_writebacks` marks (the write-backs, by their block
   annotation, which TVM's lowering drops);
-* `tirbyoc.rewrite.prefetch.insert_weight_prefetches`: the prefetches of the next weight
+* `tirbyoc.rewrite.cpu.prefetch.insert_weight_prefetches`: the prefetches of the next weight
   tiles that the CPU schedule asked for (a loop annotation) added to the tensorized blocks;
-* `tirbyoc.rewrite.stack.mark_register_blocks` names the register blocks' buffers (by their
+* `tirbyoc.rewrite.cpu.stack.mark_register_blocks` names the register blocks' buffers (by their
   write-backs' annotation) for the pass after the lowering that keeps them on the stack.
 """
 
 from __future__ import annotations
 
 from tirbyoc._tvm import register_tir_pipeline, tirx
-from tirbyoc.rewrite.cpu_epilogue import fence_products, mark_writebacks
-from tirbyoc.rewrite.double_buffer import version_tiles
-from tirbyoc.rewrite.prefetch import insert_weight_prefetches
-from tirbyoc.rewrite.stack import keep_register_blocks_on_stack, mark_register_blocks
+from tirbyoc.rewrite.cpu.cpu_epilogue import fence_products, mark_writebacks
+from tirbyoc.rewrite.functions.double_buffer import version_tiles
+from tirbyoc.rewrite.cpu.prefetch import insert_weight_prefetches
+from tirbyoc.rewrite.cpu.stack import keep_register_blocks_on_stack, mark_register_blocks
 
 PIPELINE = "tirbyoc"
 

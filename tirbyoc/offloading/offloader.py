@@ -29,9 +29,9 @@ from tirbyoc.offloading.table import render
 from tirbyoc.offloading.verification import Verification
 from tirbyoc.offloading.verification import verify as run_verify
 from tirbyoc.offloading.function_steps import finish, owners_of, plan_scratchpads, tuned_owners, with_step
-from tirbyoc.rewrite.steps import DECISIONS, Step, StepKind
-from tirbyoc.rewrite.tensorize import Rewritten, tensorize
-from tirbyoc.rewrite.vector_math import vector_math_for, vector_math_step
+from tirbyoc.rewrite.foundation.steps import DECISIONS, Step, StepKind
+from tirbyoc.rewrite.block.tensorize import Rewritten, tensorize
+from tirbyoc.rewrite.rest_schedule.vector_math import vector_math_for, vector_math_step
 
 
 @dataclass(frozen=True)

@@ -39,9 +39,9 @@ from tirbyoc.ir.pattern import block_macs
 from tirbyoc.matching.matcher import match
 from tirbyoc.offloading.offloader import offload
 from tirbyoc.offloading.whole_function import find_whole_call, verify_whole_call
-from tirbyoc.rewrite.weight_layout import LAYOUT_FREE_ATTR
+from tirbyoc.rewrite.cpu.weight_layout import LAYOUT_FREE_ATTR
 from tirbyoc.relax.mutation import mutate_functions
-from tirbyoc.rewrite.steps import StepKind
+from tirbyoc.rewrite.foundation.steps import StepKind
 
 OPAQUE = 8  # relay/relax OpPatternKind::kOpaque
 OFFLOADED_ATTR = "tirbyoc.template"  # set on every PrimFunc OffloadTIR rewrote: its template
@@ -196,7 +196,7 @@ def with_layout_free(func, constant: set[int]):
     (TVM's ``layout_free_buffers``, as ``relax.transform.AttachAttrLayoutFreeBuffers`` sets it,
     without that pass's copy of each function under a new name): the CPU schedule may stage
     such a weight into the layout its core reads best, a copy `PackConstantWeights` then runs
-    once (`tirbyoc.rewrite.weight_layout.tiles_outermost`)."""
+    once (`tirbyoc.rewrite.cpu.weight_layout.tiles_outermost`)."""
     if not constant or (func.attrs is not None and LAYOUT_FREE_ATTR in func.attrs):
         return func
     return func.with_attr(LAYOUT_FREE_ATTR, [tirx.IntImm("int32", i) for i in sorted(constant)])

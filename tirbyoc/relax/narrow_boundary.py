@@ -9,7 +9,7 @@ instead, since the value it reads has two. Here the projection's boundary is mad
 the producer stores ``m`` as uint8 and each reader computes ``(float32(m) - z) * s`` itself, in
 a block the CPU schedule inlines into its write-back. A quarter of the bytes are written and
 read back, and the reader's residual sum becomes one of few values
-(`tirbyoc.rewrite.finite_division` can then prove its division away).
+(`tirbyoc.rewrite.cpu.finite_division` can then prove its division away).
 
 Bit for bit the same: the reader computes the same two float32 operations on the same
 integer (``float32`` of a byte is exact) that the producer did. Taken only where
@@ -28,7 +28,7 @@ from __future__ import annotations
 from tirbyoc._tvm import TensorLoad, expr_dtype, relax, root_block, s_tir, tirx, tvm, tvm_ffi
 from tirbyoc.ir.tir_walk import at_iterators, perfect_nest, with_root_body
 from tirbyoc.relax.bridge import call_counts, replace_call_tir
-from tirbyoc.rewrite.exact_division import float_constant, is_round
+from tirbyoc.rewrite.cpu.exact_division import float_constant, is_round
 
 _RANGES = {"uint8": (0, 255), "int8": (-128, 127)}
 MARK = "tirbyoc.narrow_boundary"  # a changed PrimFunc's attribute: its "output" or an "input" is 8-bit

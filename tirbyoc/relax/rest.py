@@ -6,7 +6,7 @@ After `OffloadTIR` a model's cores are library calls or tensorized loops; what i
 wrote it, serial and scalar. This pass runs TVM's own fusion first (``FoldConstant``, then
 `tirbyoc.relax.bridge.fuse`: what ``tvm.compile``'s CPU pipeline would run next;
 offloaded functions are opaque, so nothing is fused into them), then schedules each function
-that is neither offloaded nor scheduled already with `tirbyoc.rewrite.rest.schedule_rest`:
+that is neither offloaded nor scheduled already with `tirbyoc.rewrite.rest_schedule.nests.schedule_rest`:
 a quantized model computes the same values, bit for bit, on every core; a float one the same
 values within float rounding (its sums in vector lanes, its exp and erf vector arithmetic
 within 2 units in the last place: libm's are one scalar call per element). In an offloaded function it
@@ -31,13 +31,13 @@ from tvm import relax
 from tirbyoc._tvm import is_host_target, make_target, tirx, tvm, vector_bytes, vector_registers
 from tirbyoc.relax.bridge import OFFLOADED_ATTR, fuse
 from tirbyoc.relax.prepack import PackedWeights, pack_constant_weights
-from tirbyoc.rewrite.rest import SCHEDULED_ATTR, schedule_rest
+from tirbyoc.rewrite.rest_schedule.nests import SCHEDULED_ATTR, schedule_rest
 
 
 @dataclass
 class RestSchedule:
     """What `ScheduleRest` did: the functions left to TVM after fusion, and per function it
-    scheduled, its nests (`tirbyoc.rewrite.rest.NestSchedule`)."""
+    scheduled, its nests (`tirbyoc.rewrite.rest_schedule.nests.NestSchedule`)."""
 
     left: int = 0  # PrimFuncs no template took, after fusion
     functions: dict = field(default_factory=dict)  # name -> tuple of NestSchedule
@@ -60,7 +60,7 @@ class RestSchedule:
 
     @property
     def chains(self) -> int:
-        """Functions whose elementwise chain runs as one pass (`tirbyoc.rewrite.elementwise_chain`)."""
+        """Functions whose elementwise chain runs as one pass (`tirbyoc.rewrite.rest_schedule.elementwise_chain`)."""
         return sum(1 for nests in self.functions.values() if any(n.inlined for n in nests))
 
     def summary(self) -> str:

@@ -19,8 +19,8 @@ import tvm
 
 from tirbyoc._tvm import s_tir, tirx
 from tirbyoc.decl.extern import ExternLibrary
-from tirbyoc.rewrite.double_buffer import FOOTPRINT_ATTR
-from tirbyoc.rewrite.scratchpad import scratchpad_usage
+from tirbyoc.rewrite.functions.double_buffer import FOOTPRINT_ATTR
+from tirbyoc.rewrite.block.scratchpad import scratchpad_usage
 
 OPS = ("gemm", "fill_zero", "dma_load", "dma_store", "alu_add", "alu_max", "alu_relu",
        "alu_shift_clip", "alu_imm", "alu_tensor", "scratchpad_begin", "scratchpad_end")

@@ -18,9 +18,9 @@ from tirbyoc.decl.registry import as_template
 from tirbyoc.errors import RewriteError
 from tirbyoc.ir.init_merge import merge_separate_init
 from tirbyoc.matching.matcher import explain
-from tirbyoc.rewrite.stages import commute
-from tirbyoc.rewrite.state import new_state
-from tirbyoc.rewrite.tensorize import resolve
+from tirbyoc.rewrite.block.stages import commute
+from tirbyoc.rewrite.foundation.state import new_state
+from tirbyoc.rewrite.block.tensorize import resolve
 
 
 def best_matches(func, template) -> dict:

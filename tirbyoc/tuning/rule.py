@@ -2,7 +2,7 @@
 
 TVM's own ``MultiLevelTilingWithIntrin`` takes one intrinsic and tensorizes only a block
 whose loops already line up with it. `TirbyocRule` runs tirbyoc's matcher on the block and
-carries out the match with the rewrite engine (`tirbyoc.rewrite.tensorize.tensorize_in`): transposed
+carries out the match with the rewrite engine (`tirbyoc.rewrite.block.tensorize.tensorize_in`): transposed
 and tile-packed operands, implicit-GEMM convolutions, padding for odd extents, scratchpad
 staging with DMA intrinsics - all as schedule primitives, so MetaSchedule's trace replays
 them. What it leaves to the search:
@@ -10,7 +10,7 @@ them. What it leaves to the search:
 * on CPUs, the register block around the intrinsic (rows x tiles kept as accumulators, as
   ``sample_perfect_tile`` decisions that MetaSchedule's tile-size mutator explores);
 * on scratchpad templates, the scratchpad tiling: one design space per tiling among the
-  best that fit (`tirbyoc.rewrite.scratchpad.rank_tiles`), measured rather than estimated.
+  best that fit (`tirbyoc.rewrite.block.scratchpad.rank_tiles`), measured rather than estimated.
 
 A block the template cannot compute is returned unchanged (other rules may schedule it);
 why not is kept in `TirbyocRule.refusals` (and logged) so a tuning report can say it.
@@ -26,8 +26,8 @@ from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 from tirbyoc._tvm import structural_equal
 from tirbyoc.decl.registry import as_template
 from tirbyoc.errors import RewriteError, TirbyocError
-from tirbyoc.rewrite.cpu import default_schedule, sampled_block
-from tirbyoc.rewrite.tensorize import tensorize_in
+from tirbyoc.rewrite.cpu.register_blocks import default_schedule, sampled_block
+from tirbyoc.rewrite.block.tensorize import tensorize_in
 from tirbyoc.tuning.preparation import best_matches
 
 log = logging.getLogger("tirbyoc.tuning")

@@ -27,29 +27,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from tirbyoc.rewrite.state import RewriteState
+from tirbyoc.rewrite.foundation.state import RewriteState
 
 StageFn = Callable[[RewriteState], "RewriteState | None"]
 
 # (stage, the module of tirbyoc.rewrite that defines it, what it does), in the order they run
 ORDER = (
-    ("cast", "cast_staging", "operands the block casts copied ahead in the dtype the intrinsic reads"),
-    ("commute", "stages", "the multiply-add's operands in the intrinsic's order"),
-    ("canonicalize", "stages", "transform_block_layout to (outer loops, intrinsic axes)"),
-    ("stage", "staging", "a copy of every operand that cannot be read in place"),
-    ("pad", "staging", "pad_einsum to the intrinsic's widths; pack the reindexed copies"),
-    ("tile", "stages", "split each intrinsic axis into tiles"),
-    ("scratchpad", "dma", "tiles staged per tile into bounded scratchpads"),
-    ("epilogue", "epilogue", "the chain after the core on its accumulator tile (an accelerator's ALU)"),
-    ("fragments", "cuda", "the group's tensor-core kernel, or warp tiles and their fragment copies"),
-    ("schedule", "stages", "the target's default schedule (register blocks, parallel loops) or the caller's"),
-    ("dma copies", "dma", "tile copies tensorized with the template's DMA intrinsics"),
-    ("fragment copies", "cuda", "fragment copies tensorized in 16x16 tiles"),
-    ("cpu epilogue", "cpu_epilogue", "the chain after the core fused into the register block's write-back"),
-    ("decompose", "stages", "the reduction's init split off"),
-    ("tensorize", "stages", "the compute tensorized with the intrinsic"),
-    ("init", "stages", "the init tensorized with its intrinsic, where the template has one"),
-    ("link", "stages", "the result function, with the libraries it calls"),
+    ("cast", "block.cast_staging", "operands the block casts copied ahead in the dtype the intrinsic reads"),
+    ("commute", "block.stages", "the multiply-add's operands in the intrinsic's order"),
+    ("canonicalize", "block.stages", "transform_block_layout to (outer loops, intrinsic axes)"),
+    ("stage", "block.staging", "a copy of every operand that cannot be read in place"),
+    ("pad", "block.staging", "pad_einsum to the intrinsic's widths; pack the reindexed copies"),
+    ("tile", "block.stages", "split each intrinsic axis into tiles"),
+    ("scratchpad", "block.dma", "tiles staged per tile into bounded scratchpads"),
+    ("epilogue", "block.epilogue", "the chain after the core on its accumulator tile (an accelerator's ALU)"),
+    ("fragments", "block.cuda", "the group's tensor-core kernel, or warp tiles and their fragment copies"),
+    ("schedule", "block.stages", "the target's default schedule (register blocks, parallel loops) or the caller's"),
+    ("dma copies", "block.dma", "tile copies tensorized with the template's DMA intrinsics"),
+    ("fragment copies", "block.cuda", "fragment copies tensorized in 16x16 tiles"),
+    ("cpu epilogue", "cpu.cpu_epilogue", "the chain after the core fused into the register block's write-back"),
+    ("decompose", "block.stages", "the reduction's init split off"),
+    ("tensorize", "block.stages", "the compute tensorized with the intrinsic"),
+    ("init", "block.stages", "the init tensorized with its intrinsic, where the template has one"),
+    ("link", "block.stages", "the result function, with the libraries it calls"),
 )
 
 
@@ -77,7 +77,7 @@ def stage(name: str, *, target_kinds: tuple[str, ...] | None = None):
     def register(fn: StageFn) -> StageFn:
         if name not in stage_names():
             raise ValueError(f"no rewrite stage {name!r} in the stage order (stages: {', '.join(stage_names())}); "
-                             "a new stage is a row in tirbyoc.rewrite.pipeline.ORDER")
+                             "a new stage is a row in tirbyoc.rewrite.foundation.pipeline.ORDER")
         if name in _REGISTERED:
             raise ValueError(f"the rewrite stage {name!r} is already registered")
         _REGISTERED[name] = Stage(name, fn, tuple(target_kinds) if target_kinds else None)

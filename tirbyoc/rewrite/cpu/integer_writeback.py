@@ -13,7 +13,7 @@ result differs, for inputs that differ only in the sign of a zero, at most in th
 zero (sums, differences, products, division by a constant, min, max, rounding, casts: `_BLIND`),
 the stored integers are the same whichever sign each zero had. There:
 
-* the exact division (`tirbyoc.rewrite.exact_division`) drops its ``copysign``, which only
+* the exact division (`tirbyoc.rewrite.cpu.exact_division`) drops its ``copysign``, which only
   gave a zero quotient the dividend's sign;
 * ``clip(round(q) + z, lo, hi) - z`` becomes ``clip(round(q), lo - z, hi - z)``: the same
   integers (a rounded value is an integer; one too large for ``+ z`` to be exact clips to the
@@ -26,8 +26,8 @@ Measured on an Emerald Rapids Xeon, one thread: see `bench/results/integer_write
 from __future__ import annotations
 
 from tirbyoc._tvm import PrimCall, PrimExpr, TensorLoad, call_name, expr_dtype, tirx, tvm, tvm_ffi
-from tirbyoc.rewrite.exact_division import constant_like, exact_divisions, fence_id, is_round
-from tirbyoc.rewrite.finite_division import proven_quotient
+from tirbyoc.rewrite.cpu.exact_division import constant_like, exact_divisions, fence_id, is_round
+from tirbyoc.rewrite.cpu.finite_division import proven_quotient
 
 _BLIND = (tirx.Add, tirx.Sub, tirx.Mul, tirx.Min, tirx.Max, tirx.Cast, tirx.Broadcast, tirx.Ramp, TensorLoad,
           tirx.FloatImm, tirx.IntImm)

@@ -1,7 +1,7 @@
 """Stages for scratchpad templates (VTA-style): scratchpad tiles, DMA per tile, DMA intrinsics.
 
 ``scratchpad`` groups intrinsic tiles (and rows of the loops around the intrinsic) into
-scratchpad tiles that fit (`tirbyoc.rewrite.scratchpad.rank_tiles`), loads each input's tile
+scratchpad tiles that fit (`tirbyoc.rewrite.block.scratchpad.rank_tiles`), loads each input's tile
 into its scratchpad at the innermost loop around it, keeps the output tile in its scratchpad
 across the reduction and stores it after, and lays every scratchpad tile out as dense
 intrinsic tiles. The allocation TVM will make is measured (`scratchpad_usage`); a plan whose
@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from tirbyoc.errors import RewriteError
 from tirbyoc.matching.results import OperandMap
-from tirbyoc.rewrite.block_dma import blockize_exact, plain_window_copy, replace_with_block_dma
-from tirbyoc.rewrite.cpu import loop_extent
-from tirbyoc.rewrite.pipeline import stage
-from tirbyoc.rewrite.scratchpad import TileAxis, TileOperand, rank_tiles, scratchpad_usage
-from tirbyoc.rewrite.staging import index_map, relayout
-from tirbyoc.rewrite.state import Loops, RewriteState
-from tirbyoc.rewrite.steps import Step, StepKind
+from tirbyoc.rewrite.block.block_dma import blockize_exact, plain_window_copy, replace_with_block_dma
+from tirbyoc.ir.tir_walk import loop_extent
+from tirbyoc.rewrite.foundation.pipeline import stage
+from tirbyoc.rewrite.block.scratchpad import TileAxis, TileOperand, rank_tiles, scratchpad_usage
+from tirbyoc.rewrite.block.staging import index_map, relayout
+from tirbyoc.rewrite.foundation.state import Loops, RewriteState
+from tirbyoc.rewrite.foundation.steps import Step, StepKind
 
 
 @stage("scratchpad")

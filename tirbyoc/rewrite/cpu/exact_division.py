@@ -29,7 +29,7 @@ its scale) is nowhere near float32's overflow. ``q0``'s product is
 behind an arithmetic fence (no contraction into ``r``), and both fused multiply-adds are
 LLVM's ``llvm.fma`` (always fused, unlike TVM's ``fmuladd``).
 
-`exact_divisions` runs on the write-backs `tirbyoc.rewrite.cpu_epilogue.fence_products`
+`exact_divisions` runs on the write-backs `tirbyoc.rewrite.cpu.cpu_epilogue.fence_products`
 visits, after TVM's lowering (vector divisions by a broadcast constant included); a function
 tirbyoc did not offload keeps TVM's division (the schedule of the rest was measured with it
 too, on int8 MobileNetV2's depthwise layers: no gain, so it is left as TVM builds it).
@@ -103,7 +103,7 @@ def exact_quotient(div, signed_zero: bool = True):
     """``div`` (``x / c``, float32) as Markstein's correction (see the module's docstring), or
     ``div`` itself where ``c`` is not a usable constant. ``signed_zero=False``: a zero quotient
     may come out as -0 where the division gives +0 or the reverse (no ``copysign``: for a
-    value that ends in an integer cast, `tirbyoc.rewrite.integer_writeback`)."""
+    value that ends in an integer cast, `tirbyoc.rewrite.cpu.integer_writeback`)."""
     c = float_constant(div.b)
     y = reciprocal(c) if c is not None else None
     if y is None or not str(expr_dtype(div)).startswith("float32"):

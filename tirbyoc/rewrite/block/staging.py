@@ -18,9 +18,9 @@ from tirbyoc._tvm import PrimCall, call_name, tirx
 from tirbyoc.errors import RewriteError
 from tirbyoc.ir.pattern import Access
 from tirbyoc.matching.results import OperandMap, Staging
-from tirbyoc.rewrite.pipeline import stage
-from tirbyoc.rewrite.state import RewriteState
-from tirbyoc.rewrite.steps import StepKind
+from tirbyoc.rewrite.foundation.pipeline import stage
+from tirbyoc.rewrite.foundation.state import RewriteState
+from tirbyoc.rewrite.foundation.steps import StepKind
 
 
 def pure(acc: Access) -> bool:

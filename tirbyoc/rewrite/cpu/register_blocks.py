@@ -16,7 +16,7 @@ small accumulator buffer, runs the whole reduction over it, then writes it back 
         write acc back (vectorised)
 
 LLVM keeps ``acc`` in registers only if it is a stack slot, which TVM makes of buffers under
-1 KiB (``kMaxStackAlloca``) and `tirbyoc.rewrite.stack` of every register block up to
+1 KiB (``kMaxStackAlloca``) and `tirbyoc.rewrite.cpu.stack` of every register block up to
 `REGISTER_BLOCK_BYTES`; ``mr x nr`` is chosen within the register file (24 zmm accumulators
 of the 32) as the block with the most multiply-adds per load whose sizes divide the loop
 extents and whose weight panel (nr tiles over the whole reduction) stays in L2.
@@ -28,11 +28,11 @@ from math import prod
 
 from tirbyoc._tvm import SPATIAL, s_tir, tirx, vector_bytes, vector_registers
 from tirbyoc.dtypes import dtype_bytes
-from tirbyoc.ir.tir_walk import constant_divisors, divisor_split, loop_extent, uses_var
-from tirbyoc.rewrite.prefetch import mark_weight_prefetch, prefetches
-from tirbyoc.rewrite.row_staging import rows_operands, stage_rows_per_block
-from tirbyoc.rewrite.stack import CALL_BLOCK_BYTES, REGISTER_BLOCK_BYTES, TILE_BLOCK_BYTES, WRITEBACK_ATTR
-from tirbyoc.rewrite.weight_layout import operand_bytes, tiles_outermost, weight_operand, weights_first
+from tirbyoc.ir.tir_walk import constant_divisors, divisor_split, loop_extent
+from tirbyoc.rewrite.cpu.prefetch import mark_weight_prefetch, prefetches
+from tirbyoc.rewrite.cpu.row_staging import rows_operands, stage_rows_per_block
+from tirbyoc.rewrite.cpu.stack import CALL_BLOCK_BYTES, REGISTER_BLOCK_BYTES, TILE_BLOCK_BYTES, WRITEBACK_ATTR
+from tirbyoc.rewrite.cpu.weight_layout import operand_bytes, tiles_outermost, weight_operand, weights_first
 
 MAX_ACCUMULATORS = 24  # leave registers for the operands (32 zmm on AVX-512)
 SHORT_REDUCTION = 64  # steps below which the write-back, not the core, bounds the block
@@ -43,19 +43,6 @@ L2_BYTES = 1024 * 1024  # a core's L2 (Zen 4/5, Cascade Lake; znver3 has half)
 L1_WEIGHT_BYTES = 24 * 1024  # half a 48 KiB L1: a smaller panel stays in L1 beside the rows
 CACHE_LINE = 64
 L2_CYCLES_PER_LINE = 3  # a weight line from L2 per step costs about three cycles' worth of loads
-
-
-def spatial_prefix(sch, loops, realize) -> list:
-    """The leading ``loops`` that only the spatial iterators' bindings in ``realize`` use."""
-    binds = list(zip(realize.block.iter_vars, realize.iter_values))
-    prefix = []
-    for loop in loops:
-        var = sch.get(loop).loop_var
-        kinds = {int(iv.iter_type) for iv, value in binds if uses_var(value, var)}
-        if not kinds <= {SPATIAL}:
-            break
-        prefix.append(loop)
-    return prefix
 
 
 def lanes_dividing(count: int, most: int, least: int = 2) -> int:
@@ -346,5 +333,4 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
             f"parallel outer loops{order}" + staged)
 
 
-__all__ = ["WRITEBACK_ATTR", "default_schedule", "lanes_dividing", "register_block", "sampled_block", "schedule_copies",
-           "spatial_prefix"]
+__all__ = ["WRITEBACK_ATTR", "default_schedule", "lanes_dividing", "register_block", "sampled_block", "schedule_copies"]

@@ -1,7 +1,7 @@
 """GPU staging for warp-level intrinsics (tensor-core fragments): the CUDA schedule.
 
 Where the group declares a tensor-core kernel and it fits the block (a plain GEMM a block
-tile divides), the block is scheduled as that kernel (`tirbyoc.rewrite.tensor_core`: many
+tile divides), the block is scheduled as that kernel (`tirbyoc.rewrite.block.tensor_core`: many
 warps, ldmatrix + mma.sync, a cp.async pipeline). Otherwise, the one-warp schedule below.
 
 A WMMA-style template computes on fragments (``wmma.matrix_a/b``, ``wmma.accumulator``)
@@ -24,11 +24,11 @@ from __future__ import annotations
 
 from tirbyoc.decl.tensor_core import WARP
 from tirbyoc.errors import RewriteError
-from tirbyoc.rewrite.cpu import loop_extent
-from tirbyoc.rewrite.pipeline import stage
-from tirbyoc.rewrite.state import Loops, RewriteState
-from tirbyoc.rewrite.steps import StepKind
-from tirbyoc.rewrite.tensor_core import apply_kernel
+from tirbyoc.ir.tir_walk import loop_extent
+from tirbyoc.rewrite.foundation.pipeline import stage
+from tirbyoc.rewrite.foundation.state import Loops, RewriteState
+from tirbyoc.rewrite.foundation.steps import StepKind
+from tirbyoc.rewrite.block.tensor_core import apply_kernel
 
 
 def _per_warp(tiles: int | None, most: int = 2) -> int:

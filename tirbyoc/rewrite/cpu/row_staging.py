@@ -14,7 +14,7 @@ from __future__ import annotations
 from tirbyoc._tvm import s_tir
 from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.ir.tir_walk import block_realize, constant_divisors, divisor_split, loop_extent, uses_var
-from tirbyoc.rewrite.in_place import identity_copies
+from tirbyoc.rewrite.functions.in_place import identity_copies
 
 
 def rows_operands(sch, block, outer, columns) -> set:
@@ -39,7 +39,7 @@ def stage_rows_per_block(sch, block, parallel, rows: set) -> str:
     of the rows) into ``parallel``, the loop over row blocks, so that each block copies the rows
     it reads right before reading them, into and from L1, instead of the whole operand passing
     through L2 first (ResNet-50's res2 3x3 im2col: 1.8 MB a call). A copy that moves nothing
-(`tirbyoc.rewrite.in_place`: it will be a view) stays where it is. Returns a note or ''."""
+(`tirbyoc.rewrite.functions.in_place`: it will be a view) stays where it is. Returns a note or ''."""
     moved = 0
     views = identity_copies(sch.mod["main"])  # they become views of the parameter: no copy left
     for copy in sch.get_producers(block):

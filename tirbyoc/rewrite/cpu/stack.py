@@ -1,7 +1,7 @@
 """Register blocks on the stack, whatever their size: the allocation TVM would move to the heap.
 
 The CPU schedule keeps an ``mr x nr`` block of accumulators in a small buffer across the
-reduction (`tirbyoc.rewrite.cpu`); LLVM keeps such a buffer in registers only when it is a
+reduction (`tirbyoc.rewrite.cpu.register_blocks`); LLVM keeps such a buffer in registers only when it is a
 stack slot (an ``alloca`` whose every access has a constant index once the block is unrolled).
 TVM's ``LowerTVMBuiltin`` puts a buffer of 1 KiB or more on the heap instead
 (``TVMBackendAllocWorkspace``, its ``kMaxStackAlloca``), which caps an AVX-512 block at 15 of
@@ -25,7 +25,7 @@ from tirbyoc._tvm import iter_blocks, tirx, tvm_ffi
 from tirbyoc.dtypes import dtype_bytes
 
 REGISTER_BLOCKS_ATTR = "tirbyoc.register_blocks"  # function attribute: the accumulator buffers' names
-WRITEBACK_ATTR = "tirbyoc.writeback"  # marks the register block's write-back (set by `tirbyoc.rewrite.cpu`)
+WRITEBACK_ATTR = "tirbyoc.writeback"  # marks the register block's write-back (set by `tirbyoc.rewrite.cpu.register_blocks`)
 DISABLE_LOWER_BUILTIN = "disable_lower_builtin"  # TVM's allocation annotation: leave it an alloca
 REGISTER_BLOCK_BYTES = 2048  # 32 zmm registers: no register block is larger
 TILE_BLOCK_BYTES = 4096  # a call's output kept as a block of its own: AMX's four accumulator tiles

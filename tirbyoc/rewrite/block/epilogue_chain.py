@@ -1,5 +1,5 @@
 """Reading a fused epilogue off a PrimFunc: the elementwise chain after a core that a
-template's `BlockALU` can run on the accumulator tile (`tirbyoc.rewrite.epilogue` fuses it).
+template's `BlockALU` can run on the accumulator tile (`tirbyoc.rewrite.block.epilogue` fuses it).
 
 Starting from the core's output, each next block must be the only reader of the previous
 one's output, read it elementwise (same indices, same shape) and compute a sequence of the

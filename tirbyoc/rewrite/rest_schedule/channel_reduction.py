@@ -22,7 +22,7 @@ them:
   vectors);
 * for an integer accumulator the elementwise chain after it (requantization, clip, the
   narrowing cast) is fused into the register block's write-back, exactly as for a core
-  (`tirbyoc.rewrite.cpu_epilogue`: its float products fenced, so no value moves).
+  (`tirbyoc.rewrite.cpu.cpu_epilogue`: its float products fenced, so no value moves).
 
 Only spatial loops move relative to the reduction loops, and those keep their order: every
 output is summed in the same order as TVM's build, so float results are bit for bit the same
@@ -35,9 +35,9 @@ from dataclasses import dataclass
 
 from tirbyoc._tvm import REDUCE, SPATIAL, expr_dtype, sym, tirx
 from tirbyoc.dtypes import dtype_bytes
-from tirbyoc.ir.tir_walk import perfect_nest, uses_var
-from tirbyoc.rewrite.cpu import WRITEBACK_ATTR, lanes_dividing, loop_extent
-from tirbyoc.rewrite.cpu_epilogue import fuse_into_writeback, point_indices
+from tirbyoc.ir.tir_walk import loop_extent, perfect_nest, uses_var
+from tirbyoc.rewrite.cpu.register_blocks import WRITEBACK_ATTR, lanes_dividing
+from tirbyoc.rewrite.cpu.cpu_epilogue import fuse_into_writeback, point_indices
 
 MIN_LANES = 4  # a channel count no vector of at least this many lanes divides stays as it was
 

@@ -2,7 +2,7 @@
 
 The residual write-back of a quantized network ends ``round((q * s_x + r * s_r) / s_y)``: ``q``
 is the block's own output quantized and clipped (an integer in [-128, 127]), ``r`` the residual
-input (a byte), ``s_*`` float32 constants. `tirbyoc.rewrite.exact_division` divides exactly in
+input (a byte), ``s_*`` float32 constants. `tirbyoc.rewrite.cpu.exact_division` divides exactly in
 three multiply-adds, whatever the dividend. But this dividend takes at most 256 x 256 values, so
 a cheaper form can be checked against the division on every one of them, here, when the
 function is built:
@@ -33,7 +33,7 @@ import itertools
 import numpy as np
 
 from tirbyoc._tvm import call_name, expr_dtype, structural_equal, tirx
-from tirbyoc.rewrite.exact_division import constant_like, fence_argument, fenced, float_constant, is_round, reciprocal
+from tirbyoc.rewrite.cpu.exact_division import constant_like, fence_argument, fenced, float_constant, is_round, reciprocal
 
 MAX_POINTS = 1 << 18  # a domain larger than this is not enumerated (256 x 256 is 1 << 16)
 MAX_INTEGERS = 1 << 16  # a clipped value's integers, at most

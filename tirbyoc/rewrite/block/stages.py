@@ -9,7 +9,7 @@
    the intrinsic followed by the intrinsic's own axes (`Match.block_index_map`).
 3. **tile** each axis by the intrinsic's extent; spatial loops outside, reductions, then the
    intrinsic's loops in its own order.
-4. **schedule**: the target's default arrangement of the outer loops (`tirbyoc.rewrite.cpu`
+4. **schedule**: the target's default arrangement of the outer loops (`tirbyoc.rewrite.cpu.register_blocks`
    on CPUs), or the caller's own.
 5. **decompose** the reduction's init, **tensorize** compute and init with the template's
    intrinsics, **link** the extern libraries the intrinsics call.
@@ -20,11 +20,11 @@ from __future__ import annotations
 from tirbyoc._tvm import TensorLoad, expr_dtype, iter_blocks, s_tir, tirx
 from tirbyoc.errors import RewriteError
 from tirbyoc.ir.pattern import load_source
-from tirbyoc.rewrite.addresses import address_merged_tiles
-from tirbyoc.rewrite.cpu import default_schedule
-from tirbyoc.rewrite.pipeline import stage
-from tirbyoc.rewrite.state import Loops, RewriteState
-from tirbyoc.rewrite.steps import Step, StepKind
+from tirbyoc.rewrite.block.addresses import address_merged_tiles
+from tirbyoc.rewrite.cpu.register_blocks import default_schedule
+from tirbyoc.rewrite.foundation.pipeline import stage
+from tirbyoc.rewrite.foundation.state import Loops, RewriteState
+from tirbyoc.rewrite.foundation.steps import Step, StepKind
 
 _COMMUTATIVE = (tirx.Add, tirx.Mul, tirx.Max, tirx.Min)
 
@@ -189,7 +189,7 @@ def tensorize_init(state: RewriteState) -> RewriteState | None:
 @stage("link")
 def link_libraries(state: RewriteState) -> RewriteState:
     """The result function (tiles that share a scratchpad addressed so that TVM's merging of
-    their allocations keeps them apart, `tirbyoc.rewrite.addresses`); with the template's
+    their allocations keeps them apart, `tirbyoc.rewrite.block.addresses`); with the template's
     extern libraries loaded (RTLD_GLOBAL, so this process can JIT and run it) and their paths
     attached for export_library / Relax."""
     func = address_merged_tiles(state.sch.mod["main"])

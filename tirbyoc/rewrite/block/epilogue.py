@@ -9,7 +9,7 @@ tile loop, and its block DMA stores the tile already narrowed (4x fewer bytes le
 accelerator).
 
 The ``epilogue`` stage (after ``scratchpad``) takes the chain `find_epilogue` reads
-(`tirbyoc.rewrite.epilogue_chain`), moves it into the tile loop (``reverse_compute_at``),
+(`tirbyoc.rewrite.block.epilogue_chain`), moves it into the tile loop (``reverse_compute_at``),
 inlines the copies between the accumulator tile and the first step (the store of the tile,
 the write-back of a reindexed output) and every step but the last into the next, so one block
 computes the whole chain from the accumulator tile; broadcast operands (a bias) come into the
@@ -28,13 +28,13 @@ from __future__ import annotations
 from tirbyoc._tvm import s_tir, tirx
 from tirbyoc.errors import RewriteError, schedule_error_line
 from tirbyoc.ir.tir_walk import always_true
-from tirbyoc.rewrite.block_dma import row_major, strided_view, tile_nest, window_region
-from tirbyoc.rewrite.dma import copy_by_block_dma
-from tirbyoc.rewrite.epilogue_chain import AluOp, Epilogue, alu_ops, blocks_of, find_epilogue, loads, readers
-from tirbyoc.rewrite.pipeline import stage
-from tirbyoc.rewrite.scratchpad import scratchpad_usage
-from tirbyoc.rewrite.state import RewriteState
-from tirbyoc.rewrite.steps import StepKind
+from tirbyoc.rewrite.block.block_dma import row_major, strided_view, tile_nest, window_region
+from tirbyoc.rewrite.block.dma import copy_by_block_dma
+from tirbyoc.rewrite.block.epilogue_chain import AluOp, Epilogue, alu_ops, blocks_of, find_epilogue, loads, readers
+from tirbyoc.rewrite.foundation.pipeline import stage
+from tirbyoc.rewrite.block.scratchpad import scratchpad_usage
+from tirbyoc.rewrite.foundation.state import RewriteState
+from tirbyoc.rewrite.foundation.steps import StepKind
 
 
 @stage("epilogue")

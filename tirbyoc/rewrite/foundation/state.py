@@ -3,7 +3,7 @@
 One state per rewrite of one block: the schedule being built, the `Match` it carries out, the
 template and target, the loops once tiled, the copies waiting to be tensorized and the steps
 done so far (`RewriteState`'s docstring says which stage writes each field and which read it).
-Stages (`tirbyoc.rewrite.pipeline`) take it and return it; helpers here answer
+Stages (`tirbyoc.rewrite.foundation.pipeline`) take it and return it; helpers here answer
 the questions every stage asks of the block (which region holds a buffer, which buffer feeds
 an operand now).
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from tirbyoc.errors import RewriteError, last_line, schedule_error_line
 from tirbyoc.ir.pattern import Access, BlockPattern, read_block
 from tirbyoc.matching.results import Match, OperandMap
-from tirbyoc.rewrite.steps import Step, StepKind
+from tirbyoc.rewrite.foundation.steps import Step, StepKind
 
 
 @dataclass
@@ -33,7 +33,7 @@ class Loops:
 
 @dataclass
 class RewriteState:
-    """One rewrite of one block, handed from stage to stage (`tirbyoc.rewrite.pipeline.ORDER`).
+    """One rewrite of one block, handed from stage to stage (`tirbyoc.rewrite.foundation.pipeline.ORDER`).
 
     Set when the rewrite starts (`new_state`), read by every stage:
       ``sch`` the `s_tir.Schedule` being built; ``block`` the compute block's handle in it;
@@ -54,7 +54,7 @@ class RewriteState:
       ``compute_tensorized``: "fragments" (the tensor-core kernel) -> "decompose", "tensorize",
       "init", which then have nothing left to do;
       ``fused``: "epilogue" (the blocks it ran on the accumulator) -> the result;
-      ``func``: "link" (the rewritten PrimFunc) -> `tirbyoc.rewrite.tensorize`.
+      ``func``: "link" (the rewritten PrimFunc) -> `tirbyoc.rewrite.block.tensorize`.
     """
 
     sch: object

@@ -15,8 +15,7 @@ from itertools import takewhile
 
 from tirbyoc._tvm import s_tir, tirx
 from tirbyoc.errors import RewriteError
-from tirbyoc.ir.tir_walk import perfect_nest
-from tirbyoc.rewrite.cpu import loop_extent, spatial_prefix
+from tirbyoc.ir.tir_walk import loop_extent, perfect_nest, spatial_prefix
 
 THREADS = 256  # threads per block for the copies around a kernel: a multiple of the warp, full occupancy
 

@@ -20,10 +20,10 @@ from tirbyoc.ir.tir_walk import map_expr
 from tirbyoc.matching.candidates import Candidate
 from tirbyoc.matching.matcher import match_block
 from tirbyoc.matching.results import Mismatch, Staging
-from tirbyoc.rewrite.pipeline import stage
-from tirbyoc.rewrite.stages import replace_stored_value
-from tirbyoc.rewrite.state import RewriteState
-from tirbyoc.rewrite.steps import StepKind
+from tirbyoc.rewrite.foundation.pipeline import stage
+from tirbyoc.rewrite.block.stages import replace_stored_value
+from tirbyoc.rewrite.foundation.state import RewriteState
+from tirbyoc.rewrite.foundation.steps import StepKind
 
 
 def _unwrapped(copies: dict):

@@ -1,6 +1,6 @@
 """A tensor-core block brought into the plain GEMM form the fast kernel schedules.
 
-The fast kernel (`tirbyoc.rewrite.tensor_core`) computes C[(b,) i, j] += A[(b,) i, k] .
+The fast kernel (`tirbyoc.rewrite.block.tensor_core`) computes C[(b,) i, j] += A[(b,) i, k] .
 B[(b,) k, j] (or B[(b,) j, k]) on whole block tiles. Convolutions and GEMMs of awkward sizes
 reach it in three steps, all TVM schedule primitives:
 
@@ -25,7 +25,7 @@ from math import prod
 from tirbyoc._tvm import REDUCE, TensorLoad, iter_stores, sym, tirx
 from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.ir.tir_walk import iter_exprs, uses_var
-from tirbyoc.rewrite.state import RewriteState
+from tirbyoc.rewrite.foundation.state import RewriteState
 
 VECTOR_BYTES = 16  # the kernel's copies move 16 bytes a thread (cp.async.cg)
 

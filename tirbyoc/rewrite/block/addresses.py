@@ -11,7 +11,7 @@ two tiles in one scratchpad (a fused epilogue's bias next to the accumulator til
 `address_merged_tiles` gives such arguments their address through ``tvm_access_ptr``
 (element offset folded into the pointer, the array's own offset 0), for the scopes in which
 the function allocates more than one buffer; a scope with one tile keeps the plain form
-(which `tirbyoc.rewrite.double_buffer.version_tiles` reads). The rewrite's last stage applies
+(which `tirbyoc.rewrite.functions.double_buffer.version_tiles` reads). The rewrite's last stage applies
 it to the function it returns, so the result is right whichever pipeline builds it.
 """
 

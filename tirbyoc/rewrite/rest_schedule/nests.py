@@ -16,16 +16,16 @@ bit for bit:
   a fused loop would index every lane through divisions: gathers);
 * a nest of fewer than `MIN_PARALLEL` iterations is not worth waking the thread pool for;
 * first, a chain of elementwise nests is inlined into its last one
-  (`tirbyoc.rewrite.elementwise_chain`): one pass over the data, not one per operator.
+  (`tirbyoc.rewrite.rest_schedule.elementwise_chain`): one pass over the data, not one per operator.
 
 A channel-wise reduction (a depthwise convolution, an NHWC pooling window: each output channel
-reduces its own window) gets `tirbyoc.rewrite.channel_reduction`'s schedule instead: vectors
+reduces its own window) gets `tirbyoc.rewrite.rest_schedule.channel_reduction`'s schedule instead: vectors
 across channels, register blocks of output columns, its epilogue fused into the write-back.
 
 A row reduction (a softmax's max and sum, a layer norm's sums) runs each row in vector lanes
-(`tirbyoc.rewrite.lane_reduction`) where that keeps every bit: a max, a min, an integer sum.
+(`tirbyoc.rewrite.rest_schedule.lane_reduction`) where that keeps every bit: a max, a min, an integer sum.
 A float sum moves its last bits in another order, and a float ``exp`` or ``erf`` as vector
-arithmetic (`tirbyoc.rewrite.vector_math`, within 2 units in the last place, instead of one
+arithmetic (`tirbyoc.rewrite.rest_schedule.vector_math`, within 2 units in the last place, instead of one
 libm call per element) moves them too: both only with ``exact=False``, which
 `tirbyoc.relax.rest` passes for a float model, never for a quantized one (a rounding tie
 moved by a last bit changes a whole 8-bit step). Each step is one of TVM's schedule
@@ -39,12 +39,11 @@ from math import prod
 
 from tirbyoc._tvm import SPATIAL, s_tir, tirx
 from tirbyoc.dtypes import dtype_bytes
-from tirbyoc.ir.tir_walk import perfect_nest
-from tirbyoc.rewrite.channel_reduction import schedule_channel_reduction
-from tirbyoc.rewrite.cpu import loop_extent, spatial_prefix
-from tirbyoc.rewrite.elementwise_chain import inline_elementwise_chains
-from tirbyoc.rewrite.lane_reduction import lane_reduction
-from tirbyoc.rewrite.vector_math import vectorizable_math
+from tirbyoc.ir.tir_walk import loop_extent, perfect_nest, spatial_prefix
+from tirbyoc.rewrite.rest_schedule.channel_reduction import schedule_channel_reduction
+from tirbyoc.rewrite.rest_schedule.elementwise_chain import inline_elementwise_chains
+from tirbyoc.rewrite.rest_schedule.lane_reduction import lane_reduction
+from tirbyoc.rewrite.rest_schedule.vector_math import vectorizable_math
 
 SCHEDULED_ATTR = "tirbyoc.rest"  # set on a function this schedule changed: what it did
 MIN_PARALLEL = 4096  # iterations below which TVM's parallel launch costs more than it saves

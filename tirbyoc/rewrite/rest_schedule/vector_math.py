@@ -26,7 +26,7 @@ ones only, and their verification compares them with TVM's build of libm's erf.
 from __future__ import annotations
 
 from tirbyoc._tvm import PrimCall, call_name, expr_dtype, tirx, tvm_ffi
-from tirbyoc.rewrite.steps import Step, StepKind
+from tirbyoc.rewrite.foundation.steps import Step, StepKind
 
 ERF_SPLIT = 1.125
 ERF_ONE = 3.92

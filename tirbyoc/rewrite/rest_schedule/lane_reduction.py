@@ -1,6 +1,6 @@
 """Row reductions in vector lanes: a softmax's max and sum, a layer norm's two sums.
 
-`tirbyoc.rewrite.rest` runs the rows of a reduction in parallel but each row's reduction in
+`tirbyoc.rewrite.rest_schedule.nests` runs the rows of a reduction in parallel but each row's reduction in
 order, one element after the other: a chain of dependent adds, each waiting three or four
 cycles for the one before (BERT-base, fp32, 1 thread on Zen 5: 24 layer norms 3.2 ms and 12
 softmaxes 4.6 ms of 105). Here the reduction loop is split into vectors of lanes and
@@ -21,8 +21,7 @@ from math import prod
 
 from tirbyoc._tvm import REDUCE, tirx
 from tirbyoc.dtypes import dtype_bytes
-from tirbyoc.ir.tir_walk import block_realize, uses_var
-from tirbyoc.rewrite.cpu import loop_extent
+from tirbyoc.ir.tir_walk import block_realize, loop_extent, uses_var
 
 
 @dataclass(frozen=True)

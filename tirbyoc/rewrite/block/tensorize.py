@@ -1,8 +1,8 @@
 """The rewrite engine's entry points: a `Match` in, a tensorized PrimFunc out.
 
 `tensorize` carries a match out on an ``s_tir.Schedule`` of the function, through the stages
-of `tirbyoc.rewrite.pipeline` (commute, canonicalize, stage, pad, tile, scratchpad or
-fragments, schedule, copies, decompose, tensorize, init, link: see `tirbyoc.rewrite.stages`),
+of `tirbyoc.rewrite.foundation.pipeline` (commute, canonicalize, stage, pad, tile, scratchpad or
+fragments, schedule, copies, decompose, tensorize, init, link: see `tirbyoc.rewrite.block.stages`),
 so the result comes with a replayable trace. `tensorize_in` does the same on a schedule the
 caller holds (MetaSchedule's), with schedule primitives only.
 
@@ -21,9 +21,9 @@ from tirbyoc.errors import RewriteError, last_line
 from tirbyoc.ir.init_merge import merge_separate_init
 from tirbyoc.ir.normalize import trivial_loops
 from tirbyoc.matching.results import Match
-from tirbyoc.rewrite.pipeline import run
-from tirbyoc.rewrite.state import Loops, RewriteState, new_state
-from tirbyoc.rewrite.steps import Step
+from tirbyoc.rewrite.foundation.pipeline import run
+from tirbyoc.rewrite.foundation.state import Loops, RewriteState, new_state
+from tirbyoc.rewrite.foundation.steps import Step
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ add, the requantization (``(acc - z) * s + b``, ``round(x / s_y) + z_y``, clip),
 8 bits. Left as they are, every accumulator goes to memory as int32 and each block reads and
 writes the whole tensor again, serially.
 
-The CPU schedule (`tirbyoc.rewrite.cpu`) already writes each register block of accumulators
+The CPU schedule (`tirbyoc.rewrite.cpu.register_blocks`) already writes each register block of accumulators
 back from a small stack buffer inside the parallel loop. Here each block of the chain is
 inlined into that write-back (TVM's ``reverse_compute_inline``), in order: the write-back then
 computes the whole chain on the accumulators while they are in registers or L1, in vectors,
@@ -30,12 +30,13 @@ from __future__ import annotations
 from math import gcd
 
 from tirbyoc._tvm import SPATIAL, PrimCall, call_name, expr_dtype, s_tir, structural_equal, tirx, tvm, tvm_ffi
-from tirbyoc.rewrite.cpu import WRITEBACK_ATTR, lanes_dividing, loop_extent
-from tirbyoc.rewrite.exact_division import fenced
-from tirbyoc.rewrite.integer_writeback import integer_writebacks
-from tirbyoc.rewrite.pipeline import stage
-from tirbyoc.rewrite.state import RewriteState
-from tirbyoc.rewrite.steps import StepKind
+from tirbyoc.ir.tir_walk import loop_extent
+from tirbyoc.rewrite.cpu.register_blocks import WRITEBACK_ATTR, lanes_dividing
+from tirbyoc.rewrite.cpu.exact_division import fenced
+from tirbyoc.rewrite.cpu.integer_writeback import integer_writebacks
+from tirbyoc.rewrite.foundation.pipeline import stage
+from tirbyoc.rewrite.foundation.state import RewriteState
+from tirbyoc.rewrite.foundation.steps import StepKind
 
 
 
@@ -265,8 +266,8 @@ def _unmarked(attr):
 def fence_products(func):
     """``func`` (lowered: loops vectorized) with every float product inside a `FENCE_KEY`
     AttrStmt behind an arithmetic fence, each ``round(x / c)`` there computed without a
-    division (`tirbyoc.rewrite.exact_division`), a store of integers in the cheaper forms of
-    `tirbyoc.rewrite.integer_writeback`, the AttrStmt removed (see the module's docstring)."""
+    division (`tirbyoc.rewrite.cpu.exact_division`), a store of integers in the cheaper forms of
+    `tirbyoc.rewrite.cpu.integer_writeback`, the AttrStmt removed (see the module's docstring)."""
     if not isinstance(func, tirx.PrimFunc):
         return func
     body = tvm_ffi.structural_map(func.body, [(tirx.AttrStmt, _unmarked)])

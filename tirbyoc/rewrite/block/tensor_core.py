@@ -31,10 +31,10 @@ from tirbyoc._tvm import TensorIntrin, cuda_intrinsics
 from tirbyoc.decl.tensor_core import WARP, BlockTiling, TensorCoreKernel
 from tirbyoc.decl.tvm_registry import register_tensor_intrin
 from tirbyoc.dtypes import dtype_bytes
-from tirbyoc.rewrite.gemm_form import (VECTOR_BYTES, fold_staged_inputs, fold_window, inline_consumers, inline_into_copy,
+from tirbyoc.rewrite.block.gemm_form import (VECTOR_BYTES, fold_staged_inputs, fold_window, inline_consumers, inline_into_copy,
                                        pad_waste, padded, squeeze, whole_loops)
-from tirbyoc.rewrite.state import RewriteState
-from tirbyoc.rewrite.steps import StepKind
+from tirbyoc.rewrite.foundation.state import RewriteState
+from tirbyoc.rewrite.foundation.steps import StepKind
 
 SHARED_DYN = "shared.dyn"
 

@@ -2,7 +2,7 @@
 
 A layer whose weights outgrow the caches (ResNet-50's last 3x3 convolutions: 2.3 MB of int8
 weights for seven output rows) runs with its output-channel tiles outermost
-(`tirbyoc.rewrite.weight_layout.weights_first`): each tile's weights are read from memory once, by
+(`tirbyoc.rewrite.cpu.weight_layout.weights_first`): each tile's weights are read from memory once, by
 its first register block, then reused from L2 by the others. That first pass waits on memory:
 in a whole model every layer's weights are cold (ResNet-50 holds 25 MB of them), and the
 hardware prefetcher, which follows one 8 KB run per filter tap, does not run far enough ahead.
