@@ -12,29 +12,38 @@ from tirbyoc.ir.pattern import function_blocks
 from tirbyoc.matching.candidates import candidates
 from tirbyoc.matching.matcher import match_block
 from tirbyoc.matching.results import Match, MatchStage, Mismatch
-from tirbyoc.rewrite.foundation.pipeline import ORDER, stage, stage_names, stages
+from tirbyoc._tvm import tvm
+from tirbyoc.offloading.function_steps import FUNCTION_STEPS
+from tirbyoc.offloading.lowering import AFTER_LOWERING, BEFORE_LOWERING
+from tirbyoc.rewrite.block.order import STAGES, stage_names
+from tirbyoc.rewrite.foundation.pipeline import Stage, run_in_order
 from tirbyoc.rewrite.foundation.steps import Step, StepKind
 from tirbyoc.rewrite.block.tensorize import tensorize
 
 VTA = tirbyoc.get_template("vta")
 
 
-def test_stages_run_in_the_written_order_each_from_the_module_it_names():
-    """The order is `ORDER`, written once; each stage's function comes from the module its row
-    names, whatever was imported before."""
+def test_every_pipeline_is_rows_of_stages_holding_their_functions():
+    """The rewrite's stages, the function steps and the lowering passes are written one way:
+    rows of `Stage` (name, the function itself, what it does, the targets it serves), run in
+    order by one runner."""
     expected = ["cast", "commute", "canonicalize", "stage", "pad", "tile", "scratchpad", "epilogue", "fragments", "schedule",
                 "dma copies", "fragment copies", "cpu epilogue", "decompose", "tensorize", "init", "link"]
     assert stage_names() == expected
-    assert [s.name for s in stages()] == expected
-    assert [s.fn.__module__ for s in stages()] == [f"tirbyoc.rewrite.{module}" for _, module, _ in ORDER]
-    assert [s.target_kinds for s in stages() if s.target_kinds] == [("cuda",), ("cuda",), ("llvm",)]
+    for rows in (STAGES, FUNCTION_STEPS, BEFORE_LOWERING, AFTER_LOWERING):
+        assert all(isinstance(s, Stage) and callable(s.fn) and s.what for s in rows)
+        assert len({s.name for s in rows}) == len(rows)
+    assert [s.target_kinds for s in STAGES if s.target_kinds] == [("cuda",), ("cuda",), ("llvm",)]
+    assert [s.fn.__name__ for s in FUNCTION_STEPS] == ["in_place", "bind_to_gpu", "account_scratchpads"]
 
 
-def test_a_stage_must_be_a_row_of_the_order_and_registered_once():
-    with pytest.raises(ValueError, match="no rewrite stage 'late' in the stage order"):
-        stage("late")(lambda s: None)
-    with pytest.raises(ValueError, match="already registered"):
-        stage("tile")(lambda s: None)
+def test_the_runner_skips_what_does_not_apply_and_serves_only_its_targets():
+    seen = []
+    rows = (Stage("double", lambda v: v * 2, "x2"), Stage("skip", lambda v: None, "nothing"),
+            Stage("gpu only", lambda v: v + 100, "+100", ("cuda",)), Stage("inc", lambda v: v + 1, "+1"))
+    out = run_in_order(rows, 5, lambda st, v: seen.append(st.name) or st.fn(v),
+                       target=tvm.target.Target({"kind": "llvm"}))
+    assert out == 11 and seen == ["double", "skip", "inc"]
 
 
 def test_steps_are_records_that_read_as_sentences(tmp_path, monkeypatch):
@@ -93,3 +102,18 @@ def test_match_json_carries_the_mismatch_record(tmp_path, capsys):
     (row,) = [r for r in json.loads(capsys.readouterr().out)["blocks"] if r["block"] == "C"]
     assert row["intrinsic"] is None and row["mismatch"]["stage"] == "dtype"
     assert row["mismatch"]["found"] == "float32" and row["reason"].endswith(row["mismatch"]["message"])
+
+
+def test_the_function_steps_and_the_lowering_dump_like_the_stages(tmp_path, monkeypatch):
+    """One runner, one dump: an offload to a CPU template writes the rewrite's stages, the
+    function steps and the lowering passes that changed the function, each named by its run."""
+    monkeypatch.setenv("TIRBYOC_DUMP", str(tmp_path))
+    out = offload(matmul(64, 64, 64), "x86_fp32_avx2")
+    assert out.offloaded and out.verification.passed
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert any(".main.C." in n for n in names), names  # the block's stages
+    lowered = [n for n in names if ".lowering." in n]
+    marked = [n for n in lowered if n.endswith("-mark_write-backs.py")]
+    assert marked, lowered
+    assert (tmp_path / marked[0]).read_text().startswith("# after stage 'mark write-backs'\n")
+    assert all((tmp_path / n).read_text().startswith("# after stage '") for n in names)

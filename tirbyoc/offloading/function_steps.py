@@ -16,6 +16,7 @@ from tirbyoc.rewrite.functions.double_buffer import plan_double_buffering
 from tirbyoc.rewrite.functions.gpu_threads import THREADS, bind_unbound_nests
 from tirbyoc.rewrite.functions.in_place import in_place_note, read_in_place
 from tirbyoc.rewrite.block.scratchpad import scratchpad_usage
+from tirbyoc.rewrite.foundation.pipeline import Stage, run_in_order
 from tirbyoc.rewrite.foundation.steps import Step, StepKind
 
 
@@ -102,13 +103,23 @@ def account_scratchpads(func, template, owners, outcomes):
 
 # in order, each (func, template, owners, outcomes) -> (func, outcomes); owners: each offloaded
 # block -> its operand buffers (`owners_of`), or None where not known (`tuned_owners`)
-FUNCTION_STEPS = (in_place, bind_to_gpu, account_scratchpads)
+FUNCTION_STEPS = (
+    Stage("in place", in_place, "staging copies that move nothing replaced by views of the parameters"),
+    Stage("bind to gpu", bind_to_gpu, "the nests a CUDA kernel left on the host bound to GPU threads"),
+    Stage("scratchpads", account_scratchpads, "a simulated template's scratchpads accounted and double-buffered"),
+)
 
 
 def finish(func, template, owners, outcomes):
-    """(``func``, ``outcomes``) after every step of `FUNCTION_STEPS`, in order."""
-    for step in FUNCTION_STEPS:
-        func, outcomes = step(func, template, owners, outcomes)
+    """(``func``, ``outcomes``) after every step of `FUNCTION_STEPS`, in order (dumped as every
+    pipeline's stages are, `tirbyoc.rewrite.foundation.pipeline`)."""
+    def apply(step, done):
+        out = step.fn(done[0], template, owners, done[1])
+        return None if out[0] is done[0] and out[1] is done[1] else out
+
+    name = str(func.attrs["global_symbol"]) if func.attrs and "global_symbol" in func.attrs else "main"
+    func, outcomes = run_in_order(FUNCTION_STEPS, (func, outcomes), apply, label=f"function.{name}",
+                                  script=lambda done: done[0].script())
     return func, list(outcomes)
 
 

@@ -30,29 +30,47 @@ from tirbyoc.rewrite.cpu.cpu_epilogue import fence_products, mark_writebacks
 from tirbyoc.rewrite.functions.double_buffer import version_tiles
 from tirbyoc.rewrite.cpu.prefetch import insert_weight_prefetches
 from tirbyoc.rewrite.cpu.stack import keep_register_blocks_on_stack, mark_register_blocks
+from tirbyoc.rewrite.foundation.pipeline import Stage, dump_after
 
 PIPELINE = "tirbyoc"
+
+# on the scheduled functions, before TVM's lowering (blocks still there)
+BEFORE_LOWERING = (
+    Stage("mark write-backs", mark_writebacks, "the write-backs marked by their block annotation"),
+    Stage("prefetch weights", insert_weight_prefetches, "the next weight tiles' prefetches the schedule asked for"),
+    Stage("mark register blocks", mark_register_blocks, "the register blocks' buffers named by their write-backs"),
+)
+# after TVM's lowering (before its host finalisation)
+AFTER_LOWERING = (
+    Stage("version tiles", version_tiles, "two versions of each scratchpad tile marked for double buffering"),
+    Stage("register blocks on stack", keep_register_blocks_on_stack, "register blocks kept off the heap"),
+    Stage("fence products", fence_products, "a fused epilogue's float products rounded before they are added"),
+)
+
+
+def as_pass(stage: Stage):
+    """``stage`` as a TVM PrimFunc pass (named ``tirbyoc.<stage>``), dumped as every pipeline's
+    stages are (`tirbyoc.rewrite.foundation.pipeline`) where it changed the function."""
+    def apply(func, _mod, _ctx):
+        out = stage.fn(func)
+        if not out.same_as(func):
+            name = str(func.attrs["global_symbol"]) if func.attrs and "global_symbol" in func.attrs else "main"
+            dump_after(f"lowering.{name}", stage.name, out.script())
+        return out
+
+    return tirx.transform.prim_func_pass(apply, opt_level=0, name=f"tirbyoc.{stage.name.replace(' ', '_')}")
 
 
 def tirbyoc_passes() -> list:
     """The passes run after TVM's default lowering (before its host finalisation)."""
-    return [tirx.transform.prim_func_pass(version_tiles, opt_level=0, name="tirbyoc.VersionTiles"),
-            tirx.transform.prim_func_pass(lambda f, _m, _c: keep_register_blocks_on_stack(f), opt_level=0,
-                                          name="tirbyoc.RegisterBlocksOnStack"),
-            tirx.transform.prim_func_pass(lambda f, _m, _c: fence_products(f), opt_level=0,
-                                          name="tirbyoc.FenceProducts")]
+    return [as_pass(s) for s in AFTER_LOWERING]
 
 
 def tirbyoc_pre_passes() -> list:
     """The passes run before TVM's default lowering (blocks still there)."""
-    return [tirx.transform.prim_func_pass(lambda f, _m, _c: mark_writebacks(f), opt_level=0,
-                                          name="tirbyoc.MarkWritebacks"),
-            tirx.transform.prim_func_pass(lambda f, _m, _c: insert_weight_prefetches(f), opt_level=0,
-                                          name="tirbyoc.PrefetchWeights"),
-            tirx.transform.prim_func_pass(lambda f, _m, _c: mark_register_blocks(f), opt_level=0,
-                                          name="tirbyoc.MarkRegisterBlocks")]
+    return [as_pass(s) for s in BEFORE_LOWERING]
 
 
 register_tir_pipeline(PIPELINE, tirbyoc_passes, tirbyoc_pre_passes)
 
-__all__ = ["PIPELINE", "tirbyoc_passes", "tirbyoc_pre_passes"]
+__all__ = ["AFTER_LOWERING", "BEFORE_LOWERING", "PIPELINE", "as_pass", "tirbyoc_passes", "tirbyoc_pre_passes"]

@@ -20,7 +20,6 @@ from tirbyoc.ir.tir_walk import map_expr
 from tirbyoc.matching.candidates import Candidate
 from tirbyoc.matching.matcher import match_block
 from tirbyoc.matching.results import Mismatch, Staging
-from tirbyoc.rewrite.foundation.pipeline import stage
 from tirbyoc.rewrite.block.stages import replace_stored_value
 from tirbyoc.rewrite.foundation.state import RewriteState
 from tirbyoc.rewrite.foundation.steps import StepKind
@@ -60,7 +59,6 @@ def _inline_narrow_producers(state: RewriteState, copy, buffer: str) -> None:
         state.record(StepKind.CAST, f"{name} computed inside the staging copy of {buffer}")
 
 
-@stage("cast")
 def stage_casts(state: RewriteState) -> RewriteState | None:
     dtypes = {s.name: s.dtype for s in state.match.intrinsic.operands}
     casts = {o.buffer: dtypes[o.operand] for o in state.match.operands if Staging.CAST in o.staging}

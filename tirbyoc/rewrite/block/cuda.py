@@ -25,7 +25,6 @@ from __future__ import annotations
 from tirbyoc.decl.tensor_core import WARP
 from tirbyoc.errors import RewriteError
 from tirbyoc.ir.tir_walk import loop_extent
-from tirbyoc.rewrite.foundation.pipeline import stage
 from tirbyoc.rewrite.foundation.state import Loops, RewriteState
 from tirbyoc.rewrite.foundation.steps import StepKind
 from tirbyoc.rewrite.block.tensor_core import apply_kernel
@@ -48,7 +47,6 @@ def _copy_intrinsic(group, src_scope: str, dst_scope: str, dtype: str):
                        f"{dst_scope} for {dtype}")
 
 
-@stage("fragments", target_kinds=("cuda",))
 def stage_fragments(state: RewriteState) -> RewriteState | None:
     """The warp schedule above, after tiling: one warp per thread block, its output tiles'
     fragments kept across the reduction, input tiles staged through shared memory."""
@@ -114,7 +112,6 @@ def _stage_operand(state: RewriteState, op, warp_loop, k_loops) -> tuple:
     return frag, _copy_intrinsic(group, shared, op.scope, load.operands[0].dtype)
 
 
-@stage("fragment copies", target_kinds=("cuda",))
 def tensorize_fragment_copies(state: RewriteState) -> RewriteState | None:
     """Cut each fragment copy into 16x16 tiles and tensorize it with its intrinsic."""
     if not state.fragment_copies:

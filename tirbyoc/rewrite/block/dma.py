@@ -17,14 +17,12 @@ from tirbyoc.errors import RewriteError
 from tirbyoc.matching.results import OperandMap
 from tirbyoc.rewrite.block.block_dma import blockize_exact, plain_window_copy, replace_with_block_dma
 from tirbyoc.ir.tir_walk import loop_extent
-from tirbyoc.rewrite.foundation.pipeline import stage
 from tirbyoc.rewrite.block.scratchpad import TileAxis, TileOperand, rank_tiles, scratchpad_usage
 from tirbyoc.rewrite.block.staging import index_map, relayout
 from tirbyoc.rewrite.foundation.state import Loops, RewriteState
 from tirbyoc.rewrite.foundation.steps import Step, StepKind
 
 
-@stage("scratchpad")
 def stage_scratchpads(state: RewriteState) -> RewriteState | None:
     spad = state.scratchpad_operands
     if not spad:
@@ -160,7 +158,6 @@ def _dma(state: RewriteState, op: OperandMap, at) -> None:
     state.copies.append((op, copy, ins, kind, len(rest) + 2 * len(view)))
 
 
-@stage("dma copies")
 def tensorize_dma_copies(state: RewriteState) -> RewriteState | None:
     if not state.copies:
         return None

@@ -31,13 +31,11 @@ from tirbyoc.ir.tir_walk import always_true
 from tirbyoc.rewrite.block.block_dma import row_major, strided_view, tile_nest, window_region
 from tirbyoc.rewrite.block.dma import copy_by_block_dma
 from tirbyoc.rewrite.block.epilogue_chain import AluOp, Epilogue, alu_ops, blocks_of, find_epilogue, loads, readers
-from tirbyoc.rewrite.foundation.pipeline import stage
 from tirbyoc.rewrite.block.scratchpad import scratchpad_usage
 from tirbyoc.rewrite.foundation.state import RewriteState
 from tirbyoc.rewrite.foundation.steps import StepKind
 
 
-@stage("epilogue")
 def fuse_epilogue(state: RewriteState) -> RewriteState | None:
     """Run the chain after the core on its accumulator tile (see the module's docstring)."""
     template = state.template

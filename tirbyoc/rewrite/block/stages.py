@@ -22,7 +22,6 @@ from tirbyoc.errors import RewriteError
 from tirbyoc.ir.pattern import load_source
 from tirbyoc.rewrite.block.addresses import address_merged_tiles
 from tirbyoc.rewrite.cpu.register_blocks import default_schedule
-from tirbyoc.rewrite.foundation.pipeline import stage
 from tirbyoc.rewrite.foundation.state import Loops, RewriteState
 from tirbyoc.rewrite.foundation.steps import Step, StepKind
 
@@ -63,7 +62,6 @@ def commuted(w, d, w_role, d_role):
     return type(w)(new_a, new_b)
 
 
-@stage("commute")
 def commute(state: RewriteState) -> RewriteState | None:
     """Put the block's multiply-add operands (and its read regions) in the intrinsic's
     order. Done on the block itself (``ScheduleState.replace``): not in the trace."""
@@ -99,14 +97,12 @@ def replace_stored_value(sch, block_rv, value, reads=None) -> None:
     sch.state.replace(sch.get_sref(block_rv), new, {block: new})
 
 
-@stage("canonicalize")
 def canonicalize(state: RewriteState) -> RewriteState:
     with state.step(StepKind.CANONICALIZE, "transform_block_layout to (outer loops, intrinsic axes)"):
         state.sch.transform_block_layout(state.block, state.match.block_index_map())
     return state
 
 
-@stage("tile")
 def tile(state: RewriteState) -> RewriteState:
     m, sch = state.match, state.sch
     loops = sch.get_loops(state.block)
@@ -132,7 +128,6 @@ def tile(state: RewriteState) -> RewriteState:
     return state
 
 
-@stage("schedule")
 def schedule_outer_loops(state: RewriteState) -> RewriteState | None:
     """The target's default schedule (or the caller's), unless tiles are staged per tile
     (scratchpad, fragments: their stages already arranged the loops)."""
@@ -146,7 +141,6 @@ def schedule_outer_loops(state: RewriteState) -> RewriteState | None:
     return state
 
 
-@stage("decompose")
 def decompose(state: RewriteState) -> RewriteState | None:
     loops = state.loops
     reduce_loops = loops.outer_reduce + loops.axis_reduce
@@ -157,7 +151,6 @@ def decompose(state: RewriteState) -> RewriteState | None:
     return state
 
 
-@stage("tensorize")
 def tensorize_compute(state: RewriteState) -> RewriteState | None:
     if state.compute_tensorized:
         return None
@@ -169,7 +162,6 @@ def tensorize_compute(state: RewriteState) -> RewriteState | None:
     return state
 
 
-@stage("init")
 def tensorize_init(state: RewriteState) -> RewriteState | None:
     group = state.match.group
     if state.compute_tensorized or state.init_block is None or group is None or group.init is None:
@@ -186,7 +178,6 @@ def tensorize_init(state: RewriteState) -> RewriteState | None:
     return state
 
 
-@stage("link")
 def link_libraries(state: RewriteState) -> RewriteState:
     """The result function (tiles that share a scratchpad addressed so that TVM's merging of
     their allocations keeps them apart, `tirbyoc.rewrite.block.addresses`); with the template's

@@ -18,7 +18,6 @@ from tirbyoc._tvm import PrimCall, call_name, tirx
 from tirbyoc.errors import RewriteError
 from tirbyoc.ir.pattern import Access
 from tirbyoc.matching.results import OperandMap, Staging
-from tirbyoc.rewrite.foundation.pipeline import stage
 from tirbyoc.rewrite.foundation.state import RewriteState
 from tirbyoc.rewrite.foundation.steps import StepKind
 
@@ -72,7 +71,6 @@ def _packs(state: RewriteState, op: OperandMap) -> bool:
     return op.pack and op.operand not in state.tiled
 
 
-@stage("stage")
 def stage_operands(state: RewriteState) -> RewriteState | None:
     """Copy every operand that cannot be read in place (whole, or reindexed by the
     intrinsic's axes)."""
@@ -175,7 +173,6 @@ def _stage_reindex(state: RewriteState, op: OperandMap, kind: str, scope: str) -
         state.packs.append((op, kind, len(others)))
 
 
-@stage("pad")
 def pad_and_pack(state: RewriteState) -> RewriteState | None:
     """``pad_einsum`` to multiples of the intrinsic's widths, then pack the reindexed copies
     that the implementation reads as dense tiles."""

@@ -21,7 +21,7 @@ from tirbyoc.errors import RewriteError, last_line
 from tirbyoc.ir.init_merge import merge_separate_init
 from tirbyoc.ir.normalize import trivial_loops
 from tirbyoc.matching.results import Match
-from tirbyoc.rewrite.foundation.pipeline import run
+from tirbyoc.rewrite.block.order import rewrite
 from tirbyoc.rewrite.foundation.state import Loops, RewriteState, new_state
 from tirbyoc.rewrite.foundation.steps import Step
 
@@ -53,7 +53,7 @@ def resolve(match: Match, target, template):
 
 
 def _carry_out(state: RewriteState) -> Rewritten:
-    state = run(state)
+    state = rewrite(state)
     return Rewritten(state.func, state.match, state.sch.trace, tuple(state.steps),
                      tuple(state.intrinsics + state.copy_intrinsics), state.sch, tuple(state.fused))
 

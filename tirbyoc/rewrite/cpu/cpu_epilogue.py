@@ -34,7 +34,6 @@ from tirbyoc.ir.tir_walk import loop_extent
 from tirbyoc.rewrite.cpu.register_blocks import WRITEBACK_ATTR, lanes_dividing
 from tirbyoc.rewrite.cpu.exact_division import fenced
 from tirbyoc.rewrite.cpu.integer_writeback import integer_writebacks
-from tirbyoc.rewrite.foundation.pipeline import stage
 from tirbyoc.rewrite.foundation.state import RewriteState
 from tirbyoc.rewrite.foundation.steps import StepKind
 
@@ -280,7 +279,6 @@ def _writeback(sch, block):
     return next((c for c in sch.get_consumers(block) if WRITEBACK_ATTR in sch.get(c).annotations), None)
 
 
-@stage("cpu epilogue", target_kinds=("llvm",))
 def fuse_cpu_epilogue(state: RewriteState) -> RewriteState | None:
     """Fuse the elementwise chain after the core into its register block's write-back (see
     the module's docstring); a template with a block ALU fuses on its own tile instead."""

@@ -33,7 +33,7 @@ class Loops:
 
 @dataclass
 class RewriteState:
-    """One rewrite of one block, handed from stage to stage (`tirbyoc.rewrite.foundation.pipeline.ORDER`).
+    """One rewrite of one block, handed from stage to stage (`tirbyoc.rewrite.block.order.STAGES`).
 
     Set when the rewrite starts (`new_state`), read by every stage:
       ``sch`` the `s_tir.Schedule` being built; ``block`` the compute block's handle in it;
