@@ -22,10 +22,8 @@ reduction tile (2 input channels, not 4) differ.
 
 from functools import cache
 
-from tirbyoc import (Cost, Intrinsic, IntrinsicGroup, Role, Runtime, Template, VectorVariant, dot_product_desc,
-                     dot_product_signature, variants)
-
-from .x86_vnni import zero_fill
+from tirbyoc import Intrinsic, IntrinsicGroup, Template, VectorVariant, variants, zero_fill
+from tirbyoc import dot_product as family_dot_product
 
 K = 2  # bytes of A per lane and call: vpmaddwd sums pairs of products
 VARIANTS = variants(
@@ -35,67 +33,38 @@ VARIANTS = variants(
 )
 
 
+def vpmaddwd(lanes: int, llvm_name: str):
+    """vpmaddwd on operands widened to 16 bits, added to C: A's two bytes broadcast as one u16,
+    then widened (one vpbroadcastw and one vpmovzxbw; widening first costs three more)."""
+    wide = 2 * lanes
+
+    def value(T, A, B, C):
+        a = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x2"), dtype="uint16"), lanes),
+                          dtype=f"uint8x{wide}")
+        return C.vload([0], dtype=f"int32x{lanes}") + T.call_llvm_pure_intrin(
+            T.llvm_lookup_intrinsic_id(llvm_name), T.cast(a, f"int16x{wide}"),
+            T.cast(B.vload([0, 0], f"int8x{wide}"), f"int16x{wide}"), dtype=f"int32x{lanes}")
+
+    return value
+
+
 @cache
 def dot_product(name: str = "x86_avx2") -> Intrinsic:
     """C[lanes] += sum_k u8 A[k] * i8 B[lanes, k] over k < 2: one ``vpmaddwd`` on operands
     widened to 16 bits (exact), then one 32-bit add."""
-    variant = VARIANTS[name]
-    lanes, llvm_name, instruction = variant.lanes, variant.llvm, variant.instruction
-    wide = 2 * lanes
-
-    def build():
-        from tvm.script import tirx as T
-
-        desc = dot_product_desc(lanes, K, "uint8", "int8", "int32")
-
-        @T.prim_func(s_tir=True)
-        def impl(
-            A: T.Buffer((K,), "uint8", offset_factor=1),
-            B: T.Buffer((lanes, K), "int8", offset_factor=1),
-            C: T.Buffer((lanes,), "int32", offset_factor=1),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(C[0:lanes], A[0:K], B[0:lanes, 0:K])
-                T.writes(C[0:lanes])
-                # A's two bytes broadcast as one u16, then widened: one vpbroadcastw and one
-                # vpmovzxbw (widening first costs a scalar load, a move and a shuffle more)
-                C[T.ramp(T.int32(0), 1, lanes)] = C.vload([0], dtype=f"int32x{lanes}") + T.call_llvm_pure_intrin(
-                    T.llvm_lookup_intrinsic_id(llvm_name),
-                    T.cast(T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x2"), dtype="uint16"),
-                                                     lanes), dtype=f"uint8x{wide}"), f"int16x{wide}"),
-                    T.cast(B.vload([0, 0], f"int8x{wide}"), f"int16x{wide}"),
-                    dtype=f"int32x{lanes}",
-                )
-
-        return desc, impl
-
-    return Intrinsic(
-        f"{name}.dot_{lanes}x{K}_u8i8i32",
-        Role.COMPUTE,
-        *dot_product_signature(lanes, K, "uint8", "int8", "int32"),
-        build,
-        cost=Cost(cycles=1),
-        doc=(f"{instruction} on operands widened to 16 bits: C[{lanes}] += u8 A[2] . i8 B[{lanes},2] "
-             f"(B packed [N/{lanes}, K/2, {lanes}, 2])"),
-    )
+    v = VARIANTS[name]
+    return family_dot_product(f"{name}.dot_{v.lanes}x{K}_u8i8i32", v.lanes, K, ("uint8", "int8", "int32"),
+                              vpmaddwd(v.lanes, v.llvm),
+                              doc=(f"{v.instruction} on operands widened to 16 bits: C[{v.lanes}] += u8 A[2] . "
+                                   f"i8 B[{v.lanes},2] (B packed [N/{v.lanes}, K/2, {v.lanes}, 2])"))
 
 
 def make_template(name: str = "x86_avx2") -> Template:
     """The exact ``vpmaddwd`` int8 template: ``x86_avx2`` (ymm) or ``x86_avx512bw`` (zmm)."""
-    variant = VARIANTS[name]
-    lanes, instruction = variant.lanes, variant.instruction
-    return Template(
-        name=name,
-        target=variant.target,
-        runtime=Runtime.LLVM,
-        groups=(IntrinsicGroup("dot_u8i8i32", compute=dot_product(name),
-                               init=zero_fill(lanes, name=name)),),
-        requires=variant.requires(),
-        doc=(f"exact int8 dot products without VNNI: u8 activations x i8 weights -> i32 with "
-             f"{instruction} on 16-bit operands"),
-        channels_last=True,  # two input channels per lane, `lanes` output channels per store
-        fuses_epilogues=True,  # requantized in the register block's write-back, stored as 8 bits
-    )
+    v = VARIANTS[name]
+    return v.template(IntrinsicGroup("dot_u8i8i32", compute=dot_product(name), init=zero_fill(name, v.lanes, "int32")),
+                      doc=(f"exact int8 dot products without VNNI: u8 activations x i8 weights -> i32 with "
+                           f"{v.instruction} on 16-bit operands"))
 
 
 TEMPLATE = make_template("x86_avx2")

@@ -21,9 +21,8 @@ with TVM's build to float32 rounding (each offload is checked at a float toleran
 
 from functools import cache
 
-from tirbyoc import Cost, Intrinsic, IntrinsicGroup, Operand, Role, Runtime, Template, VectorVariant, variants
-
-from .x86_vnni import zero_fill
+from tirbyoc import (Intrinsic, IntrinsicGroup, Operand, Role, Template, VectorVariant, variants, vector_intrinsic,
+                     zero_fill)
 
 VARIANTS = variants(
     VectorVariant("x86_fp32_avx2", 8, "haswell", ("avx2", "fma"), "vfmadd231ps ymm"),
@@ -33,69 +32,28 @@ VARIANTS = variants(
 
 @cache
 def fma(name: str = "x86_fp32_avx512") -> Intrinsic:
-    """C[lanes] += A[0] * B[lanes]: one broadcast and one fused multiply-add."""
+    """C[lanes] += A[0] * B[lanes]: one broadcast and one fused multiply-add (an explicit fma,
+    not a multiply and an add: the fences a fused write-back puts on float products,
+    `tirbyoc.rewrite.cpu.cpu_epilogue`, leave the core alone)."""
     lanes, instruction = VARIANTS[name].lanes, VARIANTS[name].instruction
     vec = f"float32x{lanes}"
-
-    def build():
-        from tvm.script import tirx as T
-
-        @T.prim_func(s_tir=True)
-        def desc(
-            A: T.Buffer((1,), "float32", offset_factor=1),
-            B: T.Buffer((lanes,), "float32", offset_factor=1),
-            C: T.Buffer((lanes,), "float32", offset_factor=1),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(C[0:lanes], A[0:1], B[0:lanes])
-                T.writes(C[0:lanes])
-                for i in T.serial(lanes):
-                    with T.sblock("update"):
-                        vi = T.axis.remap("S", [i])
-                        C[vi] = C[vi] + A[0] * B[vi]
-
-        @T.prim_func(s_tir=True)
-        def impl(
-            A: T.Buffer((1,), "float32", offset_factor=1),
-            B: T.Buffer((lanes,), "float32", offset_factor=1),
-            C: T.Buffer((lanes,), "float32", offset_factor=1),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(C[0:lanes], A[0:1], B[0:lanes])
-                T.writes(C[0:lanes])
-                # an explicit fma (not a multiply and an add): the fences a fused write-back puts
-                # on float products (`tirbyoc.rewrite.cpu.cpu_epilogue`) leave the core alone
-                C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
-                    T.llvm_lookup_intrinsic_id(f"llvm.fma.v{lanes}f32"),
-                    T.broadcast(A[0], lanes), B.vload([0], vec), C.vload([0], vec), dtype=vec)
-
-        return desc, impl
-
-    return Intrinsic(
-        f"{name}.fma_{lanes}_f32",
-        Role.COMPUTE,
-        [Operand("A", (1,), "float32"), Operand("B", (lanes,), "float32"), Operand("C", (lanes,), "float32")],
-        [("i", lanes, "S")],
-        build,
-        cost=Cost(cycles=1),
+    return vector_intrinsic(
+        f"{name}.fma_{lanes}_f32", Role.COMPUTE,
+        ([Operand("A", (1,), "float32"), Operand("B", (lanes,), "float32"), Operand("C", (lanes,), "float32")],
+         [("i", lanes, "S")]),
+        lambda T, A, B, C, i: C[i] + A[0] * B[i],
+        lambda T, A, B, C: T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id(f"llvm.fma.v{lanes}f32"),
+                                                   T.broadcast(A[0], lanes), B.vload([0], vec), C.vload([0], vec),
+                                                   dtype=vec),
         doc=f"{instruction}: C[{lanes}] += A[0] * B[{lanes}] (B packed [N/{lanes}, K, {lanes}])",
     )
 
 
 def make_template(name: str = "x86_fp32_avx512") -> Template:
     """The fp32 fused multiply-add template: ``x86_fp32_avx2`` (ymm) or ``x86_fp32_avx512`` (zmm)."""
-    variant = VARIANTS[name]
-    lanes, instruction = variant.lanes, variant.instruction
-    return Template(
-        name=name,
-        target=variant.target,
-        runtime=Runtime.LLVM,
-        groups=(IntrinsicGroup("fma_f32", compute=fma(name), init=zero_fill(lanes, "float32", name=name)),),
-        requires=variant.requires(),
-        doc=f"fp32 convolutions and matmuls as register-blocked {instruction} micro-kernels",
-        channels_last=True,  # one input channel per step, `lanes` output channels per store
-        fuses_epilogues=True,  # bias, ReLU, a residual add in the register block's write-back
-    )
+    v = VARIANTS[name]
+    return v.template(IntrinsicGroup("fma_f32", compute=fma(name), init=zero_fill(name, v.lanes, "float32")),
+                      doc=f"fp32 convolutions and matmuls as register-blocked {v.instruction} micro-kernels")
 
 
 TEMPLATE = make_template("x86_fp32_avx512")

@@ -18,8 +18,8 @@ does with VNNI is verified there too; its times are not VNNI's, and `tirbyoc run
 
 from functools import cache
 
-from tirbyoc import (Cost, Intrinsic, IntrinsicGroup, Role, Runtime, Template, dot_product_desc,
-                     dot_product_signature, requires_cpu, zero_fill_desc, zero_fill_signature)
+from tirbyoc import Intrinsic, IntrinsicGroup, Runtime, Template, requires_cpu, zero_fill
+from tirbyoc import dot_product as family_dot_product
 
 NAME = "x86_vnni"
 TARGET = {"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2}
@@ -27,80 +27,27 @@ EMULATED_NAME = "x86_vnni_emulated"
 EMULATED_TARGET = {"kind": "llvm", "num-cores": 2}  # this CPU (`tirbyoc run` names its mcpu)
 
 
-@cache
-def dot_product(lanes: int = 16, k: int = 4, emulated: bool = False) -> Intrinsic:
-    """C[lanes] += sum_k u8 A[k] * i8 B[lanes, k], one vpdpbusd (lanes=16, k=4); ``emulated``:
-    the same values from portable vector code (`make_template`)."""
-    if (lanes, k) != (16, 4):
-        raise ValueError("vpdpbusd zmm computes exactly 16 lanes x 4 bytes")
-    name = EMULATED_NAME if emulated else NAME
+def vpdpbusd(T, A, B, C):
+    """LLVM's vpdpbusd: A's 4 bytes broadcast as one i32 to 16 lanes, read as 64 bytes."""
+    a = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 16), dtype="int8x64")
+    return T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
+                                   C.vload([0], dtype="int32x16"), a, B.vload([0, 0], dtype="int8x64"), dtype="int32x16")
 
-    def build():
-        from tvm.script import tirx as T
 
-        desc = dot_product_desc(16, 4, "uint8", "int8", "int32")
-
-        @T.prim_func(s_tir=True)
-        def impl(
-            A: T.Buffer((4,), "uint8", offset_factor=1),
-            B: T.Buffer((16, 4), "int8", offset_factor=1),
-            C: T.Buffer((16,), "int32", offset_factor=1),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-                T.writes(C[0:16])
-                if emulated:  # a Python bool: TVMScript parses only the branch taken
-                    for i in T.vectorized(16):
-                        C[i] = C[i] + (T.cast(A[0], "int32") * T.cast(B[i, 0], "int32")
-                                       + T.cast(A[1], "int32") * T.cast(B[i, 1], "int32")
-                                       + T.cast(A[2], "int32") * T.cast(B[i, 2], "int32")
-                                       + T.cast(A[3], "int32") * T.cast(B[i, 3], "int32"))
-                else:
-                    C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
-                        T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
-                        C.vload([0], dtype="int32x16"),
-                        T.reinterpret(
-                            T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 16),
-                            dtype="int8x64",
-                        ),
-                        B.vload([0, 0], dtype="int8x64"),
-                        dtype="int32x16",
-                    )
-
-        return desc, impl
-
-    return Intrinsic(f"{name}.dot_16x4_u8i8i32", Role.COMPUTE,
-                     *dot_product_signature(16, 4, "uint8", "int8", "int32"), build, cost=Cost(cycles=1),
-                     doc=("vpdpbusd zmm" + (" emulated" if emulated else "")
-                          + ": C[16] += u8 A[4] . i8 B[16,4] (B packed [N/16, K/4, 16, 4])"))
+def vpdpbusd_emulated(T, A, B, C, i):
+    """Lane ``i`` of vpdpbusd as portable code: four products widened to 32 bits, summed."""
+    return C[i] + sum((T.cast(A[k], "int32") * T.cast(B[i, k], "int32") for k in range(1, 4)),
+                      T.cast(A[0], "int32") * T.cast(B[i, 0], "int32"))
 
 
 @cache
-def zero_fill(lanes: int = 16, dtype: str = "int32", name: str = NAME) -> Intrinsic:
-    """C[lanes] = 0 as one vector store."""
-
-    def build():
-        from tvm.script import tirx as T
-
-        desc = zero_fill_desc(lanes, dtype)
-
-        @T.prim_func(s_tir=True)
-        def impl(C: T.Buffer((lanes,), dtype, offset_factor=1)) -> None:
-            with T.sblock("root"):
-                T.reads()
-                T.writes(C[0:lanes])
-                C[T.ramp(T.int32(0), 1, lanes)] = T.broadcast(T.cast(0, dtype), lanes)
-
-        return desc, impl
-
-    return Intrinsic(
-        f"{name}.zero_{lanes}_{dtype}",
-        Role.INIT,
-        *zero_fill_signature(lanes, dtype),
-        build,
-        cost=Cost(cycles=1),
-        doc=f"zero {lanes} x {dtype} accumulator lanes",
-    )
+def dot_product(emulated: bool = False) -> Intrinsic:
+    """C[16] += sum_k u8 A[k] * i8 B[16, k] over k < 4: one vpdpbusd zmm; ``emulated``: the same
+    values from portable vector code (`make_template`)."""
+    return family_dot_product(f"{EMULATED_NAME if emulated else NAME}.dot_16x4_u8i8i32", 16, 4,
+                              ("uint8", "int8", "int32"), vpdpbusd_emulated if emulated else vpdpbusd,
+                              per_lane=emulated, doc=("vpdpbusd zmm" + (" emulated" if emulated else "")
+                                                      + ": C[16] += u8 A[4] . i8 B[16,4] (B packed [N/16, K/4, 16, 4])"))
 
 
 def make_template(emulated: bool = False) -> Template:
@@ -111,8 +58,7 @@ def make_template(emulated: bool = False) -> Template:
         name=name,
         target=EMULATED_TARGET if emulated else TARGET,
         runtime=Runtime.LLVM,
-        groups=(IntrinsicGroup("dot_u8i8i32", compute=dot_product(emulated=emulated),
-                               init=zero_fill(name=name)),),
+        groups=(IntrinsicGroup("dot_u8i8i32", compute=dot_product(emulated=emulated), init=zero_fill(name, 16, "int32")),),
         # portable code runs on any LLVM host
         requires=None if emulated else requires_cpu(
             "avx512vnni", what="AVX-512 VNNI", instead=f"-t {EMULATED_NAME} runs the same rewrite with vpdpbusd "
@@ -126,6 +72,6 @@ def make_template(emulated: bool = False) -> Template:
 
 
 DOT = dot_product()
-ZERO = zero_fill()
+ZERO = zero_fill(NAME, 16, "int32")
 TEMPLATE = make_template()
 EMULATED = make_template(emulated=True)

@@ -327,3 +327,56 @@ def test_a_cpu_template_declares_the_features_it_needs_as_data(monkeypatch):
         assert tirbyoc.get_template(name).requires.features == features, name
     with pytest.raises(ValueError):
         requires_cpu()
+
+
+def test_the_docs_walk_declares_offloads_and_verifies_a_template():
+    """docs/templates.md's walk, run as it is: a dot-product instruction in a few lines, a CPU
+    template around it, a matmul offloaded and verified."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "docs" / "templates.md").read_text()
+    (block,) = re.findall(r"<!-- the walk: [^>]*-->\n```python\n(.*?)```", text, re.S)
+    declared = block[:block.index("out = tirbyoc.offload")]
+    dot = declared[declared.index("def dot_8x4"):declared.index("TEMPLATE =")]
+    assert len([line for line in dot.splitlines() if line.strip()]) <= 15
+    assert len([line for line in declared.splitlines() if line.strip()]) <= 40
+    scope: dict = {}
+    exec(compile(block, "docs/templates.md", "exec"), scope)
+    out = scope["out"]
+    assert out.coverage == 1.0 and out.verification.passed and out.verification.max_abs_err == 0
+
+
+def test_an_implementation_is_written_from_the_instructions_vector_value():
+    """`vector_impl` writes the TVMScript x86_vnni wrote by hand: the buffers and regions from
+    the signature, one vector store of the instruction's value (or one lane at a time); an
+    output that is no vector is refused with its shape."""
+    from tvm.script import tirx as T
+
+    from tirbyoc import IntrinsicError, Operand, dot_product_signature, vector_impl
+    from tirbyoc._tvm import tvm_ffi
+
+    @T.prim_func(s_tir=True)
+    def impl(A: T.Buffer((4,), "uint8", offset_factor=1), B: T.Buffer((16, 4), "int8", offset_factor=1),
+             C: T.Buffer((16,), "int32", offset_factor=1)) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
+            T.writes(C[0:16])
+            C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"), C.vload([0], dtype="int32x16"),
+                T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 16), dtype="int8x64"),
+                B.vload([0, 0], dtype="int8x64"), dtype="int32x16")
+
+    operands, _ = dot_product_signature(16, 4, "uint8", "int8", "int32")
+    assert tvm_ffi.structural_equal(vector_impl(operands, vpdpbusd), impl)
+    assert tvm_ffi.structural_equal(tirbyoc.get_template("x86_vnni").groups[0].compute.impl, impl)
+    lanes = vector_impl(operands, lambda T, A, B, C, i: C[i] + T.cast(A[0], "int32"), per_lane=True)
+    assert "T.vectorized(16)" in lanes.script()
+    with pytest.raises(IntrinsicError, match=r"output C is \(4, 4\)"):
+        vector_impl([Operand("A", (4,), "int8"), Operand("C", (4, 4), "int32")], lambda T, A, C: A[0])
+
+
+def vpdpbusd(T, A, B, C):
+    a = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 16), dtype="int8x64")
+    return T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
+                                   C.vload([0], dtype="int32x16"), a, B.vload([0, 0], dtype="int8x64"), dtype="int32x16")

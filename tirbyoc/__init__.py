@@ -13,8 +13,9 @@ import importlib
 from tirbyoc.decl.alu import BlockALU
 from tirbyoc.decl.dma import BlockDMA
 from tirbyoc.decl.extern import ExternLibrary, PackedFunction
-from tirbyoc.decl.families import (dot_product_desc, dot_product_signature, tile_copy_desc, tile_copy_signature,
-                                   zero_fill_desc, zero_fill_signature)
+from tirbyoc.decl.declare import description, vector_impl, vector_intrinsic
+from tirbyoc.decl.families import (dot_product, dot_product_desc, dot_product_semantics, dot_product_signature,
+                                   tile_copy_desc, tile_copy_signature, zero_fill, zero_fill_desc, zero_fill_signature)
 from tirbyoc.decl.intrinsic import DENSE, Axis, Cost, Intrinsic, IntrinsicGroup, Layout, Operand, Role
 from tirbyoc.decl.registry import get_template, register_template, template_names, templates
 from tirbyoc.decl.variants import VectorVariant, variants
@@ -67,8 +68,9 @@ __all__ = [
     "Axis", "BlockALU", "BlockDMA", "BlockTiling", "Cost", "DENSE", "DeclarationError", "ExternLibrary", "ExternLibraryError", "GLOBAL", "PackedFunction",
     "Intrinsic", "IntrinsicError", "IntrinsicGroup", "Layout", "Operand", "RegistrationConflict",
     "RewriteError", "Role", "Runtime", "Scope", "ScopeError", "TensorCoreKernel", "Template", "TemplateError", "TirbyocError",
-    "UnknownTemplateError", "VectorVariant", "VerificationError", "dot_product_desc", "dot_product_signature", "get_template",
+    "UnknownTemplateError", "VectorVariant", "VerificationError", "description", "dot_product", "dot_product_desc",
+    "dot_product_semantics", "dot_product_signature", "get_template",
     "register_template", "requires_cpu", "template_names", "templates", "tile_copy_desc", "tile_copy_signature",
-    "variants", "zero_fill_desc", "zero_fill_signature",
+    "variants", "vector_impl", "vector_intrinsic", "zero_fill", "zero_fill_desc", "zero_fill_signature",
     *_LAZY,
 ]

@@ -21,7 +21,8 @@ templates wrote by hand before, structurally equal (``tests/test_declarations.py
 
 from __future__ import annotations
 
-from tirbyoc.decl.intrinsic import Operand
+from tirbyoc.decl.declare import description, vector_intrinsic
+from tirbyoc.decl.intrinsic import Intrinsic, Operand, Role
 from tirbyoc.decl.layout import Layout
 from tirbyoc.errors import IntrinsicError
 from tirbyoc.decl.scope import GLOBAL as _GLOBAL_SCOPE
@@ -39,23 +40,22 @@ def dot_product_signature(lanes: int, k: int, a: str, b: str, acc: str, scope: s
 
 def dot_product_desc(lanes: int, k: int, a: str, b: str, acc: str, scope: str = GLOBAL):
     """The description of `dot_product_signature`'s computation (a TIR PrimFunc)."""
-    from tirbyoc._tvm import T  # deferred: TVMScript loads when an intrinsic is first built
+    return description(*dot_product_signature(lanes, k, a, b, acc, scope), dot_product_semantics(acc))
 
-    @T.prim_func(s_tir=True)
-    def desc(
-        A: T.Buffer((k,), a, offset_factor=1, scope=scope),
-        B: T.Buffer((lanes, k), b, offset_factor=1, scope=scope),
-        C: T.Buffer((lanes,), acc, offset_factor=1, scope=scope),
-    ) -> None:
-        with T.sblock("root"):
-            T.reads(C[0:lanes], A[0:k], B[0:lanes, 0:k])
-            T.writes(C[0:lanes])
-            for i, kk in T.grid(lanes, k):
-                with T.sblock("update"):
-                    vi, vk = T.axis.remap("SR", [i, kk])
-                    C[vi] = C[vi] + T.cast(A[vk], acc) * T.cast(B[vi, vk], acc)
 
-    return desc
+def dot_product_semantics(acc: str):
+    """``C[i] + acc(A[k]) * acc(B[i, k])``, the scalar semantics of every dot product."""
+    return lambda T, A, B, C, i, kk: C[i] + T.cast(A[kk], acc) * T.cast(B[i, kk], acc)
+
+
+def dot_product(name: str, lanes: int, k: int, dtypes: tuple, value, *, scope: str = GLOBAL, per_lane: bool = False,
+                **declared) -> Intrinsic:
+    """A dot-product instruction declared in one call: ``dtypes`` (A, B, accumulator), its
+    vector ``value(T, A, B, C)`` (the instruction; `tirbyoc.decl.declare.vector_impl`);
+    ``declared``: `Intrinsic`'s cost and doc."""
+    a, b, acc = dtypes
+    return vector_intrinsic(name, Role.COMPUTE, dot_product_signature(lanes, k, a, b, acc, scope),
+                            dot_product_semantics(acc), value, per_lane=per_lane, **declared)
 
 
 def zero_fill_signature(lanes: int, dtype: str, scope: str = GLOBAL):
@@ -66,19 +66,15 @@ def zero_fill_signature(lanes: int, dtype: str, scope: str = GLOBAL):
 def zero_fill_desc(lanes: int, dtype: str, scope: str = GLOBAL, block: str = "init"):
     """The description of `zero_fill_signature`'s computation (a TIR PrimFunc); ``block``
     names its block (VTA's accumulator reset calls it ``reset``)."""
-    from tirbyoc._tvm import T  # deferred: TVMScript loads when an intrinsic is first built
+    return description(*zero_fill_signature(lanes, dtype, scope), lambda T, C, i: T.cast(0, dtype),
+                       accumulate=False, block=block)
 
-    @T.prim_func(s_tir=True)
-    def desc(C: T.Buffer((lanes,), dtype, offset_factor=1, scope=scope)) -> None:
-        with T.sblock("root"):
-            T.reads()
-            T.writes(C[0:lanes])
-            for i in T.serial(lanes):
-                with T.sblock(block):
-                    vi = T.axis.remap("S", [i])
-                    C[vi] = T.cast(0, dtype)
 
-    return desc
+def zero_fill(name: str, lanes: int, dtype: str, scope: str = GLOBAL) -> Intrinsic:
+    """``C[lanes] = 0`` as one vector store: the init of a vector accumulator."""
+    return vector_intrinsic(f"{name}.zero_{lanes}_{dtype}", Role.INIT, zero_fill_signature(lanes, dtype, scope),
+                            lambda T, C, i: T.cast(0, dtype), lambda T, C: T.broadcast(T.cast(0, dtype), lanes),
+                            accumulate=False, doc=f"zero {lanes} x {dtype} accumulator lanes")
 
 
 def tile_copy_signature(shape: tuple, dtype: str, src: str, dst: str, *, dst_dtype: str | None = None,
@@ -101,43 +97,11 @@ def tile_copy_desc(shape: tuple, dtype: str, src: str, dst: str, *, dst_dtype: s
                    offset_factor: int = 1, block: str = "copy"):
     """The description of `tile_copy_signature`'s copy (a TIR PrimFunc): each element cast to
     ``dst_dtype`` where it narrows; ``block`` names the copy's block."""
-    from tirbyoc._tvm import T  # deferred: TVMScript loads when an intrinsic is first built
-
     out = dst_dtype or dtype
-    if len(shape) == 1:
-        (n,) = shape
-
-        @T.prim_func(s_tir=True)
-        def desc(
-            S: T.Buffer((n,), dtype, offset_factor=offset_factor, scope=src),
-            D: T.Buffer((n,), out, offset_factor=offset_factor, scope=dst),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(S[0:n])
-                T.writes(D[0:n])
-                for j in T.serial(n):
-                    with T.sblock(block):
-                        vj = T.axis.remap("S", [j])
-                        D[vj] = T.cast(S[vj], out)
-
-        return desc
-    rows, cols = shape
-
-    @T.prim_func(s_tir=True)
-    def desc(
-        S: T.Buffer((rows, cols), dtype, offset_factor=offset_factor, scope=src),
-        D: T.Buffer((rows, cols), out, offset_factor=offset_factor, scope=dst),
-    ) -> None:
-        with T.sblock("root"):
-            T.reads(S[0:rows, 0:cols])
-            T.writes(D[0:rows, 0:cols])
-            for i, j in T.grid(rows, cols):
-                with T.sblock(block):
-                    vi, vj = T.axis.remap("SS", [i, j])
-                    D[vi, vj] = T.cast(S[vi, vj], out)
-
-    return desc
+    operands, axes = tile_copy_signature(shape, dtype, src, dst, dst_dtype=dst_dtype)
+    return description(operands, axes, lambda T, S, D, *at: T.cast(S[at], out), accumulate=False, block=block,
+                       offset_factor=offset_factor)
 
 
-__all__ = ["dot_product_desc", "dot_product_signature", "tile_copy_desc", "tile_copy_signature", "zero_fill_desc",
-           "zero_fill_signature"]
+__all__ = ["dot_product", "dot_product_desc", "dot_product_semantics", "dot_product_signature", "tile_copy_desc",
+           "tile_copy_signature", "zero_fill", "zero_fill_desc", "zero_fill_signature"]

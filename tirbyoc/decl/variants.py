@@ -11,14 +11,16 @@ reason, not an odd build later), and read by name (``variant.lanes``), not by tu
         VectorVariant("x86_avx2", 8, "haswell", ("avx2",), "vpmaddwd ymm", llvm="llvm.x86.avx2.pmadd.wd"),
         VectorVariant("x86_avx512bw", 16, "skylake-avx512", ("avx512bw",), "vpmaddwd zmm", ...),
     )
-    Template(name=v.name, target=v.target, requires=v.requires(), ...)
+    TEMPLATE = VARIANTS["x86_avx2"].template(IntrinsicGroup("dot_u8i8i32", ...), doc="...")
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tirbyoc.decl.intrinsic import IntrinsicGroup
 from tirbyoc.decl.requirements import requires_cpu
+from tirbyoc.decl.template import Runtime, Template
 from tirbyoc.errors import DeclarationError
 
 
@@ -55,6 +57,14 @@ class VectorVariant:
     def requires(self):
         """Its ``Template.requires``: this CPU must have every one of its features."""
         return requires_cpu(*self.features, instruction=self.instruction)
+
+    def template(self, group: IntrinsicGroup, doc: str, **fields) -> Template:
+        """Its CPU template: ``group`` compiled by LLVM for its target, its features required,
+        channels-last models (one input channel group per step, ``lanes`` output channels per
+        store) and epilogues fused into the register block's write-back; ``fields``: any other
+        `Template` field."""
+        return Template(name=self.name, target=self.target, runtime=Runtime.LLVM, groups=(group,),
+                        requires=self.requires(), doc=doc, **{"channels_last": True, "fuses_epilogues": True, **fields})
 
 
 def variants(*records: VectorVariant) -> dict:
