@@ -19,8 +19,8 @@ on vrmpy.
 from functools import cache, partial
 from typing import Optional
 
-from tirbyoc import (Cost, Intrinsic, IntrinsicGroup, Role, Runtime, Scope, Template, dot_product_desc,
-                     dot_product_signature, tile_copy_desc, tile_copy_signature, zero_fill_desc, zero_fill_signature)
+from tirbyoc import (Cost, Intrinsic, IntrinsicGroup, Role, Runtime, Scope, Template, dot_product, tile_copy_desc,
+                     tile_copy_signature, vector_intrinsic, zero_fill_signature)
 
 NAME = "hexagon_hvx"
 VTCM = "global.vtcm"
@@ -44,6 +44,10 @@ _VRMPY = {
 _SHORT = {"uint8": "u8", "int8": "i8", "int16": "i16", "int32": "i32", "uint32": "u32"}
 
 
+def _where(mem_scope: str) -> str:
+    return "vtcm" if mem_scope == VTCM else "ddr"
+
+
 @cache
 def vrmpy(dtype_a: str = "uint8", dtype_b: str = "uint8", mem_scope: str = "global",
           dtype_c: str = "int32") -> Intrinsic:
@@ -55,45 +59,31 @@ def vrmpy(dtype_a: str = "uint8", dtype_b: str = "uint8", mem_scope: str = "glob
     if dtype_c == "uint32" and not vector_scalar:
         raise ValueError("vrmpy accumulates u8 x i8 products into signed words only")
 
-    def build():
-        from tvm.script import tirx as T
+    def value(T, A, B, C):
+        acc = T.reinterpret(C[T.ramp(T.int32(0), 1, 32)], dtype="int32x32")
+        a_i32 = T.reinterpret(A.vload([0], dtype_a + "x4"), dtype="int32")
+        b_i32 = T.reinterpret(B.vload([0, 0], dtype=dtype_b + "x128"), dtype="int32x32")
+        if vector_scalar:  # vrmpyub: the vector of B by A's 4 bytes as one scalar word
+            return T.reinterpret(T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id(llvm_name), acc, b_i32, a_i32,
+                                                         dtype="int32x32"), dtype=dtype_c + "x32")
+        return T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id(llvm_name), acc, T.broadcast(a_i32, 32), b_i32,
+                                       dtype="int32x32")
 
-        desc = dot_product_desc(32, 4, dtype_a, dtype_b, dtype_c, mem_scope)
-
-        @T.prim_func(s_tir=True)
-        def impl(
-            A: T.Buffer((4,), dtype_a, offset_factor=1, scope=mem_scope),
-            B: T.Buffer((32, 4), dtype_b, offset_factor=1, scope=mem_scope),
-            C: T.Buffer((32,), dtype_c, offset_factor=1, scope=mem_scope),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(C[0:32], A[0:4], B[0:32, 0:4])
-                T.writes(C[0:32])
-                acc = T.reinterpret(C[T.ramp(T.int32(0), 1, 32)], dtype="int32x32")
-                a_i32 = T.reinterpret(A.vload([0], dtype_a + "x4"), dtype="int32")
-                b_i32 = T.reinterpret(B.vload([0, 0], dtype=dtype_b + "x128"), dtype="int32x32")
-                if vector_scalar:
-                    C[T.ramp(T.int32(0), 1, 32)] = T.reinterpret(T.call_llvm_pure_intrin(
-                        T.llvm_lookup_intrinsic_id(llvm_name), acc, b_i32, a_i32, dtype="int32x32",
-                    ), dtype=dtype_c + "x32")
-                else:
-                    C[T.ramp(T.int32(0), 1, 32)] = T.call_llvm_pure_intrin(
-                        T.llvm_lookup_intrinsic_id(llvm_name), acc, T.broadcast(a_i32, 32), b_i32,
-                        dtype="int32x32",
-                    )
-
-        return desc, impl
-
-    where = "vtcm" if mem_scope == VTCM else "ddr"
     abc = _SHORT[dtype_a] + _SHORT[dtype_b] + _SHORT[dtype_c]
-    return Intrinsic(
-        f"{NAME}.vrmpy_32x4_{abc}_{where}",
-        Role.COMPUTE,
-        *dot_product_signature(32, 4, dtype_a, dtype_b, dtype_c, mem_scope),
-        build,
-        cost=Cost(cycles=1),
-        doc=f"{llvm_name.split('.')[-2]}: C[32] += A[4] . B[32,4] in {mem_scope}",
-    )
+    return dot_product(f"{NAME}.vrmpy_32x4_{abc}_{_where(mem_scope)}", 32, 4, (dtype_a, dtype_b, dtype_c), value,
+                       scope=mem_scope, doc=f"{llvm_name.split('.')[-2]}: C[32] += A[4] . B[32,4] in {mem_scope}")
+
+
+def vmpyhv(T, A, B, C):
+    """The widening ``vmpyhv`` (even products in the low vector of the pair, odd in the high)
+    and two wrapping adds."""
+    products = T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id("llvm.hexagon.V6.vmpyhv.128B"),
+                                       T.broadcast(T.reinterpret(A.vload([0], "int16x2"), dtype="int32"), 32),
+                                       T.reinterpret(B.vload([0, 0], dtype="int16x64"), dtype="int32x32"),
+                                       dtype="int32x64")
+    even, odd = (T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id(f"llvm.hexagon.V6.{half}.128B"), products,
+                                         dtype="int32x32") for half in ("lo", "hi"))
+    return C[T.ramp(T.int32(0), 1, 32)] + even + odd
 
 
 @cache
@@ -101,69 +91,20 @@ def dmpy_i16(mem_scope: str = "global") -> Intrinsic:
     """C[32] += A[2] . B[32, 2] in int16 x int16 -> int32, exactly (wrapping like the
     description). TVM's own ``dot_product_32x2_i16i16i32_vdmpy`` uses ``vdmpyhvsat``, which
     saturates where a sum leaves int32 ((-32768)^2 + (-32768)^2, or an accumulator at its
-    limit) while its description wraps; this one is the widening multiply ``vmpyhv`` (even
-    products in the low vector of the pair, odd in the high) and two wrapping adds."""
-
-    def build():
-        from tvm.script import tirx as T
-
-        desc = dot_product_desc(32, 2, "int16", "int16", "int32", mem_scope)
-
-        @T.prim_func(s_tir=True)
-        def impl(
-            A: T.Buffer((2,), "int16", offset_factor=1, scope=mem_scope),
-            B: T.Buffer((32, 2), "int16", offset_factor=1, scope=mem_scope),
-            C: T.Buffer((32,), "int32", offset_factor=1, scope=mem_scope),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(C[0:32], A[0:2], B[0:32, 0:2])
-                T.writes(C[0:32])
-                a_pair = T.reinterpret(A.vload([0], "int16x2"), dtype="int32")
-                b_rows = T.reinterpret(B.vload([0, 0], dtype="int16x64"), dtype="int32x32")
-                products = T.call_llvm_pure_intrin(
-                    T.llvm_lookup_intrinsic_id("llvm.hexagon.V6.vmpyhv.128B"),
-                    T.broadcast(a_pair, 32), b_rows, dtype="int32x64")
-                even = T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id("llvm.hexagon.V6.lo.128B"),
-                                               products, dtype="int32x32")
-                odd = T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id("llvm.hexagon.V6.hi.128B"),
-                                              products, dtype="int32x32")
-                C[T.ramp(T.int32(0), 1, 32)] = C[T.ramp(T.int32(0), 1, 32)] + even + odd
-
-        return desc, impl
-
-    where = "vtcm" if mem_scope == VTCM else "ddr"
-    return Intrinsic(
-        f"{NAME}.dmpy_32x2_i16i16i32_{where}",
-        Role.COMPUTE,
-        *dot_product_signature(32, 2, "int16", "int16", "int32", mem_scope),
-        build,
-        cost=Cost(cycles=2),
-        doc=f"vmpyhv + 2 adds: C[32] += A[2] . B[32,2], int16 -> int32 in {mem_scope}",
-    )
+    limit) while its description wraps; this one is `vmpyhv`."""
+    return dot_product(f"{NAME}.dmpy_32x2_i16i16i32_{_where(mem_scope)}", 32, 2, ("int16", "int16", "int32"),
+                       vmpyhv, scope=mem_scope, cost=Cost(cycles=2),
+                       doc=f"vmpyhv + 2 adds: C[32] += A[2] . B[32,2], int16 -> int32 in {mem_scope}")
 
 
 @cache
 def zero_fill(mem_scope: str = "global", dtype: str = "int32") -> Intrinsic:
     """C[32] = 0 (one HVX vector of 32-bit words)."""
-
-    def build():
-        from tvm.script import tirx as T
-
-        desc = zero_fill_desc(32, dtype, mem_scope)
-
-        @T.prim_func(s_tir=True)
-        def impl(C: T.Buffer((32,), dtype, offset_factor=1, scope=mem_scope)) -> None:
-            with T.sblock("root"):
-                T.reads()
-                T.writes(C[0:32])
-                C[T.ramp(T.int32(0), 1, 32)] = T.broadcast(T.cast(0, dtype), 32)
-
-        return desc, impl
-
-    where = "vtcm" if mem_scope == VTCM else "ddr"
     short = _SHORT[dtype]
-    return Intrinsic(f"{NAME}.zero_32_{short}_{where}", Role.INIT, *zero_fill_signature(32, dtype, mem_scope),
-                     build, doc=f"zero one {short} HVX vector in {mem_scope}")
+    return vector_intrinsic(f"{NAME}.zero_32_{short}_{_where(mem_scope)}", Role.INIT,
+                            zero_fill_signature(32, dtype, mem_scope), lambda T, C, i: T.cast(0, dtype),
+                            lambda T, C: T.broadcast(T.cast(0, dtype), 32), accumulate=False,
+                            doc=f"zero one {short} HVX vector in {mem_scope}")
 
 
 @cache

@@ -10,12 +10,12 @@ operand windows as DLTensors.
 """
 
 from dataclasses import asdict, dataclass, replace
-from functools import cache, partial
+from functools import cache
 from typing import Optional
 
 from tirbyoc.sim import Simulator, config_for
-from tirbyoc import (BlockALU, BlockDMA, Cost, Intrinsic, IntrinsicGroup, Layout, Operand, Role, Runtime, Scope,
-                     Template, tile_copy_desc, tile_copy_signature, zero_fill_desc, zero_fill_signature)
+from tirbyoc import (BlockALU, BlockDMA, Call, Cost, Intrinsic, IntrinsicGroup, Layout, Operand, Role, Runtime, Scope,
+                     Template, declare, tile_copy_signature, zero_fill_signature)
 
 NAME = "vta"
 INP, WGT, ACC = "local.inp_buffer", "local.wgt_buffer", "local.acc_buffer"
@@ -26,121 +26,34 @@ TARGET = {"kind": "llvm", "num-cores": 2}
 @cache
 def gemm(batch: int, block_in: int, block_out: int, in_dtype: str = "int8",
          wgt_dtype: str = "int8", acc_dtype: str = "int32", prefix: str = NAME) -> Intrinsic:
-    """acc[batch, block_out] += inp[batch, block_in] . wgt[block_out, block_in].
+    """acc[batch, block_out] += inp[batch, block_in] . wgt[block_out, block_in], operands
+    row-strided (a scratchpad tile keeps its window's layout: one block DMA fills it, and the
+    core reads each intrinsic tile inside it at the tile's stride).
 
     With batch 1 the description has no batch loop: TVM's tensorize cannot match a
     unit-extent loop of a description (it drops unit iterators from the workload side).
     """
-    unit_batch = batch == 1
+    operands = [Operand("A", (batch, block_in), in_dtype, INP, Layout.row_strided()),
+                Operand("B", (block_out, block_in), wgt_dtype, WGT, Layout.row_strided()),
+                Operand("C", (batch, block_out), acc_dtype, ACC, Layout.row_strided())]
+    axes = ([] if batch == 1 else [("i", batch, "S")]) + [("j", block_out, "S"), ("k", block_in, "R")]
 
-    def build():
-        from tvm.script import tirx as T
+    def semantics(T, A, B, C, *at):
+        i, j, k = (0, *at) if batch == 1 else at
+        return C[i, j] + T.cast(A[i, k], acc_dtype) * T.cast(B[j, k], acc_dtype)
 
-        @T.prim_func(s_tir=True)
-        def desc(
-            A: T.Buffer((batch, block_in), in_dtype, offset_factor=1, scope=INP),
-            B: T.Buffer((block_out, block_in), wgt_dtype, offset_factor=1, scope=WGT),
-            C: T.Buffer((batch, block_out), acc_dtype, offset_factor=1, scope=ACC),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(C[0:batch, 0:block_out], A[0:batch, 0:block_in], B[0:block_out, 0:block_in])
-                T.writes(C[0:batch, 0:block_out])
-                if unit_batch:
-                    for j, k in T.grid(block_out, block_in):
-                        with T.sblock("gemm"):
-                            vj, vk = T.axis.remap("SR", [j, k])
-                            C[0, vj] = C[0, vj] + T.cast(A[0, vk], acc_dtype) * T.cast(B[vj, vk], acc_dtype)
-                else:
-                    for i, j, k in T.grid(batch, block_out, block_in):
-                        with T.sblock("gemm"):
-                            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-                            C[vi, vj] = C[vi, vj] + T.cast(A[vi, vk], acc_dtype) * T.cast(B[vj, vk], acc_dtype)
-
-        @T.prim_func(s_tir=True)
-        def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-            sa, sb, sc = T.int32(), T.int32(), T.int32()
-            # row-strided windows: a scratchpad tile keeps its window's layout (one block DMA
-            # fills it) and the core reads each intrinsic tile inside it at the tile's stride
-            A = T.match_buffer(a, (batch, block_in), in_dtype, offset_factor=1, scope=INP, strides=[sa, 1])
-            B = T.match_buffer(b, (block_out, block_in), wgt_dtype, offset_factor=1, scope=WGT, strides=[sb, 1])
-            C = T.match_buffer(c, (batch, block_out), acc_dtype, offset_factor=1, scope=ACC, strides=[sc, 1])
-            with T.sblock("root"):
-                T.reads(C[0:batch, 0:block_out], A[0:batch, 0:block_in], B[0:block_out, 0:block_in])
-                T.writes(C[0:batch, 0:block_out])
-                T.evaluate(T.call_packed("tirbyoc.sim.gemm", C, A, B))
-
-        return desc, impl
-
-    return Intrinsic(
-        f"{prefix}.gemm_{batch}x{block_in}x{block_out}",
-        Role.COMPUTE,
-        [Operand("A", (batch, block_in), in_dtype, INP, Layout.row_strided()),
-         Operand("B", (block_out, block_in), wgt_dtype, WGT, Layout.row_strided()),
-         Operand("C", (batch, block_out), acc_dtype, ACC, Layout.row_strided())],
-        ([] if unit_batch else [("i", batch, "S")]) + [("j", block_out, "S"), ("k", block_in, "R")],
-        build,
-        cost=Cost(cycles=1, bytes_moved=0),
-        doc=f"GEMM core: acc[{batch},{block_out}] += inp[{batch},{block_in}] . wgt[{block_out},{block_in}]^T",
-    )
+    return declare(f"{prefix}.gemm_{batch}x{block_in}x{block_out}", Role.COMPUTE, (operands, axes), semantics,
+                   Call(lambda T, A, B, C: T.call_packed("tirbyoc.sim.gemm", C, A, B)), block="gemm",
+                   cost=Cost(cycles=1, bytes_moved=0),
+                   doc=f"GEMM core: acc[{batch},{block_out}] += inp[{batch},{block_in}] . wgt[{block_out},{block_in}]^T")
 
 
 @cache
 def fill_zero(lanes: int, acc_dtype: str = "int32", prefix: str = NAME) -> Intrinsic:
     """acc[lanes] = 0 (VTA's GEMM reset) on a flattened accumulator tile."""
-
-    def build():
-        from tvm.script import tirx as T
-
-        desc = zero_fill_desc(lanes, acc_dtype, ACC, block="reset")
-
-        @T.prim_func(s_tir=True)
-        def impl(C: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC)) -> None:
-            with T.sblock("root"):
-                T.reads()
-                T.writes(C[0:lanes])
-                T.evaluate(T.call_packed("tirbyoc.sim.fill_zero", C))
-
-        return desc, impl
-
-    return Intrinsic(f"{prefix}.reset_{lanes}", Role.INIT, *zero_fill_signature(lanes, acc_dtype, ACC), build,
-                     cost=Cost(cycles=1, bytes_moved=0),
-                     doc="zero an accumulator tile")
-
-
-def _copy(shape, dtype, dst_dtype, src_scope, dst_scope, symbol, scope_id):
-    """The DMA's description (the tile-copy family's) and its call into the simulator; a 2-D
-    tile passes its row strides."""
-    from tvm.script import tirx as T
-
-    desc = tile_copy_desc(shape, dtype, src_scope, dst_scope, dst_dtype=dst_dtype)
-    if len(shape) == 1:
-        (cols,) = shape
-
-        @T.prim_func(s_tir=True)
-        def impl(
-            S: T.Buffer((cols,), dtype, offset_factor=1, scope=src_scope),
-            D: T.Buffer((cols,), dst_dtype, offset_factor=1, scope=dst_scope),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(S[0:cols])
-                T.writes(D[0:cols])
-                T.evaluate(T.call_packed(symbol, D, S, scope_id))
-
-        return desc, impl
-    rows, cols = shape
-
-    @T.prim_func(s_tir=True)
-    def impl(s: T.handle, d: T.handle) -> None:
-        ss = T.int32()
-        ds = T.int32()
-        S = T.match_buffer(s, (rows, cols), dtype, offset_factor=1, scope=src_scope, strides=[ss, 1])
-        D = T.match_buffer(d, (rows, cols), dst_dtype, offset_factor=1, scope=dst_scope, strides=[ds, 1])
-        with T.sblock("root"):
-            T.reads(S[0:rows, 0:cols])
-            T.writes(D[0:rows, 0:cols])
-            T.evaluate(T.call_packed(symbol, D, S, scope_id))
-
-    return desc, impl
+    return declare(f"{prefix}.reset_{lanes}", Role.INIT, zero_fill_signature(lanes, acc_dtype, ACC),
+                   lambda T, C, i: T.cast(0, acc_dtype), Call(lambda T, C: T.call_packed("tirbyoc.sim.fill_zero", C)),
+                   accumulate=False, block="reset", cost=Cost(cycles=1, bytes_moved=0), doc="zero an accumulator tile")
 
 
 @cache
@@ -156,17 +69,18 @@ def dma(direction: str, rows: int, cols: int, dtype: str, scope: str, out_dtype:
     dst_dtype = out_dtype or dtype
     symbol = "tirbyoc.sim.dma_" + direction
     shape = (cols,) if rows == 1 else (rows, cols)
-    build = partial(_copy, shape, dtype, dst_dtype, src_scope, dst_scope, symbol, SCOPE_ID[scope])
     short = scope.split(".")[-1].replace("_buffer", "")
     suffix = f"_{dst_dtype}" if out_dtype else ""
-    return Intrinsic(
-        f"{prefix}.{direction}_{short}_{rows}x{cols}_{dtype}{suffix}",
-        Role.LOAD if direction == "load" else Role.STORE,
-        *tile_copy_signature(shape, dtype, src_scope, dst_scope, dst_dtype=dst_dtype),
-        build,
-        cost=Cost(cycles=rows),
-        doc=f"DMA {direction} {rows}x{cols} {dtype} {'DRAM -> ' + scope if direction == 'load' else scope + ' -> DRAM'}",
-    )
+    scope_id = SCOPE_ID[scope]
+    # a 2-D tile passes its row strides (the tile-copy family's operands are row-strided)
+    return declare(f"{prefix}.{direction}_{short}_{rows}x{cols}_{dtype}{suffix}",
+                   Role.LOAD if direction == "load" else Role.STORE,
+                   tile_copy_signature(shape, dtype, src_scope, dst_scope, dst_dtype=dst_dtype),
+                   lambda T, S, D, *at: T.cast(S[at], dst_dtype),
+                   Call(lambda T, S, D: T.call_packed(symbol, D, S, scope_id)), accumulate=False, block="copy",
+                   cost=Cost(cycles=rows),
+                   doc=f"DMA {direction} {rows}x{cols} {dtype} "
+                       f"{'DRAM -> ' + scope if direction == 'load' else scope + ' -> DRAM'}")
 
 
 _ALU = {
@@ -179,80 +93,21 @@ _ALU = {
 def alu_binary(op: str, lanes: int, acc_dtype: str = "int32", prefix: str = NAME) -> Intrinsic:
     """z[i] = op(x[i], y[i]) for ``op`` in add / max on flattened accumulator tiles."""
     fn = _ALU[op]
-
-    def build():
-        from tvm.script import tirx as T
-
-        @T.prim_func(s_tir=True)
-        def desc(
-            X: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC),
-            Y: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC),
-            Z: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(X[0:lanes], Y[0:lanes])
-                T.writes(Z[0:lanes])
-                for i in T.serial(lanes):
-                    with T.sblock("alu"):
-                        vi = T.axis.remap("S", [i])
-                        Z[vi] = fn(T, X[vi], Y[vi])
-
-        @T.prim_func(s_tir=True)
-        def impl(
-            X: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC),
-            Y: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC),
-            Z: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(X[0:lanes], Y[0:lanes])
-                T.writes(Z[0:lanes])
-                T.evaluate(T.call_packed("tirbyoc.sim.alu_" + op, Z, X, Y))
-
-        return desc, impl
-
-    shape = (lanes,)
-    return Intrinsic(f"{prefix}.alu_{op}_{lanes}", Role.ALU,
-                     [Operand(n, shape, acc_dtype, ACC) for n in "XYZ"],
-                     [("i", lanes, "S")], build, cost=Cost(cycles=1, bytes_moved=0),
-                     doc=f"ALU {op} on accumulator tiles")
+    return declare(f"{prefix}.alu_{op}_{lanes}", Role.ALU,
+                   ([Operand(n, (lanes,), acc_dtype, ACC) for n in "XYZ"], [("i", lanes, "S")]),
+                   lambda T, X, Y, Z, i: fn(T, X[i], Y[i]),
+                   Call(lambda T, X, Y, Z: T.call_packed("tirbyoc.sim.alu_" + op, Z, X, Y)), accumulate=False,
+                   block="alu", cost=Cost(cycles=1, bytes_moved=0), doc=f"ALU {op} on accumulator tiles")
 
 
 def _alu_unary(short: str, lanes: int, acc_dtype: str, fn, call, cycles: int, doc: str,
                prefix: str = NAME) -> Intrinsic:
     """z[i] = fn(x[i]) on the accumulator; ``call(T, Z, X)`` is the simulator call."""
-
-    def build():
-        from tvm.script import tirx as T
-
-        @T.prim_func(s_tir=True)
-        def desc(
-            X: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC),
-            Z: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(X[0:lanes])
-                T.writes(Z[0:lanes])
-                for i in T.serial(lanes):
-                    with T.sblock("alu"):
-                        vi = T.axis.remap("S", [i])
-                        Z[vi] = fn(T, X[vi])
-
-        @T.prim_func(s_tir=True)
-        def impl(
-            X: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC),
-            Z: T.Buffer((lanes,), acc_dtype, offset_factor=1, scope=ACC),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(X[0:lanes])
-                T.writes(Z[0:lanes])
-                T.evaluate(call(T, Z, X))
-
-        return desc, impl
-
-    shape = (lanes,)
-    return Intrinsic(f"{prefix}.{short}", Role.ALU,
-                     [Operand("X", shape, acc_dtype, ACC), Operand("Z", shape, acc_dtype, ACC)],
-                     [("i", lanes, "S")], build, cost=Cost(cycles=cycles, bytes_moved=0), doc=doc)
+    return declare(f"{prefix}.{short}", Role.ALU,
+                   ([Operand("X", (lanes,), acc_dtype, ACC), Operand("Z", (lanes,), acc_dtype, ACC)],
+                    [("i", lanes, "S")]),
+                   lambda T, X, Z, i: fn(T, X[i]), Call(lambda T, X, Z: call(T, Z, X)), accumulate=False,
+                   block="alu", cost=Cost(cycles=cycles, bytes_moved=0), doc=doc)
 
 
 @cache

@@ -35,7 +35,11 @@ def test_package_data_globs_match_files():
 def test_the_front_door_serves_the_application():
     # README, docs, examples and benchmarks import these from tirbyoc, not from its rooms
     import tirbyoc
-    from tirbyoc.app import deploy, legalize, loaders, models, options, run, sweep
+    from tirbyoc.app import options
+    from tirbyoc.app.building import deploy
+    from tirbyoc.app.model_in import legalize, loaders, models
+    from tirbyoc.app.running import run
+    from tirbyoc.app.sweeping import sweep
     from tirbyoc.offloading import selfcheck
 
     for name, module in [("run_model", run), ("RunOptions", options), ("build_library", deploy),

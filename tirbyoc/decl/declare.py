@@ -1,14 +1,20 @@
-"""Declare an intrinsic once: its signature, its scalar semantics and its instruction, and the
-two TVMScript PrimFuncs TVM's tensorize needs are written from them.
+"""Declare an intrinsic once: its signature, its scalar semantics and its implementation's
+kind, and the two TVMScript PrimFuncs TVM's tensorize needs are written from them.
 
 A hand-written intrinsic spells each operand three times (the description's buffers, the
 implementation's, the `Operand` list) and each region twice more. Here the `Operand` list is
-the one place: `description` writes the description's loops over the axes, its block and its
-regions from it, with the leaf's value from a scalar ``semantics(T, *operands, *axes)``; and
-`vector_impl` writes an implementation that stores one vector into the output, its value from
-``value(T, *operands)`` (an LLVM intrinsic call, TVM's vector arithmetic) or, with
-``per_lane=True``, one lane at a time in a vectorized loop (portable code LLVM vectorizes).
-`vector_intrinsic` puts the three together::
+the one place. `description` writes the description's loops over the axes, its block and its
+regions, with the leaf's value from a scalar ``semantics(T, *operands, *axes)``; the
+implementation is one of two kinds, each a small record whose ``build`` writes it:
+
+* `Vector`: the output stored as one vector, ``value(T, *operands)`` (an LLVM intrinsic call,
+  TVM's vector arithmetic) or, ``per_lane``, one lane at a time in a vectorized loop
+  (portable code LLVM vectorizes);
+* `Call`: one call computes the whole tile, ``call(T, *operands)`` (``T.call_packed`` into a
+  runtime, ``T.call_extern`` into a C library); a row-strided operand (`Layout.row_strided`)
+  is passed with its row stride.
+
+`declare` puts them together, `vector_intrinsic` for the vector kind::
 
     DOT = vector_intrinsic("mine.dot", Role.COMPUTE, dot_product_signature(16, 4, "uint8", "int8", "int32"),
                            lambda T, A, B, C, i, k: C[i] + T.cast(A[k], "int32") * T.cast(B[i, k], "int32"),
@@ -16,21 +22,45 @@ regions from it, with the leaf's value from a scalar ``semantics(T, *operands, *
 
 ``T`` is TVMScript's ``tirx`` module, handed in so that a template imports no TVM; the
 operands are the PrimFuncs' buffers (``A[k]`` a load, ``B.vload([0, 0], "int8x64")`` a vector
-load). The output is the last operand; it is read too unless ``accumulate=False`` (a fill).
+load). The output is the last operand; it is read too unless ``accumulate=False`` (a fill, a
+copy, an elementwise ALU step).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 from tirbyoc.decl.intrinsic import Cost, Intrinsic, Operand, Role
 from tirbyoc.errors import IntrinsicError
 
 
-def _params(operands, stored: bool, offset_factor: int = 1) -> str:
-    def one(op: Operand) -> str:
-        shape = op.stored_shape if stored else op.shape
-        return (f'{op.name}: T.Buffer({tuple(shape)!r}, "{op.dtype}", offset_factor={offset_factor}, '
-                f'scope="{op.scope}")')
-    return ", ".join(one(op) for op in operands)
+def _buffer(op: Operand, stored: bool, offset_factor: int) -> str:
+    shape = op.stored_shape if stored else op.shape
+    return f'{tuple(shape)!r}, "{op.dtype}", offset_factor={offset_factor}, scope="{op.scope}"'
+
+
+def _strided(op: Operand) -> bool:
+    return not op.layout.dense and len(op.shape) > 1
+
+
+def _header(name: str, operands, stored: bool, offset_factor: int = 1) -> tuple[str, str]:
+    """(the ``def`` line, the lines before the root block): buffers as parameters, or - where
+    an operand is row-strided in an implementation - handles matched to buffers whose leading
+    strides are variables."""
+    if not (stored and any(_strided(op) for op in operands)):
+        params = ", ".join(f"{op.name}: T.Buffer({_buffer(op, stored, offset_factor)})" for op in operands)
+        return f"def {name}({params}) -> None:", ""
+    lines = []
+    for op in operands:
+        strides = ""
+        if _strided(op):
+            leading = [f"s_{op.name}_{d}" for d in range(len(op.shape) - 1)]
+            lines += [f"    {s} = T.int32()" for s in leading]
+            strides = f", strides=[{', '.join(leading)}, 1]"
+        lines.append(f"    {op.name} = T.match_buffer(h_{op.name}, {_buffer(op, stored, offset_factor)}{strides})")
+    params = ", ".join(f"h_{op.name}: T.handle" for op in operands)
+    return f"def {name}({params}) -> None:", "\n".join(lines) + "\n"
 
 
 def _region(op: Operand, stored: bool) -> str:
@@ -54,66 +84,110 @@ def _parse(src: str, **extra):
 def description(operands, axes, semantics, *, accumulate: bool = True, block: str = "update",
                 offset_factor: int = 1):
     """The description PrimFunc: a loop per axis (``(name, extent, "S" | "R")``), one block
-    binding them, the output (last operand) at the spatial axes, in order, set to
-    ``semantics(T, *operands, *axes)``; its buffers' ``offset_factor`` as given."""
+    binding them, the output (last operand) at the spatial axes, in order (after zeros for its
+    leading unit dimensions no axis walks), set to ``semantics(T, *operands, *axes)``; its
+    buffers' ``offset_factor`` as given."""
     operands, axes = list(operands), [tuple(a) for a in axes]
     names = [a[0] for a in axes]
     spatial = [f"v{n}" for n, _, kind in axes if kind == "S"]
+    out = operands[-1]
+    at = ["0"] * (len(out.shape) - len(spatial)) + spatial
     reads, writes = _regions(operands, accumulate, stored=False)
     loops = (f"for {names[0]} in T.serial({axes[0][1]}):" if len(axes) == 1 else
              f"for {', '.join(names)} in T.grid({', '.join(str(a[1]) for a in axes)}):")
     args = ", ".join([op.name for op in operands] + [f"v{n}" for n in names])
+    head, _ = _header("desc", operands, False, offset_factor)
     src = f'''
 @T.prim_func(s_tir=True)
-def desc({_params(operands, False, offset_factor)}) -> None:
+{head}
     with T.sblock("root"):
         T.reads({reads})
         T.writes({writes})
         {loops}
             with T.sblock("{block}"):
                 {", ".join(f"v{n}" for n in names)} = T.axis.remap("{"".join(a[2] for a in axes)}", [{", ".join(names)}])
-                {operands[-1].name}[{", ".join(spatial)}] = semantics(T, {args})
+                {out.name}[{", ".join(at)}] = semantics(T, {args})
 '''
     return _parse(src, semantics=semantics)
 
 
+def _impl(operands, accumulate: bool, body: str, **extra):
+    """An implementation PrimFunc: the signature's buffers (row-strided ones matched with their
+    strides), the root block's regions, then ``body``."""
+    head, pre = _header("impl", operands, True)
+    reads, writes = _regions(operands, accumulate, stored=True)
+    src = f'''
+@T.prim_func(s_tir=True)
+{head}
+{pre}    with T.sblock("root"):
+        T.reads({reads})
+        T.writes({writes})
+        {body}
+'''
+    return _parse(src, **extra)
+
+
 def vector_impl(operands, value, *, accumulate: bool = True, per_lane: bool = False):
-    """The implementation PrimFunc: the output (last operand, one dimension) stored as one
-    vector, ``value(T, *operands)``; with ``per_lane``, lane ``i`` of a vectorized loop stored
-    as ``value(T, *operands, i)``."""
+    """The implementation PrimFunc of `Vector`: the output (last operand, one dimension)
+    stored as one vector, ``value(T, *operands)``; with ``per_lane``, lane ``i`` of a
+    vectorized loop stored as ``value(T, *operands, i)``."""
     operands = list(operands)
     out = operands[-1]
     if len(out.stored_shape) != 1:
         raise IntrinsicError(f"vector_impl stores one vector; output {out.name} is {out.stored_shape}")
-    lanes = out.stored_shape[0]
-    reads, writes = _regions(operands, accumulate, stored=True)
-    names = ", ".join(op.name for op in operands)
-    store = (f"for i in T.vectorized({lanes}):\n            {out.name}[i] = value(T, {names}, i)" if per_lane else
-             f"{out.name}[T.ramp(T.int32(0), 1, {lanes})] = value(T, {names})")
-    src = f'''
-@T.prim_func(s_tir=True)
-def impl({_params(operands, True)}) -> None:
-    with T.sblock("root"):
-        T.reads({reads})
-        T.writes({writes})
-        {store}
-'''
-    return _parse(src, value=value)
+    lanes, names = out.stored_shape[0], ", ".join(op.name for op in operands)
+    body = (f"for i in T.vectorized({lanes}):\n            {out.name}[i] = value(T, {names}, i)" if per_lane else
+            f"{out.name}[T.ramp(T.int32(0), 1, {lanes})] = value(T, {names})")
+    return _impl(operands, accumulate, body, value=value)
 
 
-def vector_intrinsic(name: str, role: Role | str, signature: tuple, semantics, value, *, accumulate: bool = True,
-                     per_lane: bool = False, **declared) -> Intrinsic:
-    """An `Intrinsic` declared once from its ``signature`` (operands, axes - what the
-    signature families return): its description written from ``semantics`` (`description`),
-    its implementation from ``value`` (`vector_impl`); ``declared``: `Intrinsic`'s cost and doc."""
+def call_impl(operands, call, *, accumulate: bool = True):
+    """The implementation PrimFunc of `Call`: ``T.evaluate(call(T, *operands))``."""
+    operands = list(operands)
+    return _impl(operands, accumulate, f"T.evaluate(call(T, {', '.join(op.name for op in operands)}))", call=call)
+
+
+@dataclass(frozen=True)
+class Vector:
+    """An implementation that stores the output as one vector (see `vector_impl`)."""
+
+    value: Callable
+    per_lane: bool = False
+
+    def build(self, operands, accumulate: bool):
+        return vector_impl(operands, self.value, accumulate=accumulate, per_lane=self.per_lane)
+
+
+@dataclass(frozen=True)
+class Call:
+    """An implementation that is one call computing the whole tile (see `call_impl`)."""
+
+    call: Callable
+
+    def build(self, operands, accumulate: bool):
+        return call_impl(operands, self.call, accumulate=accumulate)
+
+
+def declare(name: str, role: Role | str, signature: tuple, semantics, impl, *, accumulate: bool = True,
+            block: str | None = None, **declared) -> Intrinsic:
+    """An `Intrinsic` declared once from its ``signature`` (operands, axes - what the signature
+    families return): its description written from ``semantics`` (`description`; its block
+    named ``block``, default "update", or "init" for a fill), its implementation by ``impl``
+    (`Vector`, `Call`); ``declared``: `Intrinsic`'s cost and doc."""
     operands, axes = list(signature[0]), list(signature[1])
+    block = block or ("update" if accumulate else "init")
 
     def build():
-        return (description(operands, axes, semantics, accumulate=accumulate,
-                            block="update" if accumulate else "init"),
-                vector_impl(operands, value, accumulate=accumulate, per_lane=per_lane))
+        return (description(operands, axes, semantics, accumulate=accumulate, block=block),
+                impl.build(operands, accumulate))
 
     return Intrinsic(name, role, operands, axes, build, **{"cost": Cost(cycles=1), **declared})
 
 
-__all__ = ["description", "vector_impl", "vector_intrinsic"]
+def vector_intrinsic(name: str, role: Role | str, signature: tuple, semantics, value, *, accumulate: bool = True,
+                     per_lane: bool = False, **declared) -> Intrinsic:
+    """`declare` with a `Vector` implementation of ``value``."""
+    return declare(name, role, signature, semantics, Vector(value, per_lane), accumulate=accumulate, **declared)
+
+
+__all__ = ["Call", "Vector", "call_impl", "declare", "description", "vector_impl", "vector_intrinsic"]
