@@ -13,8 +13,8 @@ Tile windows are read row-strided (the leading stride is passed to the WMMA call
 from functools import cache
 from typing import Optional
 
-from tirbyoc import (BlockTiling, Cost, Intrinsic, IntrinsicGroup, Layout, Operand, Role, Runtime, Scope,
-                     Template, TensorCoreKernel, tile_copy_desc, tile_copy_signature)
+from tirbyoc import (BlockTiling, Call, Cost, Intrinsic, IntrinsicGroup, Layout, Operand, Role, Runtime, Scope,
+                     Template, TensorCoreKernel, declare, tile_copy_signature)
 
 NAME = "cuda_mma"
 M = N = K = 16
@@ -30,146 +30,55 @@ def _frag_index(buf, stride, rows, cols):
     return offset // stride // rows * (stride // cols) + offset % stride // cols
 
 
+def _copy(role: Role, src: str, dst: str, dtype: str, call, block: str, doc: str, name: str) -> Intrinsic:
+    """A [16, 16] copy between a fragment and memory (the tile-copy family), both row-strided."""
+    return declare(name, role, tile_copy_signature((16, 16), dtype, src, dst), lambda T, S, D, i, j: T.cast(S[i, j], dtype),
+                   Call(call, offset_factor=16), accumulate=False, block=block, cost=Cost(cycles=4), doc=doc)
+
+
 @cache
 def load(operand: str, dtype: str) -> Intrinsic:
     """Shared [16, 16] tile -> ``wmma.matrix_a`` / ``matrix_b`` fragment (row-major)."""
     frag = FRAG_A if operand == "a" else FRAG_B
-
-    def build():
-        from tvm.script import tirx as T
-
-        desc = tile_copy_desc((16, 16), dtype, SHARED, frag, offset_factor=16, block="load")
-
-        @T.prim_func(s_tir=True)
-        def impl(s: T.handle, d: T.handle) -> None:
-            ss = T.int32()
-            ds = T.int32()
-            S = T.match_buffer(s, (16, 16), dtype, offset_factor=16, scope=SHARED, strides=[ss, 1])
-            D = T.match_buffer(d, (16, 16), dtype, offset_factor=16, scope=frag, strides=[ds, 1])
-            with T.sblock("root"):
-                T.reads(S[0:16, 0:16])
-                T.writes(D[0:16, 0:16])
-                T.evaluate(T.tvm_load_matrix_sync(
-                    D.data, M, N, K, _frag_index(D, ds, 16, 16),
-                    S.access_ptr("r"), ss, "row_major", dtype="void"))
-
-        return desc, impl
-
-    return Intrinsic(f"{NAME}.load_{operand}_16x16_{dtype}", Role.LOAD,
-                     *tile_copy_signature((16, 16), dtype, SHARED, frag), build, cost=Cost(cycles=4),
-                     doc=f"wmma::load_matrix_sync shared -> {frag}")
-
-
-@cache
-def fill(acc_dtype: str) -> Intrinsic:
-    """Accumulator fragment [16, 16] = 0."""
-
-    def build():
-        from tvm.script import tirx as T
-
-        @T.prim_func(s_tir=True)
-        def desc(C: T.Buffer((16, 16), acc_dtype, offset_factor=16, scope=ACC)) -> None:
-            with T.sblock("root"):
-                T.reads()
-                T.writes(C[0:16, 0:16])
-                for i, j in T.grid(16, 16):
-                    with T.sblock("init"):
-                        vi, vj = T.axis.remap("SS", [i, j])
-                        C[vi, vj] = T.cast(0, acc_dtype)
-
-        @T.prim_func(s_tir=True)
-        def impl(c: T.handle) -> None:
-            cs = T.int32()
-            C = T.match_buffer(c, (16, 16), acc_dtype, offset_factor=16, scope=ACC, strides=[cs, 1])
-            with T.sblock("root"):
-                T.reads()
-                T.writes(C[0:16, 0:16])
-                T.evaluate(T.tvm_fill_fragment(C.data, M, N, K, _frag_index(C, cs, 16, 16),
-                                               T.cast(0, acc_dtype), dtype="void"))
-
-        return desc, impl
-
-    return Intrinsic(f"{NAME}.fill_16x16_{acc_dtype}", Role.INIT,
-                     [Operand("C", (16, 16), acc_dtype, ACC, STRIDED)],
-                     [("i", 16, "S"), ("j", 16, "S")], build, cost=Cost(cycles=1),
-                     doc="wmma::fill_fragment 0")
-
-
-@cache
-def mma(in_dtype: str, acc_dtype: str) -> Intrinsic:
-    """C[16, 16] += A[16, 16] @ B[16, 16] on fragments (one mma_sync)."""
-
-    def build():
-        from tvm.script import tirx as T
-
-        @T.prim_func(s_tir=True)
-        def desc(
-            A: T.Buffer((16, 16), in_dtype, offset_factor=16, scope=FRAG_A),
-            B: T.Buffer((16, 16), in_dtype, offset_factor=16, scope=FRAG_B),
-            C: T.Buffer((16, 16), acc_dtype, offset_factor=16, scope=ACC),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(C[0:16, 0:16], A[0:16, 0:16], B[0:16, 0:16])
-                T.writes(C[0:16, 0:16])
-                for i, j, k in T.grid(16, 16, 16):
-                    with T.sblock("update"):
-                        vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-                        C[vi, vj] = C[vi, vj] + T.cast(A[vi, vk], acc_dtype) * T.cast(B[vk, vj], acc_dtype)
-
-        @T.prim_func(s_tir=True)
-        def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-            sa = T.int32()
-            sb = T.int32()
-            sc = T.int32()
-            A = T.match_buffer(a, (16, 16), in_dtype, offset_factor=16, scope=FRAG_A, strides=[sa, 1])
-            B = T.match_buffer(b, (16, 16), in_dtype, offset_factor=16, scope=FRAG_B, strides=[sb, 1])
-            C = T.match_buffer(c, (16, 16), acc_dtype, offset_factor=16, scope=ACC, strides=[sc, 1])
-            with T.sblock("root"):
-                T.reads(C[0:16, 0:16], A[0:16, 0:16], B[0:16, 0:16])
-                T.writes(C[0:16, 0:16])
-                T.evaluate(T.tvm_mma_sync(
-                    C.data, _frag_index(C, sc, 16, 16),
-                    A.data, _frag_index(A, sa, 16, 16),
-                    B.data, _frag_index(B, sb, 16, 16),
-                    C.data, _frag_index(C, sc, 16, 16), dtype="void"))
-
-        return desc, impl
-
-    return Intrinsic(f"{NAME}.mma_16x16x16_{in_dtype}_{acc_dtype}", Role.COMPUTE,
-                     [Operand("A", (16, 16), in_dtype, FRAG_A, STRIDED),
-                      Operand("B", (16, 16), in_dtype, FRAG_B, STRIDED),
-                      Operand("C", (16, 16), acc_dtype, ACC, STRIDED)],
-                     [("i", 16, "S"), ("j", 16, "S"), ("k", 16, "R")], build, cost=Cost(cycles=8),
-                     doc=f"wmma::mma_sync {in_dtype} -> {acc_dtype}")
+    return _copy(Role.LOAD, SHARED, frag, dtype,
+                 lambda T, S, D: T.tvm_load_matrix_sync(D.data, M, N, K, _frag_index(D, D.strides[0], 16, 16),
+                                                        S.access_ptr("r"), S.strides[0], "row_major", dtype="void"),
+                 "load", f"wmma::load_matrix_sync shared -> {frag}", f"{NAME}.load_{operand}_16x16_{dtype}")
 
 
 @cache
 def store(acc_dtype: str, scope: str = "global") -> Intrinsic:
     """Accumulator fragment [16, 16] -> ``scope`` (row-major)."""
+    return _copy(Role.STORE, ACC, scope, acc_dtype,
+                 lambda T, S, D: T.tvm_store_matrix_sync(S.data, M, N, K, _frag_index(S, S.strides[0], 16, 16),
+                                                         D.access_ptr("w"), D.strides[0], "row_major", dtype="void"),
+                 "store", f"wmma::store_matrix_sync -> {scope}", f"{NAME}.store_16x16_{acc_dtype}_{scope}")
 
-    def build():
-        from tvm.script import tirx as T
 
-        desc = tile_copy_desc((16, 16), acc_dtype, ACC, scope, offset_factor=16, block="store")
+@cache
+def fill(acc_dtype: str) -> Intrinsic:
+    """Accumulator fragment [16, 16] = 0."""
+    return declare(f"{NAME}.fill_16x16_{acc_dtype}", Role.INIT,
+                   ([Operand("C", (16, 16), acc_dtype, ACC, STRIDED)], [("i", 16, "S"), ("j", 16, "S")]),
+                   lambda T, C, i, j: T.cast(0, acc_dtype),
+                   Call(lambda T, C: T.tvm_fill_fragment(C.data, M, N, K, _frag_index(C, C.strides[0], 16, 16),
+                                                         T.cast(0, acc_dtype), dtype="void"), offset_factor=16),
+                   accumulate=False, doc="wmma::fill_fragment 0")
 
-        @T.prim_func(s_tir=True)
-        def impl(s: T.handle, d: T.handle) -> None:
-            ss = T.int32()
-            ds = T.int32()
-            S = T.match_buffer(s, (16, 16), acc_dtype, offset_factor=16, scope=ACC, strides=[ss, 1])
-            D = T.match_buffer(d, (16, 16), acc_dtype, offset_factor=16, scope=scope, strides=[ds, 1])
-            with T.sblock("root"):
-                T.reads(S[0:16, 0:16])
-                T.writes(D[0:16, 0:16])
-                T.evaluate(T.tvm_store_matrix_sync(
-                    S.data, M, N, K, _frag_index(S, ss, 16, 16),
-                    D.access_ptr("w"), ds, "row_major", dtype="void"))
 
-        return desc, impl
+@cache
+def mma(in_dtype: str, acc_dtype: str) -> Intrinsic:
+    """C[16, 16] += A[16, 16] @ B[16, 16] on fragments (one mma_sync)."""
+    def call(T, A, B, C):
+        c = (C.data, _frag_index(C, C.strides[0], 16, 16))
+        return T.tvm_mma_sync(*c, A.data, _frag_index(A, A.strides[0], 16, 16),
+                              B.data, _frag_index(B, B.strides[0], 16, 16), *c, dtype="void")
 
-    return Intrinsic(f"{NAME}.store_16x16_{acc_dtype}_{scope}", Role.STORE,
-                     *tile_copy_signature((16, 16), acc_dtype, ACC, scope), build, cost=Cost(cycles=4),
-                     doc=f"wmma::store_matrix_sync -> {scope}")
+    return declare(f"{NAME}.mma_16x16x16_{in_dtype}_{acc_dtype}", Role.COMPUTE,
+                   ([Operand("A", (16, 16), in_dtype, FRAG_A, STRIDED), Operand("B", (16, 16), in_dtype, FRAG_B, STRIDED),
+                     Operand("C", (16, 16), acc_dtype, ACC, STRIDED)], [("i", 16, "S"), ("j", 16, "S"), ("k", 16, "R")]),
+                   lambda T, A, B, C, i, j, k: C[i, j] + T.cast(A[i, k], acc_dtype) * T.cast(B[k, j], acc_dtype),
+                   Call(call, offset_factor=16), cost=Cost(cycles=8), doc=f"wmma::mma_sync {in_dtype} -> {acc_dtype}")
 
 
 # The fast kernel's block tiles, largest first: BitBLAS's and TVM dlight's 128x128 with 2x2

@@ -111,10 +111,10 @@ def description(operands, axes, semantics, *, accumulate: bool = True, block: st
     return _parse(src, semantics=semantics)
 
 
-def _impl(operands, accumulate: bool, body: str, **extra):
+def _impl(operands, accumulate: bool, body: str, offset_factor: int = 1, **extra):
     """An implementation PrimFunc: the signature's buffers (row-strided ones matched with their
     strides), the root block's regions, then ``body``."""
-    head, pre = _header("impl", operands, True)
+    head, pre = _header("impl", operands, True, offset_factor)
     reads, writes = _regions(operands, accumulate, stored=True)
     src = f'''
 @T.prim_func(s_tir=True)
@@ -141,10 +141,12 @@ def vector_impl(operands, value, *, accumulate: bool = True, per_lane: bool = Fa
     return _impl(operands, accumulate, body, value=value)
 
 
-def call_impl(operands, call, *, accumulate: bool = True):
-    """The implementation PrimFunc of `Call`: ``T.evaluate(call(T, *operands))``."""
+def call_impl(operands, call, *, accumulate: bool = True, offset_factor: int = 1):
+    """The implementation PrimFunc of `Call`: ``T.evaluate(call(T, *operands))`` (a row-strided
+    operand's stride is ``X.strides[0]``)."""
     operands = list(operands)
-    return _impl(operands, accumulate, f"T.evaluate(call(T, {', '.join(op.name for op in operands)}))", call=call)
+    return _impl(operands, accumulate, f"T.evaluate(call(T, {', '.join(op.name for op in operands)}))",
+                 offset_factor, call=call)
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,7 @@ class Vector:
 
     value: Callable
     per_lane: bool = False
+    offset_factor: int = 1  # the buffers' (both PrimFuncs')
 
     def build(self, operands, accumulate: bool):
         return vector_impl(operands, self.value, accumulate=accumulate, per_lane=self.per_lane)
@@ -163,9 +166,10 @@ class Call:
     """An implementation that is one call computing the whole tile (see `call_impl`)."""
 
     call: Callable
+    offset_factor: int = 1  # the buffers' (both PrimFuncs'): 16 for a WMMA fragment
 
     def build(self, operands, accumulate: bool):
-        return call_impl(operands, self.call, accumulate=accumulate)
+        return call_impl(operands, self.call, accumulate=accumulate, offset_factor=self.offset_factor)
 
 
 def declare(name: str, role: Role | str, signature: tuple, semantics, impl, *, accumulate: bool = True,
@@ -178,7 +182,8 @@ def declare(name: str, role: Role | str, signature: tuple, semantics, impl, *, a
     block = block or ("update" if accumulate else "init")
 
     def build():
-        return (description(operands, axes, semantics, accumulate=accumulate, block=block),
+        return (description(operands, axes, semantics, accumulate=accumulate, block=block,
+                            offset_factor=impl.offset_factor),
                 impl.build(operands, accumulate))
 
     return Intrinsic(name, role, operands, axes, build, **{"cost": Cost(cycles=1), **declared})
