@@ -13,18 +13,8 @@ instead called whole from Relax: ``csrc/blas_packed.c`` exports the TVM packed f
 from functools import cache
 from pathlib import Path
 
-from tirbyoc import (
-    Cost,
-    ExternLibrary,
-    Intrinsic,
-    IntrinsicGroup,
-    Layout,
-    Operand,
-    PackedFunction,
-    Role,
-    Runtime,
-    Template,
-)
+from tirbyoc import (Call, Cost, ExternLibrary, Intrinsic, IntrinsicGroup, Layout, Operand, PackedFunction, Role, Runtime,
+                     Template, declare)
 
 NAME = "blas"
 TARGET = {"kind": "llvm", "num-cores": 2}
@@ -65,125 +55,43 @@ MATMUL = {
 }
 
 
+def _sgemm(T, name: str, *args):
+    return T.call_extern("int32", f"tirbyoc_blas_{name}", *args)
+
+
 @cache
 def gemm(m: int, n: int, k: int, trans_b: bool = False) -> Intrinsic:
     """C[m, n] += A[m, k] @ B[k, n] (``trans_b``: B is [n, k]) in fp32 via cblas_sgemm."""
-    bshape = (n, k) if trans_b else (k, n)
-    tb = int(trans_b)
-
-    def build():
-        from tvm.script import tirx as T
-
-        @T.prim_func(s_tir=True)
-        def desc(
-            A: T.Buffer((m, k), "float32", offset_factor=1),
-            B: T.Buffer(bshape, "float32", offset_factor=1),
-            C: T.Buffer((m, n), "float32", offset_factor=1),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(C[0:m, 0:n], A[0:m, 0:k], B[0 : bshape[0], 0 : bshape[1]])
-                T.writes(C[0:m, 0:n])
-                for i, j, kk in T.grid(m, n, k):
-                    with T.sblock("update"):
-                        vi, vj, vk = T.axis.remap("SSR", [i, j, kk])
-                        if trans_b:
-                            C[vi, vj] = C[vi, vj] + A[vi, vk] * B[vj, vk]
-                        else:
-                            C[vi, vj] = C[vi, vj] + A[vi, vk] * B[vk, vj]
-
-        @T.prim_func(s_tir=True)
-        def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-            sa = T.int32()
-            sb = T.int32()
-            sc = T.int32()
-            A = T.match_buffer(a, (m, k), "float32", strides=[sa, 1], offset_factor=1)
-            B = T.match_buffer(b, bshape, "float32", strides=[sb, 1], offset_factor=1)
-            C = T.match_buffer(c, (m, n), "float32", strides=[sc, 1], offset_factor=1)
-            with T.sblock("root"):
-                T.reads(C[0:m, 0:n], A[0:m, 0:k], B[0 : bshape[0], 0 : bshape[1]])
-                T.writes(C[0:m, 0:n])
-                T.evaluate(
-                    T.call_extern(
-                        "int32", "tirbyoc_blas_sgemm", tb, m, n, k,
-                        A.access_ptr("r"), sa, B.access_ptr("r"), sb,
-                        T.float32(1), C.access_ptr("rw"), sc,
-                    )
-                )
-
-        return desc, impl
-
-    return Intrinsic(
-        f"{NAME}.sgemm_{m}x{n}x{k}_{'nt' if trans_b else 'nn'}",
-        Role.COMPUTE,
-        [Operand("A", (m, k), "float32", layout=STRIDED),
-         Operand("B", bshape, "float32", layout=STRIDED),
-         Operand("C", (m, n), "float32", layout=STRIDED)],
-        [("i", m, "S"), ("j", n, "S"), ("k", k, "R")],
-        build,
+    bshape, tb = ((n, k) if trans_b else (k, n)), int(trans_b)
+    return declare(
+        f"{NAME}.sgemm_{m}x{n}x{k}_{'nt' if trans_b else 'nn'}", Role.COMPUTE,
+        ([Operand("A", (m, k), "float32", layout=STRIDED), Operand("B", bshape, "float32", layout=STRIDED),
+          Operand("C", (m, n), "float32", layout=STRIDED)], [("i", m, "S"), ("j", n, "S"), ("k", k, "R")]),
+        lambda T, A, B, C, i, j, kk: C[i, j] + A[i, kk] * (B[j, kk] if trans_b else B[kk, j]),
+        Call(lambda T, A, B, C: _sgemm(T, "sgemm", tb, m, n, k, A.access_ptr("r"), A.strides[0], B.access_ptr("r"),
+                                       B.strides[0], T.float32(1), C.access_ptr("rw"), C.strides[0])),
         cost=Cost(cycles=max(1.0, m * n * k / 32.0)),
-        doc=f"cblas_sgemm: C[{m},{n}] += A[{m},{k}] @ B{'^T' if trans_b else ''}",
-    )
+        doc=f"cblas_sgemm: C[{m},{n}] += A[{m},{k}] @ B{'^T' if trans_b else ''}")
 
 
 @cache
 def batched_gemm(batch: int, m: int, n: int, k: int, trans_b: bool = False) -> Intrinsic:
     """C[b, m, n] += A[b, m, k] @ B[b, k, n] (``trans_b``: B is [b, n, k]), one sgemm a batch."""
-    bshape = (batch, n, k) if trans_b else (batch, k, n)
-    tb = int(trans_b)
+    bshape, tb = ((batch, n, k) if trans_b else (batch, k, n)), int(trans_b)
 
-    def build():
-        from tvm.script import tirx as T
+    def call(T, A, B, C):  # each operand's row stride, then its batch stride as int64
+        return _sgemm(T, "sgemm_batched", tb, batch, m, n, k,
+                      *[arg for X, mode in ((A, "r"), (B, "r")) for arg in
+                        (X.access_ptr(mode), X.strides[1], T.Cast("int64", X.strides[0]))],
+                      T.float32(1), C.access_ptr("rw"), C.strides[1], T.Cast("int64", C.strides[0]))
 
-        @T.prim_func(s_tir=True)
-        def desc(
-            A: T.Buffer((batch, m, k), "float32", offset_factor=1),
-            B: T.Buffer(bshape, "float32", offset_factor=1),
-            C: T.Buffer((batch, m, n), "float32", offset_factor=1),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(C[0:batch, 0:m, 0:n], A[0:batch, 0:m, 0:k],
-                        B[0:batch, 0 : bshape[1], 0 : bshape[2]])
-                T.writes(C[0:batch, 0:m, 0:n])
-                for bb, i, j, kk in T.grid(batch, m, n, k):
-                    with T.sblock("update"):
-                        vb, vi, vj, vk = T.axis.remap("SSSR", [bb, i, j, kk])
-                        if trans_b:
-                            C[vb, vi, vj] = C[vb, vi, vj] + A[vb, vi, vk] * B[vb, vj, vk]
-                        else:
-                            C[vb, vi, vj] = C[vb, vi, vj] + A[vb, vi, vk] * B[vb, vk, vj]
-
-        @T.prim_func(s_tir=True)
-        def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-            sa0 = T.int32()
-            sa1 = T.int32()
-            sb0 = T.int32()
-            sb1 = T.int32()
-            sc0 = T.int32()
-            sc1 = T.int32()
-            A = T.match_buffer(a, (batch, m, k), "float32", strides=[sa0, sa1, 1], offset_factor=1)
-            B = T.match_buffer(b, bshape, "float32", strides=[sb0, sb1, 1], offset_factor=1)
-            C = T.match_buffer(c, (batch, m, n), "float32", strides=[sc0, sc1, 1], offset_factor=1)
-            with T.sblock("root"):
-                T.reads(C[0:batch, 0:m, 0:n], A[0:batch, 0:m, 0:k],
-                        B[0:batch, 0 : bshape[1], 0 : bshape[2]])
-                T.writes(C[0:batch, 0:m, 0:n])
-                T.evaluate(
-                    T.call_extern(
-                        "int32", "tirbyoc_blas_sgemm_batched", tb, batch, m, n, k,
-                        A.access_ptr("r"), sa1, T.Cast("int64", sa0),
-                        B.access_ptr("r"), sb1, T.Cast("int64", sb0),
-                        T.float32(1), C.access_ptr("rw"), sc1, T.Cast("int64", sc0),
-                    )
-                )
-
-        return desc, impl
-
-    return Intrinsic(
+    return declare(
         f"{NAME}.sgemm_batched_{batch}x{m}x{n}x{k}_{'nt' if trans_b else 'nn'}", Role.COMPUTE,
-        [Operand("A", (batch, m, k), "float32", layout=STRIDED), Operand("B", bshape, "float32", layout=STRIDED),
-         Operand("C", (batch, m, n), "float32", layout=STRIDED)],
-        [("b", batch, "S"), ("i", m, "S"), ("j", n, "S"), ("k", k, "R")], build,
-        cost=Cost(cycles=max(1.0, batch * m * n * k / 32.0)),
+        ([Operand("A", (batch, m, k), "float32", layout=STRIDED), Operand("B", bshape, "float32", layout=STRIDED),
+          Operand("C", (batch, m, n), "float32", layout=STRIDED)],
+         [("b", batch, "S"), ("i", m, "S"), ("j", n, "S"), ("k", k, "R")]),
+        lambda T, A, B, C, b, i, j, kk: C[b, i, j] + A[b, i, kk] * (B[b, j, kk] if trans_b else B[b, kk, j]),
+        Call(call), cost=Cost(cycles=max(1.0, batch * m * n * k / 32.0)),
         doc=f"{batch} x cblas_sgemm: C[b,{m},{n}] += A[b,{m},{k}] @ B[b]{'^T' if trans_b else ''}")
 
 
@@ -191,53 +99,15 @@ def batched_gemm(batch: int, m: int, n: int, k: int, trans_b: bool = False) -> I
 def gemv(n: int, k: int, trans_b: bool = False) -> Intrinsic:
     """C[n] += A[k] @ B[k, n] (``trans_b``: B is [n, k]) in fp32 via cblas_sgemv: a matrix-vector
     product (a batch-1 dense layer), which has no GEMM row axis."""
-    bshape = (n, k) if trans_b else (k, n)
-    tb = int(trans_b)
-
-    def build():
-        from tvm.script import tirx as T
-
-        @T.prim_func(s_tir=True)
-        def desc(
-            A: T.Buffer((k,), "float32", offset_factor=1),
-            B: T.Buffer(bshape, "float32", offset_factor=1),
-            C: T.Buffer((n,), "float32", offset_factor=1),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(C[0:n], A[0:k], B[0 : bshape[0], 0 : bshape[1]])
-                T.writes(C[0:n])
-                for j, kk in T.grid(n, k):
-                    with T.sblock("update"):
-                        vj, vk = T.axis.remap("SR", [j, kk])
-                        if trans_b:
-                            C[vj] = C[vj] + A[vk] * B[vj, vk]
-                        else:
-                            C[vj] = C[vj] + A[vk] * B[vk, vj]
-
-        @T.prim_func(s_tir=True)
-        def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-            sb = T.int32()
-            A = T.match_buffer(a, (k,), "float32", offset_factor=1)
-            B = T.match_buffer(b, bshape, "float32", strides=[sb, 1], offset_factor=1)
-            C = T.match_buffer(c, (n,), "float32", offset_factor=1)
-            with T.sblock("root"):
-                T.reads(C[0:n], A[0:k], B[0 : bshape[0], 0 : bshape[1]])
-                T.writes(C[0:n])
-                T.evaluate(T.call_extern("int32", "tirbyoc_blas_sgemv", tb, n, k, A.access_ptr("r"),
-                                         B.access_ptr("r"), sb, T.float32(1), C.access_ptr("rw")))
-
-        return desc, impl
-
-    return Intrinsic(
-        f"{NAME}.sgemv_{n}x{k}_{'nt' if trans_b else 'nn'}",
-        Role.COMPUTE,
-        [Operand("A", (k,), "float32"), Operand("B", bshape, "float32", layout=STRIDED),
-         Operand("C", (n,), "float32")],
-        [("j", n, "S"), ("k", k, "R")],
-        build,
-        cost=Cost(cycles=max(1.0, n * k / 8.0)),
-        doc=f"cblas_sgemv: C[{n}] += A[{k}] @ B{'^T' if trans_b else ''}",
-    )
+    bshape, tb = ((n, k) if trans_b else (k, n)), int(trans_b)
+    return declare(
+        f"{NAME}.sgemv_{n}x{k}_{'nt' if trans_b else 'nn'}", Role.COMPUTE,
+        ([Operand("A", (k,), "float32"), Operand("B", bshape, "float32", layout=STRIDED), Operand("C", (n,), "float32")],
+         [("j", n, "S"), ("k", k, "R")]),
+        lambda T, A, B, C, j, kk: C[j] + A[kk] * (B[j, kk] if trans_b else B[kk, j]),
+        Call(lambda T, A, B, C: _sgemm(T, "sgemv", tb, n, k, A.access_ptr("r"), B.access_ptr("r"), B.strides[0],
+                                       T.float32(1), C.access_ptr("rw"))),
+        cost=Cost(cycles=max(1.0, n * k / 8.0)), doc=f"cblas_sgemv: C[{n}] += A[{k}] @ B{'^T' if trans_b else ''}")
 
 
 TILE = 64
