@@ -42,9 +42,8 @@ from functools import cache, partial
 from pathlib import Path
 from typing import Optional
 
-from tirbyoc import (Cost, ExternLibrary, Intrinsic, IntrinsicGroup, Layout, Operand, Role, Runtime, Template, TirbyocError,
-                     requires_cpu)
-
+from tirbyoc import (Call, Cost, ExternLibrary, Intrinsic, IntrinsicGroup, Layout, Operand, Role, Runtime, Template,
+                     TirbyocError, declare, requires_cpu)
 
 TARGET = {"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2}
 EMULATED_TARGET = {"kind": "llvm", "num-cores": 2}
@@ -120,48 +119,16 @@ EMULATED_LIBRARY = ExternLibrary(name="tirbyoc_amx_shim_emulated", sources=[SOUR
 def gemm(m: int, n: int, k: int, kernel: Kernel = INT8) -> Intrinsic:
     """C[m, n] += A[m, k] . B[n, k] in ``kernel``'s types (B packed [n/16, k/g, 16, g])."""
     g = kernel.group
-
-    def build():
-        from tvm.script import tirx as T
-
-        @T.prim_func(s_tir=True)
-        def desc(
-            A: T.Buffer((m, k), kernel.a, offset_factor=1),
-            B: T.Buffer((n, k), kernel.b, offset_factor=1),
-            C: T.Buffer((m, n), kernel.c, offset_factor=1),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(C[0:m, 0:n], A[0:m, 0:k], B[0:n, 0:k])
-                T.writes(C[0:m, 0:n])
-                for i, j, kk in T.grid(m, n, k):
-                    with T.sblock("update"):
-                        vi, vj, vk = T.axis.remap("SSR", [i, j, kk])
-                        C[vi, vj] = C[vi, vj] + T.cast(A[vi, vk], kernel.c) * T.cast(B[vj, vk], kernel.c)
-
-        @T.prim_func(s_tir=True)
-        def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-            sa = T.int32()
-            sc = T.int32()
-            A = T.match_buffer(a, (m, k), kernel.a, strides=[sa, 1], offset_factor=1)
-            B = T.match_buffer(b, (n // PANEL, k // g, PANEL, g), kernel.b, offset_factor=1)
-            C = T.match_buffer(c, (m, n), kernel.c, strides=[sc, 1], offset_factor=1)
-            with T.sblock("root"):
-                T.reads(C[0:m, 0:n], A[0:m, 0:k], B[0 : n // PANEL, 0 : k // g, 0:PANEL, 0:g])
-                T.writes(C[0:m, 0:n])
-                T.evaluate(T.call_extern("int32", kernel.symbol, m, n, k, A.access_ptr("r"), sa,
-                                         B.access_ptr("r"), C.access_ptr("rw"), sc))
-
-        return desc, impl
-
-    return Intrinsic(
+    return declare(
         f"{kernel.name}.gemm_{m}x{n}x{k}_{kernel.types}", Role.COMPUTE,
-        [Operand("A", (m, k), kernel.a, layout=STRIDED), Operand("B", (n, k), kernel.b, layout=kernel.weight),
-         Operand("C", (m, n), kernel.c, layout=STRIDED)],
-        [("i", m, "S"), ("j", n, "S"), ("k", k, "R")], build,
+        ([Operand("A", (m, k), kernel.a, layout=STRIDED), Operand("B", (n, k), kernel.b, layout=kernel.weight),
+          Operand("C", (m, n), kernel.c, layout=STRIDED)], [("i", m, "S"), ("j", n, "S"), ("k", k, "R")]),
+        lambda T, A, B, C, i, j, kk: C[i, j] + T.cast(A[i, kk], kernel.c) * T.cast(B[j, kk], kernel.c),
+        Call(lambda T, A, B, C: T.call_extern("int32", kernel.symbol, m, n, k, A.access_ptr("r"), A.strides[0],
+                                              B.access_ptr("r"), C.access_ptr("rw"), C.strides[0])),
         cost=Cost(cycles=max(1.0, m * n * k * (GROUP_BYTES // g) / 1024.0)),
         doc=(f"{kernel.instruction}" + (" emulated" if not kernel.flags else "")
-             + f": C[{m},{n}] {kernel.c} += A[{m},{k}] . B in {kernel.a} (B packed [N/16, K/{g}, 16, {g}])"),
-    )
+             + f": C[{m},{n}] {kernel.c} += A[{m},{k}] . B in {kernel.a} (B packed [N/16, K/{g}, 16, {g}])"))
 
 
 @cache
