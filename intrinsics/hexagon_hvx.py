@@ -19,7 +19,7 @@ on vrmpy.
 from functools import cache, partial
 from typing import Optional
 
-from tirbyoc import (Cost, Intrinsic, IntrinsicGroup, Role, Runtime, Scope, Template, dot_product, tile_copy_desc,
+from tirbyoc import (Call, Cost, Intrinsic, IntrinsicGroup, Role, Runtime, Scope, Template, declare, dot_product,
                      tile_copy_signature, vector_intrinsic, zero_fill_signature)
 
 NAME = "hexagon_hvx"
@@ -112,48 +112,17 @@ def dma_load(size: int, dtype: str = "uint8") -> Intrinsic:
     """Copy a contiguous ``size``-element tile from DRAM into VTCM with the Hexagon DMA engine."""
     nbytes = {"uint8": 1, "int8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4}[dtype]
 
-    def build():
-        from tvm.script import tirx as T
+    def dltensor(T, X):
+        return T.tvm_stack_make_array(T.address_of(X[0], dtype="handle"), T.tvm_stack_make_shape(size, dtype="handle"),
+                                      0, 1, X.dtype, 0, dtype="handle")
 
-        desc = tile_copy_desc((size,), dtype, "global", VTCM, block="load")
-
-        @T.prim_func(s_tir=True)
-        def impl(
-            S: T.Buffer((size,), dtype, offset_factor=1),
-            D: T.Buffer((size,), dtype, offset_factor=1, scope=VTCM),
-        ) -> None:
-            with T.sblock("root"):
-                T.reads(S[0:size])
-                T.writes(D[0:size])
-                T.evaluate(
-                    T.tvm_call_packed(
-                        "device_api.hexagon.dma_copy_dltensor",
-                        T.tvm_stack_make_array(
-                            T.address_of(D[0], dtype="handle"),
-                            T.tvm_stack_make_shape(size, dtype="handle"),
-                            0, 1, D.dtype, 0, dtype="handle",
-                        ),
-                        T.tvm_stack_make_array(
-                            T.address_of(S[0], dtype="handle"),
-                            T.tvm_stack_make_shape(size, dtype="handle"),
-                            0, 1, S.dtype, 0, dtype="handle",
-                        ),
-                        T.cast(size * nbytes, dtype="int"),  # the DMA counts bytes
-                        False,
-                        dtype="int32",
-                    )
-                )
-
-        return desc, impl
-
-    return Intrinsic(
-        f"{NAME}.dma_load_{size}_{dtype}",
-        Role.LOAD,
-        *tile_copy_signature((size,), dtype, "global", VTCM, axes=("i",)),
-        build,
-        cost=Cost(cycles=64 + size // 32),
-        doc=f"DMA {size} x {dtype} DRAM -> VTCM",
-    )
+    return declare(f"{NAME}.dma_load_{size}_{dtype}", Role.LOAD,
+                   tile_copy_signature((size,), dtype, "global", VTCM, axes=("i",)), lambda T, S, D, i: T.cast(S[i], dtype),
+                   Call(lambda T, S, D: T.tvm_call_packed("device_api.hexagon.dma_copy_dltensor", dltensor(T, D),
+                                                          dltensor(T, S), T.cast(size * nbytes, dtype="int"),  # bytes
+                                                          False, dtype="int32")),
+                   accumulate=False, block="load", cost=Cost(cycles=64 + size // 32),
+                   doc=f"DMA {size} x {dtype} DRAM -> VTCM")
 
 
 def _requires(arch: str) -> Optional[str]:

@@ -42,7 +42,7 @@ from functools import cache, partial
 from pathlib import Path
 from typing import Optional
 
-from tirbyoc import (Call, Cost, ExternLibrary, Intrinsic, IntrinsicGroup, Layout, Operand, Role, Runtime, Template,
+from tirbyoc import (Call, Cost, ExternLibrary, Fill, Intrinsic, IntrinsicGroup, Layout, Operand, Role, Runtime, Template,
                      TirbyocError, declare, requires_cpu)
 
 TARGET = {"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2}
@@ -136,37 +136,11 @@ def zero_block(kernel: Kernel = INT8, cols: int = TILE) -> Intrinsic:
     """C[32, cols] = 0 in 16-lane vector stores, row by row (a row-strided block): the register
     block's init, which TVM's scalar loop made as slow as the AMX call itself."""
     dtype = kernel.c
-
-    def build():
-        from tvm.script import tirx as T
-
-        @T.prim_func(s_tir=True)
-        def desc(C: T.Buffer((TILE, cols), dtype, offset_factor=1)) -> None:
-            with T.sblock("root"):
-                T.reads()
-                T.writes(C[0:TILE, 0:cols])
-                for i, j in T.grid(TILE, cols):
-                    with T.sblock("init"):
-                        vi, vj = T.axis.remap("SS", [i, j])
-                        C[vi, vj] = T.cast(0, dtype)
-
-        @T.prim_func(s_tir=True)
-        def impl(c: T.handle) -> None:
-            sc = T.int32()
-            C = T.match_buffer(c, (TILE, cols), dtype, strides=[sc, 1], offset_factor=1)
-            with T.sblock("root"):
-                T.reads()
-                T.writes(C[0:TILE, 0:cols])
-                for i in T.serial(TILE):
-                    for h in T.serial(cols // 16):
-                        C[i, T.ramp(h * 16, 1, 16)] = T.broadcast(T.cast(0, dtype), 16)
-
-        return desc, impl
-
-    return Intrinsic(f"{kernel.name}.zero_{TILE}x{cols}_{dtype}", Role.INIT,
-                     [Operand("C", (TILE, cols), dtype, layout=STRIDED)],
-                     [("i", TILE, "S"), ("j", cols, "S")], build, cost=Cost(cycles=TILE * cols / 16),
-                     doc=f"zero a {TILE}x{cols} {dtype} accumulator block in 16-lane stores")
+    return declare(f"{kernel.name}.zero_{TILE}x{cols}_{dtype}", Role.INIT,
+                   ([Operand("C", (TILE, cols), dtype, layout=STRIDED)], [("i", TILE, "S"), ("j", cols, "S")]),
+                   lambda T, C, i, j: T.cast(0, dtype), Fill(lambda T: T.broadcast(T.cast(0, dtype), 16), 16),
+                   accumulate=False, cost=Cost(cycles=TILE * cols / 16),
+                   doc=f"zero a {TILE}x{cols} {dtype} accumulator block in 16-lane stores")
 
 
 def call_columns(n: int, k_bytes: int, rows_staged: bool = True) -> int:

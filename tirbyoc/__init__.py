@@ -13,7 +13,7 @@ import importlib
 from tirbyoc.decl.alu import BlockALU
 from tirbyoc.decl.dma import BlockDMA
 from tirbyoc.decl.extern import ExternLibrary, PackedFunction
-from tirbyoc.decl.declare import Call, Vector, call_impl, declare, description, vector_impl, vector_intrinsic
+from tirbyoc.decl.declare import Call, Fill, Vector, call_impl, declare, description, vector_impl, vector_intrinsic
 from tirbyoc.decl.families import (dot_product, dot_product_desc, dot_product_semantics, dot_product_signature,
                                    tile_copy_desc, tile_copy_signature, zero_fill, zero_fill_desc, zero_fill_signature)
 from tirbyoc.decl.intrinsic import DENSE, Axis, Cost, Intrinsic, IntrinsicGroup, Layout, Operand, Role
@@ -65,7 +65,7 @@ def __getattr__(name):
 
 
 __all__ = [
-    "Axis", "BlockALU", "Call", "Vector", "call_impl", "declare", "BlockDMA", "BlockTiling", "Cost", "DENSE", "DeclarationError", "ExternLibrary", "ExternLibraryError", "GLOBAL", "PackedFunction",
+    "Axis", "BlockALU", "Call", "Fill", "Vector", "call_impl", "declare", "BlockDMA", "BlockTiling", "Cost", "DENSE", "DeclarationError", "ExternLibrary", "ExternLibraryError", "GLOBAL", "PackedFunction",
     "Intrinsic", "IntrinsicError", "IntrinsicGroup", "Layout", "Operand", "RegistrationConflict",
     "RewriteError", "Role", "Runtime", "Scope", "ScopeError", "TensorCoreKernel", "Template", "TemplateError", "TirbyocError",
     "UnknownTemplateError", "VectorVariant", "VerificationError", "description", "dot_product", "dot_product_desc",

@@ -5,11 +5,12 @@ A hand-written intrinsic spells each operand three times (the description's buff
 implementation's, the `Operand` list) and each region twice more. Here the `Operand` list is
 the one place. `description` writes the description's loops over the axes, its block and its
 regions, with the leaf's value from a scalar ``semantics(T, *operands, *axes)``; the
-implementation is one of two kinds, each a small record whose ``build`` writes it:
+implementation is one of a few kinds, each a small record whose ``build`` writes it:
 
 * `Vector`: the output stored as one vector, ``value(T, *operands)`` (an LLVM intrinsic call,
   TVM's vector arithmetic) or, ``per_lane``, one lane at a time in a vectorized loop
   (portable code LLVM vectorizes);
+* `Fill`: a 2-D output filled with one vector, row by row (an accumulator block's init);
 * `Call`: one call computes the whole tile, ``call(T, *operands)`` (``T.call_packed`` into a
   runtime, ``T.call_extern`` into a C library); a row-strided operand (`Layout.row_strided`)
   is passed with its row stride.
@@ -162,6 +163,25 @@ class Vector:
 
 
 @dataclass(frozen=True)
+class Fill:
+    """An implementation that fills a (row-strided) 2-D output with one vector ``value(T)`` of
+    ``lanes``, row by row: an accumulator block's init."""
+
+    value: Callable
+    lanes: int
+    offset_factor: int = 1
+
+    def build(self, operands, accumulate: bool):
+        out = list(operands)[-1]
+        rows, cols = out.stored_shape
+        if cols % self.lanes:
+            raise IntrinsicError(f"Fill: {cols} columns of {out.name} are no whole vectors of {self.lanes}")
+        body = (f"for i in T.serial({rows}):\n            for h in T.serial({cols // self.lanes}):\n"
+                f"                {out.name}[i, T.ramp(h * {self.lanes}, 1, {self.lanes})] = value(T)")
+        return _impl(list(operands), accumulate, body, self.offset_factor, value=self.value)
+
+
+@dataclass(frozen=True)
 class Call:
     """An implementation that is one call computing the whole tile (see `call_impl`)."""
 
@@ -195,4 +215,4 @@ def vector_intrinsic(name: str, role: Role | str, signature: tuple, semantics, v
     return declare(name, role, signature, semantics, Vector(value, per_lane), accumulate=accumulate, **declared)
 
 
-__all__ = ["Call", "Vector", "call_impl", "declare", "description", "vector_impl", "vector_intrinsic"]
+__all__ = ["Call", "Fill", "Vector", "call_impl", "declare", "description", "vector_impl", "vector_intrinsic"]
