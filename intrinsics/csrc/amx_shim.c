@@ -219,22 +219,25 @@ static __thread uint8_t* scratch_a;
 static __thread char* scratch_c;
 static __thread int64_t scratch_a_bytes, scratch_c_bytes;
 
+/* `block` if it holds `want` bytes, else a new 64-byte aligned one (the old one freed, *have
+   updated); NULL, with `block` kept, if out of memory. */
+static void* grow(void* block, int64_t* have, int64_t want) {
+  if (want <= *have) return block;
+  void* p = aligned_alloc(64, (want + 63) / 64 * 64);
+  if (!p) return NULL;
+  free(block);
+  *have = want;
+  return p;
+}
+
 /* Thread-local blocks for a remainder of fewer than 16 rows (grown as needed, kept). */
 static int grow_scratch(int64_t a_bytes, int64_t c_bytes) {
-  if (a_bytes > scratch_a_bytes) {
-    uint8_t* p = (uint8_t*)aligned_alloc(64, (a_bytes + 63) / 64 * 64);
-    if (!p) return -1;
-    free(scratch_a);
-    scratch_a = p;
-    scratch_a_bytes = a_bytes;
-  }
-  if (c_bytes > scratch_c_bytes) {
-    char* p = (char*)aligned_alloc(64, (c_bytes + 63) / 64 * 64);
-    if (!p) return -1;
-    free(scratch_c);
-    scratch_c = p;
-    scratch_c_bytes = c_bytes;
-  }
+  uint8_t* a = (uint8_t*)grow(scratch_a, &scratch_a_bytes, a_bytes);
+  if (!a) return -1;
+  scratch_a = a;
+  char* c = (char*)grow(scratch_c, &scratch_c_bytes, c_bytes);
+  if (!c) return -1;
+  scratch_c = c;
   return 0;
 }
 
