@@ -19,7 +19,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 from tirbyoc import ExternLibrary, PackedFunction, relax_vm
-from tirbyoc.relax.dispatch import Dispatch, DispatchReport, LibraryKernel, Rule, TIRKernel
+from tirbyoc.relax import Dispatch, DispatchReport, LibraryKernel, Rule, TIRKernel
 
 LIBRARY = ExternLibrary(name="vendor_concat", sources=[Path(__file__).parent / "csrc" / "vendor_concat.c"],
                         symbols=["vendor_concat"], ffi=True)

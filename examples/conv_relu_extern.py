@@ -20,7 +20,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 from tirbyoc import ExternLibrary, PackedFunction
-from tirbyoc.relax.dispatch import Dispatch, DispatchReport, LibraryKernel, Rule
+from tirbyoc.relax import Dispatch, DispatchReport, LibraryKernel, Rule
 
 VENDOR = ExternLibrary(
     name="vendor_conv",
