@@ -71,8 +71,8 @@ def test_an_int8_depthwise_conv_runs_in_channel_vectors_with_its_requantization_
     x, w = ((1, 14, 14, 64), "uint8"), ((64, 3, 3, 1), "int8")
     func = prim_func(fused_module(lambda a, b: requantized(depthwise(a, b, 64)), [x, w]))
     new, nests = schedule_rest(func, AVX512)
-    # a real pad: a block of its own; the requantization's steps, inlined into one, then fused
-    assert [n.block for n in nests if not n.inlined] == ["group_conv2d_nhwc", "pad_temp"]
+    # the pad read through bounds checks; the requantization's steps, inlined into one, then fused
+    assert [n.block for n in nests if not n.inlined] == ["group_conv2d_nhwc"] and "pad_temp" not in new.script()
     nest = nests[0]
     assert (nest.lanes, nest.packed) == (16, (str(func.params[1].name),))
     assert "7x16 accumulator blocks" in nest.note and "epilogue fused into the write-back" in nest.note
@@ -103,14 +103,23 @@ def test_a_float_depthwise_conv_keeps_every_bit_and_its_products_unfenced():
     assert np.array_equal(run(new, data), run(func, data))
 
 
-def test_an_nhwc_max_pool_is_a_channel_reduction_and_its_pad_stays_a_block():
-    x = ((1, 15, 15, 32), "float32")
-    func = prim_func(fused_module(lambda a: relax.op.nn.max_pool2d(a, (3, 3), (2, 2), (1, 1), layout="NHWC"), [x]))
-    new, nests = schedule_rest(func, AVX512)
-    pooled = [n for n in nests if n.note]
-    assert len(pooled) == 1 and pooled[0].lanes == 16 and pooled[0].packed == ()
-    data = [np.random.default_rng(3).standard_normal(x[0]).astype("float32")]
-    assert np.array_equal(run(new, data), run(func, data))
+def test_an_nhwc_max_pool_is_a_channel_reduction_that_reads_its_pad_through_bounds_checks():
+    """The pool's pad (the input and a border of its lowest value) is inlined: one nest, each
+    window load checking its bounds, no pass over the whole input first; every value TVM's,
+    the borders included (all-negative inputs, the int8 minimum itself)."""
+    for dtype, lanes in (("float32", 16), ("int8", 64)):
+        x = ((1, 15, 15, 32 if dtype == "float32" else 64), dtype)
+        func = prim_func(fused_module(lambda a: relax.op.nn.max_pool2d(a, (3, 3), (2, 2), (1, 1), layout="NHWC"),
+                                      [x]))
+        new, nests = schedule_rest(func, AVX512)
+        pooled = [n for n in nests if n.note]
+        assert len(pooled) == 1 and pooled[0].lanes == lanes and pooled[0].packed == ()
+        assert len(new.body.block.body.seq if hasattr(new.body.block.body, "seq") else [new.body.block.body]) == 1
+        assert "if_then_else" in new.script() and "pad_temp" not in new.script()
+        rng = np.random.default_rng(3)
+        data = (-np.abs(rng.standard_normal(x[0])).astype(dtype) if dtype == "float32" else
+                rng.integers(-128, -100, x[0]).astype(dtype))
+        assert np.array_equal(run(new, [data]), run(func, [data])), dtype
 
 
 def test_an_nchw_depthwise_conv_is_not_a_channel_reduction():
