@@ -354,6 +354,7 @@ def test_an_implementation_is_written_from_the_instructions_vector_value():
     from tvm.script import tirx as T
 
     from tirbyoc import IntrinsicError, Operand, dot_product_signature, vector_impl
+    from tirbyoc_intrinsics.x86_vnni import vpdpbusd
     from tirbyoc._tvm import tvm_ffi
 
     @T.prim_func(s_tir=True)
@@ -375,8 +376,3 @@ def test_an_implementation_is_written_from_the_instructions_vector_value():
     with pytest.raises(IntrinsicError, match=r"output C is \(4, 4\)"):
         vector_impl([Operand("A", (4,), "int8"), Operand("C", (4, 4), "int32")], lambda T, A, C: A[0])
 
-
-def vpdpbusd(T, A, B, C):
-    a = T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 16), dtype="int8x64")
-    return T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
-                                   C.vload([0], dtype="int32x16"), a, B.vload([0, 0], dtype="int8x64"), dtype="int32x16")

@@ -55,7 +55,7 @@ def as_pass(stage: Stage):
         out = stage.fn(func)
         if not out.same_as(func):
             name = str(func.attrs["global_symbol"]) if func.attrs and "global_symbol" in func.attrs else "main"
-            dump_after(f"lowering.{name}", stage.name, out.script())
+            dump_after(f"lowering.{name}", stage.name, out.script)
         return out
 
     return tirx.transform.prim_func_pass(apply, opt_level=0, name=f"tirbyoc.{stage.name.replace(' ', '_')}")

@@ -64,12 +64,12 @@ def run_in_order(stages, value, apply: Callable, *, target=None, label: str = ""
     return value
 
 
-def dump_after(label: str, stage: str, text: str) -> None:
-    """Under `DUMP_VARIABLE`: ``text`` written as the IR after ``stage`` (for a pipeline that
-    TVM runs, whose passes call this themselves)."""
+def dump_after(label: str, stage: str, text: Callable[[], str]) -> None:
+    """Under `DUMP_VARIABLE`: ``text()`` written as the IR after ``stage`` (for a pipeline that
+    TVM runs, whose passes call this themselves); without it, nothing is printed."""
     folder = os.environ.get(DUMP_VARIABLE)
     if folder:
-        dump(Path(folder), f"{next(_RUNS):03d}.{label}-{stage}", stage, text)
+        dump(Path(folder), f"{next(_RUNS):03d}.{label}-{stage}", stage, text())
 
 
 def dump(folder: Path, name: str, stage: str, text: str) -> None:
