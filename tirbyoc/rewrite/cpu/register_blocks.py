@@ -68,7 +68,8 @@ def _reuse(mr: int, nr: int, panel_bytes: int, weight_tile_bytes: int, rows: int
     same count of accumulators, four times the L2 lines per step."""
     # re-read from L2 by the next row block; with no other row block (a GEMV), read once anyway
     from_l2 = nr * panel_bytes > L1_WEIGHT_BYTES and (rows is None or rows > mr)
-    l2 = L2_CYCLES_PER_LINE * nr * max(1, weight_tile_bytes // CACHE_LINE) if from_l2 else 0
+    # a tile narrower than a line (a ymm's 32 bytes) shares it with the next step's: a fraction
+    l2 = L2_CYCLES_PER_LINE * nr * weight_tile_bytes / CACHE_LINE if from_l2 else 0
     return mr * nr / max(mr + nr, l2)
 
 
