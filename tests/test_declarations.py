@@ -159,7 +159,7 @@ def test_registration_is_idempotent_and_conflicts_are_errors():
 
 
 def test_unknown_template_lists_known():
-    with pytest.raises(UnknownTemplateError, match="known templates: blas, cuda_mma, hexagon_hvx, vta, x86_amx, x86_amx_bf16, x86_amx_bf16_emulated, x86_amx_emulated, x86_avx2, x86_avx512_bf16, x86_avx512bw, x86_fp32_avx2, x86_fp32_avx512, x86_vnni"):
+    with pytest.raises(UnknownTemplateError, match="known templates: blas, cuda_mma, hexagon_hvx, vta, x86_amx, x86_amx_bf16, x86_amx_bf16_emulated, x86_amx_emulated, x86_avx2, x86_avx2_gemm, x86_avx512_bf16, x86_avx512bw, x86_fp32_avx2, x86_fp32_avx512, x86_vnni"):
         tirbyoc.get_template("npu")
 
 

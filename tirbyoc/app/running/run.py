@@ -53,7 +53,7 @@ from tirbyoc.tuning.apply import tuned_schedules
 
 INT8_TEMPLATES = ("x86_amx", "x86_vnni", "x86_avx512bw", "x86_avx2")  # this CPU's int8 cores, fastest first
 # a template whose kernel refuses some blocks (AMX: N not a multiple of 16) and the one tried next
-FALLBACKS = {"x86_amx": "x86_vnni", "x86_amx_bf16": "x86_avx512_bf16"}
+FALLBACKS = {"x86_amx": "x86_vnni", "x86_amx_bf16": "x86_avx512_bf16", "x86_avx2_gemm": "x86_avx2"}
 FLOAT_TEMPLATES = ("x86_fp32_avx512", "x86_fp32_avx2", "blas")  # fp32 cores, fastest first
 BF16_TEMPLATES = ("x86_amx_bf16", "x86_avx512_bf16")  # --precision bf16: this CPU's bf16 cores, fastest first
 PRECISIONS = ("bf16",)  # what --precision converts a float model to (None: as the model gives it)
