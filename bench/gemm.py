@@ -3,7 +3,7 @@ run, every engine in a process of its own (JSON out).
 
 * int8 templates (each one this CPU runs: x86_amx with AMX-INT8 (its peak: four independent
   ``tdpbusd`` tile chains), x86_vnni with AVX-512 VNNI, x86_avx512bw with
-  AVX-512 BW, x86_avx2 with AVX2; ``--int8-templates`` picks): u8 x i8 -> i32 GEMM 1024^3 and
+  AVX-512 BW, x86_avx2_gemm (the kernel call) and x86_avx2 with AVX2; ``--int8-templates`` picks): u8 x i8 -> i32 GEMM 1024^3 and
   int8 NHWC convolutions with ResNet-50's layer shapes (batch 1), in GOPS (2 x MAC per
   second), at 1 and 2 threads, as a deployed model runs them - the weight packed once
   (`tirbyoc.relax.prepack`, what `tirbyoc run` / `build` do with a model's constant weights) -
@@ -78,7 +78,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(HERE / "results" / "gemm.json"))
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--int8-templates", help="int8 templates to time (default: every one of x86_amx, x86_vnni, "
-                    "x86_avx512bw, x86_avx2 this CPU runs; 'none': no int8 rows)")
+                    "x86_avx512bw, x86_avx2_gemm, x86_avx2 this CPU runs; 'none': no int8 rows)")
     ap.add_argument("--fp32-templates", help="fp32 templates to time (default: every one of x86_fp32_avx512, "
                     "x86_fp32_avx2 this CPU runs; 'none': no fp32 rows)")
     ap.add_argument("--no-blas", action="store_true", help="leave out the blas rows")

@@ -31,6 +31,7 @@ INT8_PEAKS = {
     "x86_amx": ("amx_peak.c", "tirbyoc_amx_peak", "4 independent tdpbusd tile chains (2x2 16x16x64)"),
     "x86_vnni": ("vnni_peak.c", "tirbyoc_vnni_peak", "24 independent vpdpbusd zmm"),
     "x86_avx512bw": ("pmaddwd_peak.c", "tirbyoc_pmaddwd_zmm_peak", "14 independent vpmaddwd + vpaddd zmm"),
+    "x86_avx2_gemm": ("pmaddwd_peak.c", "tirbyoc_pmaddwd_ymm_peak", "7 independent vpmaddwd + vpaddd ymm"),
     "x86_avx2": ("pmaddwd_peak.c", "tirbyoc_pmaddwd_ymm_peak", "7 independent vpmaddwd + vpaddd ymm"),
 }
 
