@@ -2,9 +2,9 @@
 run, every engine in a process of its own (JSON out).
 
 * int8 templates (each one this CPU runs: x86_amx with AMX-INT8 (its peak: four independent
-  ``tdpbusd`` tile chains), x86_vnni with AVX-512 VNNI, x86_avx512bw with
-  AVX-512 BW, x86_avx2_gemm (the kernel call) and x86_avx2 with AVX2; ``--int8-templates`` picks): u8 x i8 -> i32 GEMM 1024^3 and
-  int8 NHWC convolutions with ResNet-50's layer shapes (batch 1), in GOPS (2 x MAC per
+  ``tdpbusd`` tile chains), x86_vnni with AVX-512 VNNI, x86_avx512bw with AVX-512 BW,
+  x86_avx2_gemm (the kernel call) and x86_avx2 with AVX2; ``--int8-templates`` picks): u8 x i8
+  -> i32 GEMM 1024^3 and int8 NHWC convolutions with ResNet-50's layer shapes (batch 1), in GOPS (2 x MAC per
   second), at 1 and 2 threads, as a deployed model runs them - the weight packed once
   (`tirbyoc.relax.prepack`, what `tirbyoc run` / `build` do with a model's constant weights) -
   and with the weight packed on every call; each as a fraction of the peak of the template's

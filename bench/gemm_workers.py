@@ -27,12 +27,13 @@ HERE = Path(__file__).resolve().parent
 
 # The int8 templates this benchmark times, best first, each beside the peak of its own
 # instruction: (C source in csrc/, symbol, what it times). A symbol returns the MACs it did.
+PMADDWD_YMM = ("pmaddwd_peak.c", "tirbyoc_pmaddwd_ymm_peak", "7 independent vpmaddwd + vpaddd ymm")
 INT8_PEAKS = {
     "x86_amx": ("amx_peak.c", "tirbyoc_amx_peak", "4 independent tdpbusd tile chains (2x2 16x16x64)"),
     "x86_vnni": ("vnni_peak.c", "tirbyoc_vnni_peak", "24 independent vpdpbusd zmm"),
     "x86_avx512bw": ("pmaddwd_peak.c", "tirbyoc_pmaddwd_zmm_peak", "14 independent vpmaddwd + vpaddd zmm"),
-    "x86_avx2_gemm": ("pmaddwd_peak.c", "tirbyoc_pmaddwd_ymm_peak", "7 independent vpmaddwd + vpaddd ymm"),
-    "x86_avx2": ("pmaddwd_peak.c", "tirbyoc_pmaddwd_ymm_peak", "7 independent vpmaddwd + vpaddd ymm"),
+    "x86_avx2_gemm": PMADDWD_YMM,  # the kernel call and the intrinsic: the same instruction
+    "x86_avx2": PMADDWD_YMM,
 }
 
 

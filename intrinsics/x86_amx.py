@@ -253,17 +253,29 @@ def make_template(emulated: bool = False, bf16: bool = False) -> Template:
     kernel = twin if emulated else native
     what = ("Intel AMX bf16 tiles (bf16 x bf16 -> float32, --precision bf16)" if bf16 else
             "Intel AMX int8 tiles (u8 activations x i8 weights -> i32)")
+    return kernel_template(kernel, EMULATED_TARGET if emulated else TARGET, EMULATED_LIBRARY if emulated else LIBRARY,
+                           None if emulated else native_requires(native, twin, tile_state=True),
+                           what + ", a GEMM kernel on packed weights" + (", emulated in portable C" if emulated else ""),
+                           emulates=f"{native.instruction} (Intel AMX-{'BF16' if bf16 else 'INT8'})" if emulated else "")
+
+
+def kernel_template(kernel: Kernel, target: dict, library: ExternLibrary, requires, doc: str,
+                    emulates: str = "") -> Template:
+    """A template whose one group is ``kernel``'s call (`kernel_group`) from ``library``: NHWC
+    convolutions, each 32-row block's write-back fused after the call (requantized to 8 bits,
+    ReLU, the residual add, or bias / ReLU / the next layer's bf16 cast). AMX's kernels, and
+    the AVX512_BF16 and AVX2 ones declared on them."""
     return Template(
         name=kernel.name,
-        target=EMULATED_TARGET if emulated else TARGET,
+        target=target,
         runtime=Runtime.EXTERN_C,
         groups=(kernel_group(kernel),),
-        libraries=(EMULATED_LIBRARY if emulated else LIBRARY,),
-        requires=None if emulated else native_requires(native, twin, tile_state=True),
-        doc=what + ", a GEMM kernel on packed weights" + (", emulated in portable C" if emulated else ""),
-        emulates=f"{native.instruction} (Intel AMX-{'BF16' if bf16 else 'INT8'})" if emulated else "",
+        libraries=(library,),
+        requires=requires,
+        doc=doc,
+        emulates=emulates,
         channels_last=True,
-        fuses_epilogues=True,  # each 32 x 32 block's write-back: requantized to 8 bits, or bias/ReLU/bf16
+        fuses_epilogues=True,
         params={"tile": TILE},
     )
 

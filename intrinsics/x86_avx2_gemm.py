@@ -20,9 +20,9 @@ last decade, so there is no emulated twin.
 
 from pathlib import Path
 
-from tirbyoc import ExternLibrary, Runtime, Template, requires_cpu
+from tirbyoc import ExternLibrary, Template, requires_cpu
 
-from .x86_amx import MIN_PIXEL_BYTES, TILE, Kernel, kernel_group
+from .x86_amx import MIN_PIXEL_BYTES, Kernel, kernel_template
 
 TARGET = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}
 MIN_K = 64  # shorter reductions: the call's widening and write-back outweigh its loop
@@ -33,19 +33,9 @@ LIBRARY = ExternLibrary(name="tirbyoc_avx2_gemm", sources=[Path(__file__).parent
 
 
 def make_template() -> Template:
-    return Template(
-        name=KERNEL.name,
-        target=TARGET,
-        runtime=Runtime.EXTERN_C,
-        groups=(kernel_group(KERNEL),),
-        libraries=(LIBRARY,),
-        requires=requires_cpu(*KERNEL.flags, instruction=KERNEL.instruction),
-        doc="exact int8 GEMM blocks on AVX2 (u8 x i8 -> i32, vpmaddwd on operands widened once a call), a kernel "
-            "on packed weights",
-        channels_last=True,
-        fuses_epilogues=True,  # each 32-row block's write-back: requantized to 8 bits, ReLU, residual
-        params={"tile": TILE},
-    )
+    return kernel_template(KERNEL, TARGET, LIBRARY, requires_cpu(*KERNEL.flags, instruction=KERNEL.instruction),
+                           "exact int8 GEMM blocks on AVX2 (u8 x i8 -> i32, vpmaddwd on operands widened once a "
+                           "call), a kernel on packed weights")
 
 
 TEMPLATE = make_template()

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tirbyoc import ExternLibrary, Runtime, Template
+from tirbyoc import ExternLibrary, Template
 
-from .x86_amx import BF16, BF16_EMULATED, TILE, Kernel, kernel_group, native_requires
+from .x86_amx import BF16, BF16_EMULATED, Kernel, kernel_template, native_requires
 
 # Zen 4 / 5 and Sapphire Rapids run every instruction of Cooper Lake (AVX-512 with BF16, no AMX)
 TARGET = {"kind": "llvm", "mcpu": "cooperlake", "num-cores": 2}
@@ -33,18 +33,8 @@ assert KERNEL.group == BF16.group  # the same packed weight as AMX-BF16's
 
 
 def make_template() -> Template:
-    return Template(
-        name=KERNEL.name,
-        target=TARGET,
-        runtime=Runtime.EXTERN_C,
-        groups=(kernel_group(KERNEL),),
-        libraries=(LIBRARY,),
-        requires=native_requires(KERNEL, BF16_EMULATED),
-        doc="AVX512_BF16 bf16 GEMM (bf16 x bf16 -> float32, --precision bf16), a kernel on packed weights",
-        channels_last=True,
-        fuses_epilogues=True,  # bias, ReLU, the next layer's bf16 cast in the block's write-back
-        params={"tile": TILE},
-    )
+    return kernel_template(KERNEL, TARGET, LIBRARY, native_requires(KERNEL, BF16_EMULATED),
+                           "AVX512_BF16 bf16 GEMM (bf16 x bf16 -> float32, --precision bf16), a kernel on packed weights")
 
 
 TEMPLATE = make_template()

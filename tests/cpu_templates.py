@@ -1,10 +1,12 @@
 """Helpers the CPU templates' tests share: skip where a template cannot run, self-check its
-intrinsics."""
+intrinsics, build and run a function."""
 
 import pytest
+import tvm
 
 import tirbyoc
 from tirbyoc.offloading.selfcheck import self_check
+from tirbyoc.offloading.verification import compile_func
 
 
 def runnable(name):
@@ -21,3 +23,12 @@ def assert_intrinsics_check(name):
     for intrin in t.intrinsics():
         result = self_check(intrin, dict(t.target))
         assert result.passed, result.detail
+
+
+def run_built(func, target, arrays):
+    """``func`` built for ``target`` and run on ``arrays`` (its parameters, the output last):
+    the output it wrote."""
+    exe = compile_func(func, target, "test")
+    args = [tvm.runtime.tensor(a) for a in arrays]
+    exe.mod["main"](*args)
+    return args[-1].numpy()

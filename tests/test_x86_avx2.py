@@ -5,13 +5,12 @@ CPU's registers, and chosen by default where they are the fastest int8 core this
 import numpy as np
 import pytest
 import tvm
-from cpu_templates import assert_intrinsics_check, runnable
+from cpu_templates import assert_intrinsics_check, run_built, runnable
 
 import tirbyoc
 from tirbyoc._tvm import vector_registers
 from tirbyoc.app.running.run import FALLBACKS, FLOAT_TEMPLATES, INT8_TEMPLATES, default_templates
 from tirbyoc.offloading.selfcheck import tensorize_exact
-from tirbyoc.offloading.verification import compile_func
 from tirbyoc.rewrite.cpu.register_blocks import register_block
 from tirbyoc.testing.workloads import conv2d, matmul
 
@@ -39,13 +38,6 @@ def test_dot_product_is_exact_at_the_extremes(name, a_value, b_value):
     assert (c.numpy() == 7 + k * a_value * b_value).all()
 
 
-def _run(func, target, arrays):
-    exe = compile_func(func, target, "test")
-    args = [tvm.runtime.tensor(a) for a in arrays]
-    exe.mod["main"](*args)
-    return args[-1].numpy()
-
-
 @pytest.mark.parametrize("workload", ["matmul", "conv"])
 def test_offload_verified_and_exact_on_full_range_data(workload):
     """Offloaded for AVX2 code (whatever this CPU also has), verified by tirbyoc, and equal
@@ -63,8 +55,8 @@ def test_offload_verified_and_exact_on_full_range_data(workload):
     a = rng.choice(np.array([0, 1, 254, 255], "uint8"), shapes[0])
     b = rng.choice(np.array([-128, -127, 126, 127], "int8"), shapes[1])
     out_shape = tuple(int(x) for x in func.params[-1].shape)
-    got = _run(off.func, AVX2_CODE, [a, b, np.zeros(out_shape, "int32")])
-    want = _run(func, AVX2_CODE, [a, b, np.zeros(out_shape, "int32")])
+    got = run_built(off.func, AVX2_CODE, [a, b, np.zeros(out_shape, "int32")])
+    want = run_built(func, AVX2_CODE, [a, b, np.zeros(out_shape, "int32")])
     assert np.array_equal(got, want)
 
 

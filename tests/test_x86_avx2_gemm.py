@@ -8,20 +8,11 @@ import subprocess
 
 import numpy as np
 import pytest
-import tvm
-from cpu_templates import runnable
+from cpu_templates import run_built, runnable
 
 import tirbyoc
 from tirbyoc.app.running.run import FALLBACKS
-from tirbyoc.offloading.verification import compile_func
 from tirbyoc.testing.workloads import conv2d, matmul
-
-
-def _run(func, target, arrays):
-    exe = compile_func(func, target, "test")
-    args = [tvm.runtime.tensor(a) for a in arrays]
-    exe.mod["main"](*args)
-    return args[-1].numpy()
 
 
 def _full_range(shapes, seed):
@@ -52,8 +43,8 @@ def test_offload_is_exact_on_full_range_data(workload):
     shapes = [tuple(int(x) for x in p.shape) for p in list(func.params)[:2]]
     a, b = _full_range(shapes, seed=len(workload))
     out = np.zeros(tuple(int(x) for x in func.params[-1].shape), "int32")
-    got = _run(off.func, target, [a, b, out.copy()])
-    want = _run(func, target, [a, b, out.copy()])
+    got = run_built(off.func, target, [a, b, out.copy()])
+    want = run_built(func, target, [a, b, out.copy()])
     assert np.array_equal(got, want)
     assert np.abs(want).max() > 2 ** 15  # the data reaches past 16 bits
 
