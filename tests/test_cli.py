@@ -100,8 +100,12 @@ def _dynamic_batch_onnx(path):
 def test_a_batch_dynamic_onnx_model_runs_with_its_input_shape(tmp_path):
     model = tmp_path / "dyn.onnx"
     _dynamic_batch_onnx(model)
-    code, _, err = tirbyoc("run", "-q", "-t", "blas", "-m", str(model), cwd=tmp_path)
-    assert code == 2 and "--input-shape" in err
+    # without a shape or sizes: its dim_param at the smallest size, from the symbolic build
+    code, out, err = tirbyoc("run", "-q", "-t", "blas", "-m", str(model), "--json", cwd=tmp_path)
+    result = json.loads(out)
+    assert code == 0, err
+    assert [(s["sizes"], s["verified"]) for s in result["sizes"]] == [({"batch": 1}, True)]
+    assert "the smallest sizes" in result["size_origin"]
     code, out, err = tirbyoc("run", "-q", "-t", "blas", "-m", str(model), "--input-shape", "x=8,64",
                              "--json", cwd=tmp_path)
     result = json.loads(out)

@@ -1,6 +1,8 @@
 """Sizes known only at run time: functions with symbolic extents offloaded and checked at
 several sizes, from Relax models whose shapes are named (a sequence length, a batch)."""
 
+import re
+
 import numpy as np
 import pytest
 from tvm import relax
@@ -83,6 +85,24 @@ def test_a_tile_intrinsic_pads_an_axis_of_run_time_extent(template, dtypes, symb
     assert ("a multiple of" in steps and "at run time" in steps) == lanes, steps
     if template == "vta":  # the scratchpad tiles do not grow with the size
         assert "(extent known at run time), so it fits at every size" in steps
+
+
+@pytest.mark.parametrize("template,dtypes", [(NAME, ("uint8", "int8", "int32")), ("x86_avx2", ("uint8", "int8", "int32")),
+                                             ("x86_fp32_avx2", ("float32",) * 3)])
+def test_rows_known_only_at_run_time_are_register_blocked(template, dtypes):
+    """A row count known only at run time (a served model's tokens) is padded to a multiple of
+    RUN_TIME_ROWS when the function runs, so the register block keeps several rows instead of
+    one (a matrix-vector product per row); the padded rows are never written back. Checked
+    at every size, the ones below, at and past a multiple included."""
+    from tirbyoc.rewrite.cpu.register_blocks import RUN_TIME_ROWS
+
+    out = tirbyoc.offload(matmul(20, 48, 64, *dtypes, symbolic="m"), template)
+    assert out.offloaded and out.verification.passed, out.table()
+    assert out.verification.reason.endswith("= 1, 7, 16, 17, 131")
+    steps = " ".join(out.rewrites[0].steps)
+    assert f"rows padded to a multiple of {RUN_TIME_ROWS} at run time" in steps, steps
+    block = re.search(r"register-blocked (\d+)x(\d+)", steps)
+    assert block and int(block.group(1)) > 1 and RUN_TIME_ROWS % int(block.group(1)) == 0, steps
 
 
 def test_a_library_kernel_takes_a_size_known_at_run_time(dynamic_mlp):
@@ -208,6 +228,11 @@ def test_an_onnx_models_dim_param_is_a_size_to_run_at(tmp_path, capsys):
     sizes = json.loads(capsys.readouterr().out)["sizes"]
     assert [(s["sizes"], s["coverage"], s["verified"]) for s in sizes] == [
         ({"batch": 1}, 1.0, True), ({"batch": 3}, 1.0, True)]
+    # without --size: the smallest sizes, said so, from a build that takes any
+    assert main(["run", "-q", "-m", str(path), "-t", "blas", "--repeat", "1", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [(s["sizes"], s["verified"]) for s in result["sizes"]] == [({"batch": 1}, True)]
+    assert result["size_origin"].startswith("no --size given: run at the smallest sizes (the file declares none), batch=1")
 
 
 def test_a_llama_layer_offloads_every_matmul_mac_at_every_length(capsys):

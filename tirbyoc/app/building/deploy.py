@@ -307,7 +307,7 @@ def build_library(model: str | None, templates=None, options: RunOptions | None 
     artifact must reproduce. ``whole_calls``: as `offload_module`'s (False: library kernels
     are called from inside PrimFuncs, never whole)."""
     opts = options_of(options, changes, "build_library")
-    opts = replace(opts, sizes=sizes_to_run(model, opts.sizes))
+    opts = replace(opts, sizes=sizes_to_run(model, opts.sizes, opts.input_shapes))
     progress = progress or Progress(enabled=False)
     output = Path(output)
     if opts.target is not None:

@@ -97,6 +97,22 @@ def _onnx_is_float(spec: str) -> bool | None:
     return not ops & QUANTIZED_ONNX_OPS
 
 
+def _onnx_sizes(spec: str) -> dict | None:
+    """An ONNX model's named dimensions (an exporter's ``dim_param``: ``batch``, ``seq``) at
+    the smallest size, 1 each: an ONNX file declares no example sizes, and every dimension a
+    served model leaves open takes 1 (one sequence of one token). `size_origin` says so."""
+    try:
+        import onnx  # deferred: an optional dependency (the reference extra)
+
+        proto = onnx.load(spec, load_external_data=False)
+    except Exception:  # the loader reports a missing package or a bad file with context
+        return None
+    weights = {t.name for t in proto.graph.initializer}
+    named = [d.dim_param for i in proto.graph.input if i.name not in weights
+             for d in i.type.tensor_type.shape.dim if d.dim_param and not d.dim_value]
+    return {name: (1,) for name in dict.fromkeys(named)} or None
+
+
 def _python(spec: str, templates, obj, input_shapes):
     path = _existing(spec)
     if input_shapes:
@@ -108,7 +124,7 @@ def _python(spec: str, templates, obj, input_shapes):
 FRONTENDS: list[Frontend] = [
     Frontend("builtin", "builtin:", f"builtin:NAME (NAME one of {sorted(MODELS)})", _builtin, _builtin_is_float,
              _builtin_sizes),
-    Frontend("onnx", ".onnx", "an .onnx file", _onnx, _onnx_is_float),
+    Frontend("onnx", ".onnx", "an .onnx file", _onnx, _onnx_is_float, _onnx_sizes),
     Frontend("python", ".py", "a .py file (a Relax IRModule, a torch.nn.Module, a relax nn.Module "
              "or TensorIR PrimFuncs)", _python),
 ]
@@ -157,10 +173,25 @@ def default_sizes(spec: str | None) -> dict | None:
         return None
 
 
-def sizes_to_run(spec: str | None, given: dict | None) -> dict | None:
+def sizes_to_run(spec: str | None, given: dict | None, input_shapes: dict | None = None) -> dict | None:
     """The sizes a command runs ``spec`` at: those ``given`` (``--size``), else the model's
-    own (`default_sizes`: a built-in of named dimensions)."""
-    return given if given is not None else (default_sizes(spec) or None)
+    own (`default_sizes`: a built-in's named dimensions at its sizes, an ONNX file's at 1);
+    none where ``input_shapes`` (``--input-shape``) fix the dimensions instead."""
+    if given is not None or input_shapes:
+        return given
+    return default_sizes(spec) or None
+
+
+def size_origin(spec: str | None, given: dict | None, sizes: dict | None) -> str | None:
+    """A sentence saying where the sizes a model runs at came from when the command was not
+    given them (None when it was, or when the model has no named dimensions)."""
+    if given is not None or not sizes:
+        return None
+    at = ", ".join(f"{k}={','.join(map(str, v))}" for k, v in sizes.items())
+    own = "its own sizes" if spec and spec.startswith("builtin:") else \
+        "the smallest sizes (the file declares none)"
+    return (f"no --size given: run at {own}, {at}; one build takes any size at run time "
+            f"(--size NAME=V1,V2,... runs others)")
 
 
 def is_float_model(spec: str | None) -> bool | None:
@@ -175,4 +206,4 @@ def is_float_model(spec: str | None) -> bool | None:
 
 
 __all__ = ["FRONTENDS", "QUANTIZED_ONNX_OPS", "Frontend", "default_model", "default_sizes", "frontend_for", "is_float_model",
-           "load_model", "register_frontend", "sizes_to_run"]
+           "load_model", "register_frontend", "size_origin", "sizes_to_run"]

@@ -37,6 +37,7 @@ class RunResult:
     emulates: dict = field(default_factory=dict)  # template -> the instruction it emulates (untimed)
     layout: LayoutReport | None = None  # the model converted to NHWC once (a channels-last template)
     sizes: list | None = None  # --size: the model at each binding of its named dimensions (SizeRun)
+    size_origin: str | None = None  # where the sizes came from, when --size did not give them
     bf16: Bf16Report | None = None  # --precision bf16: what was converted, its accuracy against fp32
 
     def to_json(self) -> dict:
@@ -64,6 +65,7 @@ class RunResult:
             "emulates": self.emulates,
             "layout": self.layout.to_json() if self.layout is not None else None,
             "sizes": None if self.sizes is None else [s.to_json() for s in self.sizes],
+            "size_origin": self.size_origin,
             "precision": "bf16" if self.bf16 is not None else None,
             "bf16": self.bf16.to_json() if self.bf16 is not None else None,
         }
@@ -118,6 +120,8 @@ class RunResult:
                      f"{sum(st.load_bytes.values()):,} B, out {st.store_bytes:,} B, "
                      f"{st.tile_ops:,} tile operations, scratchpad high-water "
                      + " / ".join(f"{k} {v:,} B" for k, v in st.high_water.items()))
+        if self.size_origin:
+            text += f"\n{self.size_origin}"
         if self.sizes:
             text += ("\n\nat each size (one build of each; the rows above: the first size; a function "
                      "of symbolic sizes shows 0 MACs there)\n" + size_table(self.sizes))

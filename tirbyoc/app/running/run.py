@@ -18,7 +18,7 @@ from dataclasses import field as dataclass_field
 import numpy as np
 
 from tirbyoc._tvm import build, is_host_target, relax_vm, tirx, tvm
-from tirbyoc.app.model_in.frontends import is_float_model, sizes_to_run
+from tirbyoc.app.model_in.frontends import is_float_model, size_origin, sizes_to_run
 from tirbyoc.app.model_in.legalize import LegalizedModel, importing, legalized_model
 from tirbyoc.app.running.model_call import ModelCall
 from tirbyoc.app.model_in.model_inputs import model_inputs
@@ -340,7 +340,9 @@ def run_model(model: str | None = None, templates: list | None = None, options: 
     TVM's build of the untouched model, and compare: how is `RunOptions` (``options``, or its
     fields as keywords: ``repeat=1``)."""
     opts = options_of(options, changes, "run_model")
-    opts = replace(opts, sizes=sizes_to_run(model, opts.sizes))
+    given = opts.sizes
+    opts = replace(opts, sizes=sizes_to_run(model, given, opts.input_shapes))
+    origin = size_origin(model, given, opts.sizes)
     _check_options(opts.reference, model, opts.precision)
     tuned = tuned_schedules(opts.database) if opts.database is not None else None
     progress = progress or Progress(enabled=False)
@@ -388,7 +390,7 @@ def run_model(model: str | None = None, templates: list | None = None, options: 
                      quantized=quantized if quantized.integer or quantized.kept else None, reference=ref,
                      emulated=done.emulated, fast_math=fast, bf16=bf16,
                      emulates={t.name: t.emulates for t in tmpls if t.emulates},
-                     layout=layout if layout.convolutions else None, sizes=sized)
+                     layout=layout if layout.convolutions else None, sizes=sized, size_origin=origin)
 
 
 __all__ = ["BASELINES", "OffloadRun", "Progress", "RunResult", "baseline_module", "check_target", "compare",

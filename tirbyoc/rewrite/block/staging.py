@@ -18,6 +18,7 @@ from tirbyoc._tvm import PrimCall, call_name, tirx
 from tirbyoc.errors import RewriteError
 from tirbyoc.ir.pattern import Access
 from tirbyoc.matching.results import OperandMap, Staging
+from tirbyoc.rewrite.cpu.register_blocks import run_time_row_factors
 from tirbyoc.rewrite.foundation.state import RewriteState
 from tirbyoc.rewrite.foundation.steps import StepKind
 
@@ -73,7 +74,9 @@ def _packs(state: RewriteState, op: OperandMap) -> bool:
 
 def stage_operands(state: RewriteState) -> RewriteState | None:
     """Copy every operand that cannot be read in place (whole, or reindexed by the
-    intrinsic's axes)."""
+    intrinsic's axes). A block whose rows are padded at run time (`_run_time_rows`) stages as a
+    padded one: reindexed, packed after the padding."""
+    state.row_factors = _run_time_rows(state)
     tiled, axes, changed = state.tiled, state.axes, False
     for op in state.match.operands:
         acc = state.access(op)
@@ -176,13 +179,17 @@ def _stage_reindex(state: RewriteState, op: OperandMap, kind: str, scope: str) -
 def pad_and_pack(state: RewriteState) -> RewriteState | None:
     """``pad_einsum`` to multiples of the intrinsic's widths, then pack the reindexed copies
     that the implementation reads as dense tiles."""
-    if not state.padded and not state.packs:
-        return None
     m, sch = state.match, state.sch
+    rows = state.row_factors
+    if not state.padded and not state.packs and rows is None:
+        return None
     if state.padded:
         factors = [1] * len(m.outer) + [a.size if a.pads else 1 for a in m.axes]
-        pads = ", ".join(a.pad_text for a in m.axes if a.pads)
-        with state.step(StepKind.PAD, f"pad_einsum ({pads})"):
+        pads = [a.pad_text for a in m.axes if a.pads]
+        if rows is not None:
+            factors = [max(f, r) for f, r in zip(factors, rows)]
+            pads.append(f"the rows to a multiple of {max(rows)} at run time, for a register block")
+        with state.step(StepKind.PAD, f"pad_einsum ({', '.join(pads)})"):
             sch.pad_einsum(state.block, factors)
         _fold_reindex_copies(state)
     for op, kind, lead in state.packs:
@@ -195,6 +202,19 @@ def pad_and_pack(state: RewriteState) -> RewriteState | None:
             sch.transform_layout(state.block, (kind, idx), index_map(packing(lead, op.packing_tile), ndim))
     fold_pads_into_copies(state)
     return state
+
+
+def _run_time_rows(state: RewriteState) -> list[int] | None:
+    """`run_time_row_factors` for a block the target's default CPU schedule will register-block
+    (not one staged per tile, nor one the caller schedules), before its operands are packed."""
+    group = state.match.group
+    if state.schedule is not True or state.tiled or (group is not None and (group.resize is not None
+                                                                             or group.resize_pads)) \
+            or (state.template is not None and state.template.libraries):
+        return None  # a library's kernel (its GEMV takes rows one by one) or one padded to its own call shape
+    kinds = {it.name: it.kind for it in state.pattern.iters}
+    outer_spatial = [kinds[name] != "R" for name in state.match.outer]
+    return run_time_row_factors(state.sch, state.block, outer_spatial, state.target)
 
 
 def _fold_reindex_copies(state: RewriteState) -> None:

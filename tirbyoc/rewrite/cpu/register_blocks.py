@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from math import prod
 
-from tirbyoc._tvm import SPATIAL, s_tir, tirx, vector_bytes, vector_registers
+from tirbyoc._tvm import SPATIAL, expr_dtype, s_tir, sym, tirx, vector_bytes, vector_registers
 from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.ir.tir_walk import constant_divisors, divisor_split, loop_extent
 from tirbyoc.rewrite.cpu.prefetch import mark_weight_prefetch, prefetches
@@ -184,7 +184,8 @@ def _in_write_order_and_parallel(sch, blk) -> bool:
             loops = sch.get_loops(blk)
         except s_tir.schedule.ScheduleError:
             pass  # not a bijection TVM can prove: keep the source order
-    if prod(loop_extent(sch, loop) or 1 for loop in loops) < PARALLEL_COPY_ELEMENTS:
+    # an extent known only at run time counts as large: a served model's tokens
+    if prod(loop_extent(sch, loop) or PARALLEL_COPY_ELEMENTS for loop in loops) < PARALLEL_COPY_ELEMENTS:
         return False
     if _split_by_divisors(sch, blk):
         sch.parallel(sch.get_loops(blk)[0])  # fusing the split loops would bring the divisions back
@@ -260,16 +261,59 @@ def _writeback(sch, block, parallel, lanes: int) -> None:
 def _block_for(sch, loops, match, target, choose, input_bytes: int | None) -> tuple[int, int]:
     """(mr, nr) for the rows loop, the channel-tiles loop and the reduction loops ``loops``:
     ``choose``'s, or `register_block`'s for the target's registers, the weight panel and the
-    input (``input_bytes``, None where unknown)."""
+    input (``input_bytes``, None where unknown); rows known only at run time count as
+    `RUN_TIME_ROWS` where they were padded to its multiple (`_rows_multiple`)."""
     mloop, nloop, reductions = loops
     tile_bytes = _output_tile_bytes(match)
     if choose is not None:
         return choose(sch, mloop, nloop, tile_bytes)
     steps, weight = prod(loop_extent(sch, l) or 1 for l in reductions), _weight_tile_bytes(match)
-    return register_block(loop_extent(sch, mloop) if mloop is not None else None,
+    m_extent = loop_extent(sch, mloop) if mloop is not None else None
+    if m_extent is None and mloop is not None:
+        m_extent = _rows_multiple(sch, mloop)
+    return register_block(m_extent,
                           loop_extent(sch, nloop) if nloop is not None else None, tile_bytes,
                           vector_registers(target), steps * weight, weight, input_bytes,
                           _output_spec(match).dtype.startswith("float"))
+
+
+RUN_TIME_ROWS = 12  # a row count known only at run time is padded to a multiple of this
+
+
+def run_time_row_factors(sch, block, outer_spatial: list[bool], target) -> list[int] | None:
+    """``pad_einsum``'s factors (one per iterator of ``block``, in canonical order: its outer
+    iterators - ``outer_spatial`` says which are spatial - then the intrinsic's axes) that pad
+    the rows - the last outer spatial iterator - to a multiple of `RUN_TIME_ROWS`, where their
+    count is known only at run time (a served transformer's tokens) and the target is a CPU;
+    None where there is nothing to pad. A register block needs rows it can count on: without
+    them it is one row, a matrix-vector product that reads the whole weight panel for every
+    token (BERT-base's layer at batch 2 x seq 128: 178 ms against the static build's 50).
+    The padding is a copy of the input with zero rows added and the output's write-back
+    predicated on the real rows (TVM folds that copy into it): a pass over the input beside a
+    reduction hundreds of steps long; no padded row's sums are stored."""
+    if target is None or str(target.kind.name) != "llvm" or True not in outer_spatial:
+        return None
+    row = len(outer_spatial) - 1 - outer_spatial[::-1].index(True)
+    ivs = sch.get(block).iter_vars
+    if row >= len(ivs) or isinstance(ivs[row].dom.extent, tirx.IntImm):
+        return None
+    return [RUN_TIME_ROWS if i == row else 1 for i in range(len(ivs))]
+
+
+def _rows_multiple(sch, mloop) -> int | None:
+    """`RUN_TIME_ROWS` where ``mloop``'s extent, known only at run time, is a multiple of it
+    (`run_time_row_factors` padded it), else None."""
+    extent = sch.get(mloop).extent
+    if isinstance(extent, tirx.IntImm):
+        return None
+    return RUN_TIME_ROWS if sym.Analyzer().can_prove(
+        tirx.FloorMod(extent, tirx.const(RUN_TIME_ROWS, expr_dtype(extent))) == 0) else None
+
+
+def _padded_rows_note(sch, mloop) -> str:
+    """The schedule note's words for rows padded at run time ("" where they were not)."""
+    rows = _rows_multiple(sch, mloop) if mloop is not None else None
+    return f", rows padded to a multiple of {rows} at run time" if rows else ""
 
 
 def default_schedule(sch, block, loops, match, target, choose=None) -> str | None:
@@ -280,13 +324,13 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
     if target is None or str(target.kind.name) != "llvm":
         return None
     tile_bytes = _output_tile_bytes(match)
-    mloop = loops.outer_spatial[-1] if loops.outer_spatial else None
-    nloop = loops.axis_spatial[-1] if loops.axis_spatial else None
+    mloop, nloop = (l[-1] if l else None for l in (loops.outer_spatial, loops.axis_spatial))
     reductions = loops.outer_reduce + loops.axis_reduce
     # A block that accumulates into values a separate init block wrote has no T.init: its
     # accumulator cannot start from zero in registers, and TVM will not parallelise it.
     has_init = sch.get(block).init is not None
     blocked = reductions and _call_is_a_block(match, tile_bytes) and has_init
+    padded_rows = _padded_rows_note(sch, mloop) if blocked else ""  # before the rows loop is split
     operands = operand_bytes(sch, block, mloop) if blocked and mloop is not None else None
     mr, nr = (_block_for(sch, (mloop, nloop, reductions), match, target, choose, operands and operands[0])
               if blocked else (1, 1))
@@ -317,7 +361,7 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
         prefetched = first and nloop is not None and prefetches(_weight_tile_bytes(match))
         if prefetched:
             mark_weight_prefetch(sch, parallel, first, nr, mr)
-    staged = f", {copies} staging cop{'y' if copies == 1 else 'ies'} in parallel" if copies else ""
+    staged = (f", {copies} staging cop{'y' if copies == 1 else 'ies'} in parallel" if copies else "") + padded_rows
     if rows and parallel is not None:
         staged += stage_rows_per_block(sch, block, parallel, rows)
     if not blocked:
@@ -334,4 +378,4 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
             f"parallel outer loops{order}" + staged)
 
 
-__all__ = ["WRITEBACK_ATTR", "default_schedule", "lanes_dividing", "register_block", "sampled_block", "schedule_copies"]
+__all__ = ["RUN_TIME_ROWS", "WRITEBACK_ATTR", "default_schedule", "run_time_row_factors", "lanes_dividing", "register_block", "sampled_block", "schedule_copies"]

@@ -69,6 +69,7 @@ class RewriteState:
     steps: list = field(default_factory=list)  # Step records, in order
     loops: Loops | None = None
     packs: list = field(default_factory=list)  # (op, kind, #leading dims): pack after padding
+    row_factors: list | None = None  # "stage" -> "pad": pad_einsum's factors for run-time rows
     reindexed: list = field(default_factory=list)  # (stage block, kind): fold into the pad copy
     copies: list = field(default_factory=list)  # tile copies to tensorize once the compute is
     fragment_copies: list = field(default_factory=list)  # (block, intrinsic), CUDA
@@ -90,7 +91,9 @@ class RewriteState:
 
     @property
     def padded(self) -> bool:
-        return any(a.pads for a in self.match.axes)
+        """Whether ``pad_einsum`` pads the block: an intrinsic axis, or rows known only at run
+        time (``row_factors``)."""
+        return any(a.pads for a in self.match.axes) or self.row_factors is not None
 
     def bounded(self, scope: str) -> bool:
         s = self.template.scope(scope, missing_ok=True) if self.template is not None else None
