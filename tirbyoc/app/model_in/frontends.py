@@ -15,6 +15,7 @@ it, and its loader, which returns an IRModule that is not legalized yet.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
@@ -45,6 +46,7 @@ class Frontend:
     load: Callable
     is_float: Callable[[str], "bool | None"] = _unknown
     sizes: Callable[[str], "dict | None"] = _unknown  # the sizes a model of named dimensions runs at by default
+    sizes_are: str = "its own sizes"  # what those sizes are, in `size_origin`'s sentence
 
     def accepts(self, spec: str) -> bool:
         return spec.startswith(self.takes) if self.takes.endswith(":") else spec.endswith(self.takes)
@@ -85,8 +87,17 @@ def _onnx(spec: str, templates, obj, input_shapes):
     return import_onnx(path, shapes=input_shapes)
 
 
-def _onnx_is_float(spec: str) -> bool | None:
-    """An ONNX file without quantization operators is float (read without its weights)."""
+@dataclass(frozen=True)
+class _OnnxHeader:
+    """What a command asks of an ONNX file before importing it: its operators and its inputs'
+    named dimensions (an exporter's ``dim_param``)."""
+
+    ops: frozenset
+    named: tuple
+
+
+@lru_cache(maxsize=8)
+def _onnx_header_of(spec: str, _mtime_ns: int, _size: int) -> _OnnxHeader | None:
     try:
         import onnx  # deferred: an optional dependency (the reference extra), needed only for .onnx files
 
@@ -94,23 +105,36 @@ def _onnx_is_float(spec: str) -> bool | None:
     except Exception:  # the loader reports a missing package or a bad file with context
         return None
     ops = {n.op_type for n in proto.graph.node} | {n.op_type for f in proto.functions for n in f.node}
-    return not ops & QUANTIZED_ONNX_OPS
-
-
-def _onnx_sizes(spec: str) -> dict | None:
-    """An ONNX model's named dimensions (an exporter's ``dim_param``: ``batch``, ``seq``) at
-    the smallest size, 1 each: an ONNX file declares no example sizes, and every dimension a
-    served model leaves open takes 1 (one sequence of one token). `size_origin` says so."""
-    try:
-        import onnx  # deferred: an optional dependency (the reference extra)
-
-        proto = onnx.load(spec, load_external_data=False)
-    except Exception:  # the loader reports a missing package or a bad file with context
-        return None
     weights = {t.name for t in proto.graph.initializer}
     named = [d.dim_param for i in proto.graph.input if i.name not in weights
              for d in i.type.tensor_type.shape.dim if d.dim_param and not d.dim_value]
-    return {name: (1,) for name in dict.fromkeys(named)} or None
+    return _OnnxHeader(frozenset(ops), tuple(dict.fromkeys(named)))
+
+
+def _onnx_header(spec: str) -> _OnnxHeader | None:
+    """`_OnnxHeader` of the file ``spec`` (None: unreadable), parsed once per version of the
+    file: a model's weights inside the file make each parse a pass over all of it."""
+    try:
+        stat = Path(spec).stat()
+    except OSError:
+        return None
+    return _onnx_header_of(spec, stat.st_mtime_ns, stat.st_size)
+
+
+def _onnx_is_float(spec: str) -> bool | None:
+    """An ONNX file without quantization operators is float (read without its weights)."""
+    header = _onnx_header(spec)
+    return None if header is None else not header.ops & QUANTIZED_ONNX_OPS
+
+
+def _onnx_sizes(spec: str) -> dict | None:
+    """An ONNX model's named dimensions (``batch``, ``seq``) at the smallest size, 1 each: an
+    ONNX file declares no example sizes, and every dimension a served model leaves open takes
+    1 (one sequence of one token). `size_origin` says so."""
+    header = _onnx_header(spec)
+    if header is None or not header.named:
+        return None
+    return {name: (1,) for name in header.named}
 
 
 def _python(spec: str, templates, obj, input_shapes):
@@ -124,7 +148,8 @@ def _python(spec: str, templates, obj, input_shapes):
 FRONTENDS: list[Frontend] = [
     Frontend("builtin", "builtin:", f"builtin:NAME (NAME one of {sorted(MODELS)})", _builtin, _builtin_is_float,
              _builtin_sizes),
-    Frontend("onnx", ".onnx", "an .onnx file", _onnx, _onnx_is_float, _onnx_sizes),
+    Frontend("onnx", ".onnx", "an .onnx file", _onnx, _onnx_is_float, _onnx_sizes,
+             "the smallest sizes (the file declares none)"),
     Frontend("python", ".py", "a .py file (a Relax IRModule, a torch.nn.Module, a relax nn.Module "
              "or TensorIR PrimFuncs)", _python),
 ]
@@ -188,9 +213,7 @@ def size_origin(spec: str | None, given: dict | None, sizes: dict | None) -> str
     if given is not None or not sizes:
         return None
     at = ", ".join(f"{k}={','.join(map(str, v))}" for k, v in sizes.items())
-    own = "its own sizes" if spec and spec.startswith("builtin:") else \
-        "the smallest sizes (the file declares none)"
-    return (f"no --size given: run at {own}, {at}; one build takes any size at run time "
+    return (f"no --size given: run at {frontend_for(spec).sizes_are}, {at}; one build takes any size at run time "
             f"(--size NAME=V1,V2,... runs others)")
 
 

@@ -111,7 +111,7 @@ def tile(state: RewriteState) -> RewriteState:
         raise RewriteError(f"{state.where}: expected {n_outer + len(m.axes)} loops after "
                            f"canonicalisation, found {len(loops)}")
     loops = loops[-(n_outer + len(m.axes)):]
-    kinds = dict(zip(m.iters, (it.kind for it in state.pattern.iters)))
+    kinds = state.iter_kinds
     out = Loops([], [], [], [], [])
     for name, loop in zip(m.outer, loops[:n_outer]):
         (out.outer_reduce if kinds[name] == "R" else out.outer_spatial).append(loop)

@@ -179,10 +179,9 @@ def _stage_reindex(state: RewriteState, op: OperandMap, kind: str, scope: str) -
 def pad_and_pack(state: RewriteState) -> RewriteState | None:
     """``pad_einsum`` to multiples of the intrinsic's widths, then pack the reindexed copies
     that the implementation reads as dense tiles."""
-    m, sch = state.match, state.sch
-    rows = state.row_factors
-    if not state.padded and not state.packs and rows is None:
+    if not state.padded and not state.packs:
         return None
+    m, sch, rows = state.match, state.sch, state.row_factors
     if state.padded:
         factors = [1] * len(m.outer) + [a.size if a.pads else 1 for a in m.axes]
         pads = [a.pad_text for a in m.axes if a.pads]
@@ -212,7 +211,7 @@ def _run_time_rows(state: RewriteState) -> list[int] | None:
                                                                              or group.resize_pads)) \
             or (state.template is not None and state.template.libraries):
         return None  # a library's kernel (its GEMV takes rows one by one) or one padded to its own call shape
-    kinds = {it.name: it.kind for it in state.pattern.iters}
+    kinds = state.iter_kinds
     outer_spatial = [kinds[name] != "R" for name in state.match.outer]
     return run_time_row_factors(state.sch, state.block, outer_spatial, state.target)
 

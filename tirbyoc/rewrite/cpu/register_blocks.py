@@ -258,20 +258,19 @@ def _writeback(sch, block, parallel, lanes: int) -> None:
             sch.unroll(loop)
 
 
-def _block_for(sch, loops, match, target, choose, input_bytes: int | None) -> tuple[int, int]:
+def _block_for(sch, loops, match, target, choose, input_bytes: int | None,
+               rows: int | None) -> tuple[int, int]:
     """(mr, nr) for the rows loop, the channel-tiles loop and the reduction loops ``loops``:
     ``choose``'s, or `register_block`'s for the target's registers, the weight panel and the
-    input (``input_bytes``, None where unknown); rows known only at run time count as
-    `RUN_TIME_ROWS` where they were padded to its multiple (`_rows_multiple`)."""
+    input (``input_bytes``, None where unknown); ``rows``: what a row count known only at run
+    time is a multiple of (`_rows_multiple`), standing in for it."""
     mloop, nloop, reductions = loops
     tile_bytes = _output_tile_bytes(match)
     if choose is not None:
         return choose(sch, mloop, nloop, tile_bytes)
     steps, weight = prod(loop_extent(sch, l) or 1 for l in reductions), _weight_tile_bytes(match)
     m_extent = loop_extent(sch, mloop) if mloop is not None else None
-    if m_extent is None and mloop is not None:
-        m_extent = _rows_multiple(sch, mloop)
-    return register_block(m_extent,
+    return register_block(rows if m_extent is None else m_extent,
                           loop_extent(sch, nloop) if nloop is not None else None, tile_bytes,
                           vector_registers(target), steps * weight, weight, input_bytes,
                           _output_spec(match).dtype.startswith("float"))
@@ -310,9 +309,9 @@ def _rows_multiple(sch, mloop) -> int | None:
         tirx.FloorMod(extent, tirx.const(RUN_TIME_ROWS, expr_dtype(extent))) == 0) else None
 
 
-def _padded_rows_note(sch, mloop) -> str:
-    """The schedule note's words for rows padded at run time ("" where they were not)."""
-    rows = _rows_multiple(sch, mloop) if mloop is not None else None
+def _padded_rows_note(rows: int | None) -> str:
+    """The schedule note's words for rows padded at run time to a multiple of ``rows`` ("" for
+    None)."""
     return f", rows padded to a multiple of {rows} at run time" if rows else ""
 
 
@@ -330,10 +329,10 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
     # accumulator cannot start from zero in registers, and TVM will not parallelise it.
     has_init = sch.get(block).init is not None
     blocked = reductions and _call_is_a_block(match, tile_bytes) and has_init
-    padded_rows = _padded_rows_note(sch, mloop) if blocked else ""  # before the rows loop is split
+    rows_multiple = _rows_multiple(sch, mloop) if blocked and mloop is not None else None
     operands = operand_bytes(sch, block, mloop) if blocked and mloop is not None else None
-    mr, nr = (_block_for(sch, (mloop, nloop, reductions), match, target, choose, operands and operands[0])
-              if blocked else (1, 1))
+    mr, nr = (_block_for(sch, (mloop, nloop, reductions), match, target, choose, operands and operands[0],
+                         rows_multiple) if blocked else (1, 1))
     head = list(loops.outer_spatial[:-1] if mloop is not None else loops.outer_spatial)
     others = [l for l in loops.axis_spatial if l is not nloop]
     first = weights_first(*operands) if operands and (others or nloop is not None) else None
@@ -361,7 +360,7 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
         prefetched = first and nloop is not None and prefetches(_weight_tile_bytes(match))
         if prefetched:
             mark_weight_prefetch(sch, parallel, first, nr, mr)
-    staged = (f", {copies} staging cop{'y' if copies == 1 else 'ies'} in parallel" if copies else "") + padded_rows
+    staged = (f", {copies} staging cop{'y' if copies == 1 else 'ies'} in parallel" if copies else "") + _padded_rows_note(rows_multiple)
     if rows and parallel is not None:
         staged += stage_rows_per_block(sch, block, parallel, rows)
     if not blocked:

@@ -90,6 +90,11 @@ class RewriteState:
         return {a.axis: a for a in self.match.axes}
 
     @property
+    def iter_kinds(self) -> dict:
+        """The workload iterator of each match name -> its kind ("S" or "R")."""
+        return dict(zip(self.match.iters, (it.kind for it in self.pattern.iters)))
+
+    @property
     def padded(self) -> bool:
         """Whether ``pad_einsum`` pads the block: an intrinsic axis, or rows known only at run
         time (``row_factors``)."""
