@@ -6,6 +6,9 @@ in int8 on AMX and float models in bf16, which the row records).
 
 Models (float ONNX files with random He-initialised weights, made by `tirbyoc.testing.qdq`):
 ResNet-18, ResNet-50 and MobileNetV2 at 224x224 and a BERT-base encoder (12 layers, seq 128);
+``bert_base_dynamic`` is the same encoder exported with ``batch`` and ``seq`` named, as a served
+model is: every engine takes that one file (tirbyoc and TVM build it once for any size) and runs
+it at batch 1 x seq 128, or at ``--size batch=8 --size seq=384``;
 ``--int8`` also their QDQ versions from ONNX Runtime's recommended flow (``quant_pre_process``,
 then ``quantize_static``), ``--precisions int8`` those alone. Each precision goes to the fastest
 template of that precision this CPU runs, the choice `tirbyoc run` makes: fp32 to
@@ -38,9 +41,9 @@ tolerance for a float one). Every model and precision also gets a per-PrimFunc p
 first thread count (each built and timed alone, times its call sites), and the model slowest
 against ONNX Runtime a plot of it.
 
-    python bench/models.py [--models resnet18,resnet50,mobilenet_v2,bert_base] [--threads 1,2]
+    python bench/models.py [--models resnet18,resnet50,mobilenet_v2,bert_base,bert_base_dynamic] [--threads 1,2]
                            [--int8 | --precisions fp32,int8,bf16] [--int8-template NAME] [--fp32-template NAME]
-                           [--rounds 5] [--max-rounds 15] [--spread 0.10] [--fast-math]
+                           [--rounds 5] [--max-rounds 15] [--spread 0.10] [--fast-math] [--size NAME=V]
                            [--out bench/results/models.json]
 """
 
@@ -59,7 +62,26 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 BUILDERS = {"resnet18": "float_resnet18", "resnet50": "float_resnet50", "mobilenet_v2": "float_mobilenet_v2",
-            "bert_base": "float_bert_base"}
+            "bert_base": "float_bert_base", "bert_base_dynamic": "float_bert_base"}
+# Models exported with named dimensions, as a served model is: (the builder's options, the sizes
+# run at unless --size says otherwise). Every engine takes the same file as it is - tirbyoc and
+# TVM build it once for any size, ONNX Runtime and OpenVINO with their dynamic shapes - and runs
+# it on inputs of those sizes; the int8 file is calibrated at the default sizes.
+DYNAMIC = {"bert_base_dynamic": ({"batch": 1, "dynamic": "batch,seq"}, {"batch": 1, "seq": 128})}
+
+
+def run_sizes(name: str, given: list[str] | None = None) -> dict | None:
+    """The named dimensions' values a dynamic model runs at: its `DYNAMIC` defaults with the
+    ``--size NAME=V`` options applied (None for a model of fixed shapes)."""
+    if name not in DYNAMIC:
+        return None
+    sizes = dict(DYNAMIC[name][1])
+    for item in given or []:
+        key, _, value = item.partition("=")
+        if key not in sizes or not value.isdigit():
+            raise SystemExit(f"--size {item}: {name} has the sizes {', '.join(sizes)} (NAME=V, V a whole number)")
+        sizes[key] = int(value)
+    return sizes
 
 
 def template_for(precision: str, args) -> str:
@@ -85,11 +107,12 @@ def model_file(name: str, precision: str, folder: Path) -> Path:
     from tirbyoc.testing import qdq  # deferred: imports TVM, after the thread count is set
 
     path = folder / f"{name}.onnx"
+    options, sizes = DYNAMIC.get(name, ({}, None))
     if not path.exists():
-        getattr(qdq, BUILDERS[name])(path)
+        getattr(qdq, BUILDERS[name])(path, **options)
     if precision == "int8":
         out = folder / f"{name}_qdq.onnx"
-        return out if out.exists() else qdq.ort_quantize(path, out)
+        return out if out.exists() else qdq.ort_quantize(path, out, sizes=sizes)
     return path
 
 
@@ -99,12 +122,14 @@ def _timer(vm, entry, args, dev, repeat):
 
 
 def tvm_engines(path: Path, template: str, group: str, repeat: int, fast_math: bool = False,
-                precision: str = "fp32"):
+                precision: str = "fp32", sizes: dict | None = None):
     """(name -> a callable timing one measurement in ms, name -> output, facts): the tirbyoc
     group (compile-time packed weights, and per-call packing) or TVM's default build;
     ``fast_math``: both groups approximate the model's transcendental functions alike;
     ``precision="bf16"``: both run the model's convolutions and matmuls on bfloat16
-    (`tirbyoc.relax.bf16`), so that TVM's build checks tirbyoc's like with like."""
+    (`tirbyoc.relax.bf16`), so that TVM's build checks tirbyoc's like with like. ``sizes``: the
+    values of a dynamic model's named dimensions its inputs are drawn at (the build stays
+    symbolic, as `tirbyoc run --size` builds it)."""
     import tvm  # deferred: after the thread count is set
 
     from tirbyoc._tvm import make_target, relax_vm
@@ -118,8 +143,9 @@ def tvm_engines(path: Path, template: str, group: str, repeat: int, fast_math: b
 
     tgt = make_target(complete_target({"kind": "llvm"}))
     templates = template.split(",")
-    prepared = legalized_model(str(path), templates, RunOptions(fast_math=fast_math, precision=precision),
-                               constant_weights=True)
+    bindings = {k: (v,) for k, v in sizes.items()} if sizes else None
+    prepared = legalized_model(str(path), templates, RunOptions(fast_math=fast_math, precision=precision,
+                                                                sizes=bindings), constant_weights=True)
     mod, entry, arrays, fast, bf16 = prepared.mod, prepared.entry, prepared.arrays, prepared.fast_math, prepared.bf16
     facts, builds = {"fast_math": None if fast is None else dict(fast.replaced)}, {"tvm_default": (mod, 1)}
     if bf16 is not None:
@@ -265,7 +291,7 @@ def worker(args) -> None:
     else:
         template = template_for(args.precision, args)
         timers, outs, facts, arrays = tvm_engines(path, template, args.group, args.repeat, args.fast_math,
-                                                  args.precision)
+                                                  args.precision, run_sizes(args.models, args.size))
         np.savez(inputs, *arrays)
     samples = {k: [] for k in timers}
     for _ in range(args.rounds):
@@ -297,6 +323,7 @@ def _worker_command(args, threads: str, model: str, precision: str, group: str, 
            "--precision", precision, "--group", group, "--rounds", str(rounds),
            "--repeat", str(args.repeat), "--cache", args.cache, "--outputs", outputs]
     cmd += ["--fast-math"] if args.fast_math else []
+    cmd += [f"--size={item}" for item in args.size or []]
     cmd += ["--int8-template", args.int8_template] if args.int8_template else []
     cmd += ["--fp32-template", args.fp32_template] if args.fp32_template else []
     cmd += ["--bf16-template", args.bf16_template] if args.bf16_template else []
@@ -379,6 +406,8 @@ def measure(args, threads: str, name: str, precision: str) -> dict:
     template = template_for(precision, args)
     row = {"model": name, "precision": precision, "template": template, "threads": int(threads),
            "inferences_per_measurement": args.repeat}
+    if name in DYNAMIC:
+        row["sizes"] = run_sizes(name, args.size)
     first = tirbyoc.get_template(template.split(",")[0])
     if not first.runs_here():
         return {**row, "not_run": first.unavailable_reason()}
@@ -441,20 +470,26 @@ def table(rows) -> str:
     out = []
     for r in rows:
         if "not_run" in r:
-            out.append((r["model"], r["precision"], r["template"], str(r["threads"]), "not run: " + r["not_run"][:60],
+            out.append((_model_label(r), r["precision"], r["template"], str(r["threads"]), "not run: " + r["not_run"][:60],
                         "", "", "", "", ""))
             continue
         lat, c = r["latency_ms"], r["checks"]
         precision = r["precision"] + (" fast-math" if r.get("fast_math") else "")
         ov = r.get("speedup_vs_openvino")
         spread = r.get("ratio_spread") or {}
-        out.append((r["model"], precision, r["template"], str(r["threads"]), ms(lat["tirbyoc"]),
+        out.append((_model_label(r), precision, r["template"], str(r["threads"]), ms(lat["tirbyoc"]),
                     ms(lat["tvm_default"]), ms(lat["onnxruntime"]), ms(lat.get("openvino")),
                     f"{r['speedup_vs_onnxruntime']:.2f}x {_range(spread.get('onnxruntime'))}",
                     "-" if ov is None else f"{ov:.2f}x {_range(spread.get('openvino'))}",
                     "yes" if c["verified_vs_tvm"] and c["agrees_with_onnxruntime"] else "NO"))
     return render(("model", "precision", "template", "threads", "tirbyoc ms", "TVM default ms", "ORT ms",
                    "OpenVINO ms", "tirbyoc vs ORT (round range)", "vs OpenVINO (round range)", "checked"), out)
+
+
+def _model_label(row) -> str:
+    """A row's model, with the sizes a dynamic one ran at."""
+    sizes = row.get("sizes")
+    return row["model"] + (" " + " ".join(f"{k}={v}" for k, v in sizes.items()) if sizes else "")
 
 
 def ratio_iqr(samples: dict) -> dict:
@@ -577,6 +612,9 @@ def main() -> None:
     parser.add_argument("--fast-math", action="store_true",
                         help="tirbyoc and TVM's build approximate erf, exp, tanh, softmax (tirbyoc run "
                              "--fast-math); ONNX Runtime as it is. Default --out: models_fast_math.json")
+    parser.add_argument("--size", action="append", metavar="NAME=V",
+                        help="a dynamic model's named dimension and the value it runs at (repeatable; "
+                             "bert_base_dynamic: batch=1, seq=128 unless given)")
     parser.add_argument("--out", help="the JSON written (default bench/results/models.json)")
     for hidden in ("--worker", "--profile", "--lockstep"):
         parser.add_argument(hidden, action="store_true", help=argparse.SUPPRESS)

@@ -46,6 +46,20 @@ def test_the_sizes_a_symbolic_extent_is_checked_at_take_every_path():
     assert any(s % 16 == 1 and s > 1 for s in SYMBOLIC_SIZES) and max(SYMBOLIC_SIZES) > 128
 
 
+def test_several_size_variables_are_checked_together_while_small_then_each_alone():
+    """Two or three size variables bound together at 131 would check 17,161 or 2.2 million rows
+    against TVM's unscheduled build; past `SYMBOLIC_VOLUME` each is checked alone."""
+    from tirbyoc.offloading.verification import SYMBOLIC_VOLUME, symbolic_bindings, symbolic_checks_said
+
+    assert symbolic_bindings(["n"]) == [{"n": s} for s in SYMBOLIC_SIZES]
+    two = symbolic_bindings(["batch", "seq"])
+    assert two[:4] == [{"batch": s, "seq": s} for s in (1, 7, 16, 17)]
+    assert two[4:] == [{"batch": 131, "seq": 1}, {"batch": 1, "seq": 131}]
+    assert all(b["batch"] * b["seq"] <= SYMBOLIC_VOLUME for b in two)
+    assert symbolic_checks_said(["batch", "seq"]) == "checked with batch = seq = 1, 7, 16, 17; each alone (the others 1) at 131"
+    assert symbolic_checks_said(["n"]) == "checked with n = 1, 7, 16, 17, 131"
+
+
 def test_a_relax_models_int64_sizes_are_bound_for_a_check(dynamic_mlp):
     func = dynamic_mlp["matmul"]
     assert symbolic_names([func]) == ["n"]
@@ -79,7 +93,8 @@ def test_a_tile_intrinsic_pads_an_axis_of_run_time_extent(template, dtypes, symb
     func = matmul(20, 24, 40, *dtypes, symbolic=symbolic)
     out = tirbyoc.offload(func, template)
     assert out.offloaded and out.verification.passed, out.table()
-    assert out.verification.reason.startswith("checked with ") and out.verification.reason.endswith("= 1, 7, 16, 17, 131")
+    assert out.verification.reason.startswith("checked with ") and "= 1, 7, 16, 17" in out.verification.reason
+    assert out.verification.reason.split("; ")[0].endswith(", 131") == (len(symbolic) == 1)  # mnk: 131 each alone
     steps = " ".join(out.rewrites[0].steps)
     lanes = "n" in symbolic or ("k" in symbolic and dtypes[0] != "float32")  # the fp32 FMA's k is a loop
     assert ("a multiple of" in steps and "at run time" in steps) == lanes, steps
@@ -376,3 +391,27 @@ def test_a_dynamic_batch_onnx_bert_encoder_offloads_every_mac_at_each_batch(tmp_
                  "--json"]) == 0
     runs = json.loads(capsys.readouterr().out)["sizes"]
     assert [(r["sizes"]["batch"], r["coverage"], r["verified"]) for r in runs] == [(1, 1.0, True), (3, 1.0, True)]
+
+
+@pytest.mark.slow  # 80 s on 2 cores: 16 functions each checked at 6 bindings of batch and seq
+def test_an_int8_encoder_with_batch_and_seq_both_dynamic_runs_integer_at_every_size(tmp_path, capsys):
+    """The served form of a quantized encoder: ``batch`` and ``seq`` dim_params, quantized by
+    ONNX Runtime's flow calibrated at given sizes (the file keeps the names); every MAC
+    offloaded to the int8 template and verified at each size from one build."""
+    import json
+
+    pytest.importorskip("onnxruntime")
+    from tirbyoc.app.commands.cli import main
+    from tirbyoc.testing.qdq import float_bert_base, ort_quantize
+
+    floating = float_bert_base(tmp_path / "bert.onnx", dynamic="batch,seq", batch=1, seq=16, layers=1, dim=64,
+                               heads=2, hidden=128)
+    with pytest.raises(ValueError, match="'x' has the named dimension 'batch'"):
+        ort_quantize(floating, tmp_path / "unsized.onnx")
+    path = ort_quantize(floating, tmp_path / "bert_qdq.onnx", sizes={"batch": 1, "seq": 16})
+    assert main(["run", "-q", "-m", str(path), "-t", "x86_avx2", "--size", "batch=1,2", "--size", "seq=5,16",
+                 "--repeat", "1", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [(r["sizes"], r["coverage"], r["verified"]) for r in result["sizes"]] == [
+        ({"batch": 1, "seq": 5}, 1.0, True), ({"batch": 2, "seq": 16}, 1.0, True)]
+    assert result["quantized"]["integer"] and not result["quantized"]["kept"]

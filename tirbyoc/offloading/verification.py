@@ -160,6 +160,11 @@ def concrete_params(func):
 # 16, a multiple of 16, one past it, and a large size off every power of two - the paths a
 # rewrite takes for a runtime size (a tail, a whole tile, padding, many tiles).
 SYMBOLIC_SIZES = (1, 7, 16, 17, 131)
+# ... all size variables bound alike while the product of their values stays within this; past
+# it each variable is checked alone at the size, the others at 1: a served transformer's batch
+# and seq both at 131 made 17,161 rows, and TVM's unscheduled build of the untouched BERT-base
+# functions, the reference of every check, took minutes a function.
+SYMBOLIC_VOLUME = 17 ** 3
 
 
 def symbolic_names(funcs) -> list[str]:
@@ -231,24 +236,50 @@ def verify(original, rewritten, target=None, inputs=None, *, seed: int = 0,
 
 
 def at_symbolic_sizes(funcs, check) -> Verification | None:
-    """``check(funcs, bound)`` once per size of `SYMBOLIC_SIZES`, every size variable of
-    ``funcs`` bound to it (``funcs`` specialized, ``bound`` the binding): the first result that
-    does not pass, else the worst one saying the sizes checked; None when ``funcs`` have no size
-    variable."""
+    """``check(funcs, bound)`` once per binding of `symbolic_bindings` (each size of
+    `SYMBOLIC_SIZES` for every size variable of ``funcs``; ``funcs`` specialized, ``bound`` the
+    binding): the first result that does not pass, else the worst one saying the sizes checked;
+    None when ``funcs`` have no size variable."""
     names = symbolic_names(funcs)
     if not names:
         return None
     checks = []
-    for size in SYMBOLIC_SIZES:
-        bound = dict.fromkeys(names, size)
+    for bound in symbolic_bindings(names):
         result = check(specialize_symbolic(funcs, bound), bound)
         if result.passed is not True:
             return result  # the first size that fails (or cannot be checked) says so
         checks.append(result)
     worst = max(checks, key=lambda c: c.max_rel_err)
-    said = [f"checked with {' = '.join(names)} = {', '.join(map(str, SYMBOLIC_SIZES))}"]
+    said = [symbolic_checks_said(names)]
     said += [n for n in (worst.reason or "").split("; ") if n and not n.startswith("checked with ")]
     return replace(worst, reason="; ".join(said))
+
+
+def _together(names, size: int) -> bool:
+    """Whether every variable of ``names`` is bound to ``size`` at once (`SYMBOLIC_VOLUME`)."""
+    return size ** len(names) <= SYMBOLIC_VOLUME
+
+
+def symbolic_bindings(names) -> list[dict]:
+    """The bindings a function of the size variables ``names`` is checked at: each size of
+    `SYMBOLIC_SIZES` for all of them together, or, where that outgrows `SYMBOLIC_VOLUME`, for
+    each alone with the others at 1."""
+    out = []
+    for size in SYMBOLIC_SIZES:
+        if _together(names, size):
+            out.append(dict.fromkeys(names, size))
+        else:
+            out += [{n: size if n == name else 1 for n in names} for name in names]
+    return out
+
+
+def symbolic_checks_said(names) -> str:
+    """`symbolic_bindings` in words: "checked with m = n = 1, 7, 16, 17; each alone (the
+    others 1) at 131"."""
+    together = [s for s in SYMBOLIC_SIZES if _together(names, s)]
+    alone = [s for s in SYMBOLIC_SIZES if not _together(names, s)]
+    said = f"checked with {' = '.join(names)} = {', '.join(map(str, together))}"
+    return said + (f"; each alone (the others 1) at {', '.join(map(str, alone))}" if alone else "")
 
 
 def _verify_once(original, rewritten, target, inputs, seed, reference_target, capacities, bound) -> Verification:
@@ -330,5 +361,5 @@ def make_inputs(func, params, inputs, seed: int) -> list[np.ndarray]:
     return arrays
 
 
-__all__ = ["Comparison", "Verification", "at_symbolic_sizes", "compare_arrays", "compile_func", "degenerate", "make_inputs",
-           "run_executable", "tolerance", "verify"]
+__all__ = ["Comparison", "SYMBOLIC_VOLUME", "Verification", "at_symbolic_sizes", "compare_arrays", "compile_func", "degenerate", "make_inputs",
+           "run_executable", "symbolic_bindings", "symbolic_checks_said", "tolerance", "verify"]

@@ -136,14 +136,14 @@ def find_whole_call(func, matches: Sequence[Match]) -> tuple[WholeCall | None, s
 
 def verify_whole_call(func, call: WholeCall, *, seed: int = 0):
     """Run the packed kernel and TVM's build of ``func`` on the same seeded inputs and compare
-    the destination (a `Verification`); a function of symbolic extents at each of
-    `SYMBOLIC_SIZES` (`at_symbolic_sizes`: the first size that fails says so)."""
+    the destination (a `Verification`); a function of symbolic extents at each binding of
+    `symbolic_bindings` (`at_symbolic_sizes`: the first size that fails says so)."""
 
     def check(funcs, bound):
         result = _verify_whole_once(funcs[0], call, seed)
         if result.passed is True:
             return result
-        at = f"with {' = '.join(bound)} = {next(iter(bound.values()))}"
+        at = "with " + ", ".join(f"{name} = {size}" for name, size in bound.items())
         return replace(result, reason="; ".join(filter(None, [at, result.reason])))
 
     sized = at_symbolic_sizes([func], check)

@@ -286,12 +286,14 @@ def float_bert_base(path, size: EncoderSize | None = None, *, seed: int = 0, dyn
 
 
 def ort_quantize(float_path, out_path, *, samples: int = 8, seed: int = 0, per_channel: bool = True,
-                 activation: str = "uint8", symmetric_weights: bool = True, preprocess: bool = True) -> Path:
+                 activation: str = "uint8", symmetric_weights: bool = True, preprocess: bool = True,
+                 sizes: dict | None = None) -> Path:
     """``float_path`` quantized by ONNX Runtime's recommended flow: ``quant_pre_process``
     (shape inference and graph optimization; ``preprocess=False`` skips it) then
     ``quantize_static`` (QDQ format, int8 weights - asymmetric, with zero points, when not
     ``symmetric_weights`` - ``activation`` activations), calibrated on ``samples`` seeded
-    inputs in [-1, 1]."""
+    inputs in [-1, 1]. ``sizes``: the value of each named (dynamic) input dimension in the
+    calibration inputs (``{"batch": 1, "seq": 128}``); the quantized file keeps the names."""
     # deferred: optional dependency (onnxruntime)
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -303,7 +305,7 @@ def ort_quantize(float_path, out_path, *, samples: int = 8, seed: int = 0, per_c
     for _ in range(samples):
         feed = {}
         for inp in model.graph.input:
-            shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]
+            shape = [_calibration_size(d, inp.name, sizes) for d in inp.type.tensor_type.shape.dim]
             feed[inp.name] = rng.uniform(-1, 1, shape).astype("float32")
         feeds.append(feed)
 
@@ -323,6 +325,17 @@ def ort_quantize(float_path, out_path, *, samples: int = 8, seed: int = 0, per_c
                     per_channel=per_channel, activation_type=act, weight_type=QuantType.QInt8,
                     extra_options={"WeightSymmetric": symmetric_weights})
     return Path(out_path)
+
+
+def _calibration_size(dim, input_name: str, sizes: dict | None) -> int:
+    """A calibration input's extent along ``dim``: its fixed value, or ``sizes``' value of its
+    name (an error naming the input and the dimension when ``sizes`` lacks it)."""
+    if not dim.dim_param:
+        return dim.dim_value
+    if dim.dim_param not in (sizes or {}):
+        raise ValueError(f"input {input_name!r} has the named dimension {dim.dim_param!r}: give "
+                         f"ort_quantize sizes={{{dim.dim_param!r}: N}} to calibrate at")
+    return int(sizes[dim.dim_param])
 
 
 def ort_quantize_dynamic(float_path, out_path) -> Path:
