@@ -415,3 +415,22 @@ def test_an_int8_encoder_with_batch_and_seq_both_dynamic_runs_integer_at_every_s
     assert [(r["sizes"], r["coverage"], r["verified"]) for r in result["sizes"]] == [
         ({"batch": 1, "seq": 5}, 1.0, True), ({"batch": 2, "seq": 16}, 1.0, True)]
     assert result["quantized"]["integer"] and not result["quantized"]["kept"]
+
+
+def test_a_decoder_layer_with_its_kv_cache_offloads_every_mac_at_each_size(tmp_path, capsys):
+    """The decode model a serving export writes (`tirbyoc.testing.decoder`): the KV cache's
+    ``past`` positions in, ``past + seq`` out through a Concat, so the attention's matmuls see
+    ``past + seq`` only as a sum (Relax passes ``past`` as a scalar parameter, which the checks
+    bind too): every MAC offloaded and verified at each size, from one build."""
+    import json
+
+    pytest.importorskip("onnx")
+    from tirbyoc.app.commands.cli import main
+    from tirbyoc.testing.decoder import float_llama_layer
+
+    path = float_llama_layer(tmp_path / "decode.onnx", hidden=64, heads=2, ffn=96)
+    assert main(["run", "-q", "-m", str(path), "-t", "x86_fp32_avx2", "--size", "batch=1,2", "--size", "seq=1,3",
+                 "--size", "past=5,9", "--repeat", "1", "--json"]) == 0
+    runs = json.loads(capsys.readouterr().out)["sizes"]
+    assert [(r["sizes"], r["coverage"], r["verified"]) for r in runs] == [
+        ({"batch": 1, "seq": 1, "past": 5}, 1.0, True), ({"batch": 2, "seq": 3, "past": 9}, 1.0, True)]

@@ -54,6 +54,12 @@ def iter_kind(iv) -> str:
     return {SPATIAL: "S", REDUCE: "R"}.get(int(iv.iter_type), "O")
 
 
+def is_buffer(var) -> bool:
+    """Whether ``var`` is a buffer: TVM 0.27 makes buffers Vars of ``BufferType`` (``tirx.Buffer``
+    is ``Var`` itself, so ``isinstance`` also holds for a scalar parameter, a size passed in)."""
+    return isinstance(getattr(var, "ty", None), tirx.BufferType)
+
+
 def expr_dtype(node) -> str:
     """The dtype of a TIR expression (0.27 keeps it in ``.ty``; a load has no ``.dtype``)."""
     ty = getattr(node, "ty", None)

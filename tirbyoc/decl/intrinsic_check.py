@@ -9,7 +9,7 @@ window). Every error names the intrinsic, the buffer and the field.
 
 from __future__ import annotations
 
-from tirbyoc._tvm import PrimFunc, child_blocks, iter_blocks, iter_kind, root_block, s_tir, tirx
+from tirbyoc._tvm import PrimFunc, child_blocks, is_buffer, iter_blocks, iter_kind, root_block, s_tir, tirx
 from tirbyoc.decl.intrinsic import Axis, Layout, Operand
 from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.errors import IntrinsicError
@@ -19,7 +19,7 @@ from tirbyoc.errors import IntrinsicError
 def param_buffers(func) -> list:
     """The buffers bound to a PrimFunc's parameters, in parameter order."""
     # TVM 0.27 binds buffers as the parameters themselves (buffer-typed vars).
-    return [p for p in func.params if isinstance(p, tirx.Buffer)]
+    return [p for p in func.params if is_buffer(p)]
 
 
 def _const_tuple(values, what: str) -> tuple[int, ...]:

@@ -19,12 +19,12 @@ def packed_description(desc, operands):
     if not packed:
         return desc
     # deferred: `import tirbyoc` stays free of TVM (importing it costs ~1.3 s)
-    from tirbyoc._tvm import s_tir, tirx
+    from tirbyoc._tvm import is_buffer, s_tir, tirx
     from tirbyoc.decl.intrinsic_check import leaf_block
 
     sch = s_tir.Schedule(desc)
     leaf = sch.get_sblock(leaf_block("packed description", desc).name_hint)
-    buffers = {b.name: b for b in desc.params if isinstance(b, tirx.Buffer)}  # TVM 0.27: buffer params
+    buffers = {b.name: b for b in desc.params if is_buffer(b)}  # TVM 0.27: buffer params
     for _, op in packed:
         sch.transform_layout(leaf, buffers[op.name], tirx.IndexMap.from_func(
             op.layout.pack_map(), ndim=len(op.shape), index_dtype="int32"))

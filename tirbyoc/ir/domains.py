@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tirbyoc._tvm import PrimCall, TensorLoad, expr_dtype, iter_stores, prim_expr, tirx
+from tirbyoc._tvm import PrimCall, TensorLoad, expr_dtype, is_buffer, iter_stores, prim_expr, tirx
 from tirbyoc.dtypes import numpy_dtype, parse_dtype
 from tirbyoc.errors import VerificationError
 from tirbyoc.ir.tir_walk import iter_exprs
@@ -61,7 +61,7 @@ def _op_name(call) -> str:
 
 def buffer_domains(func) -> dict[str, Domain]:
     """``{parameter buffer name: Domain}`` for the buffers whose use implies one."""
-    params = {str(p.name) for p in func.params if isinstance(p, tirx.Buffer)}
+    params = {str(p.name) for p in func.params if is_buffer(p)}
     found: dict[str, Domain] = {}
 
     def note(load, domain: Domain):

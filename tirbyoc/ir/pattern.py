@@ -25,6 +25,7 @@ from tirbyoc._tvm import (
     child_blocks,
     child_stmts,
     expr_dtype,
+    is_buffer,
     iter_blocks,
     iter_kind,
     prim_expr,
@@ -293,7 +294,7 @@ def function_blocks(func) -> list[BlockPattern]:
         )
     names = BufferNames()
     for buf in func.params:
-        if isinstance(buf, tirx.Buffer):
+        if is_buffer(buf):
             names.key(buf)
     return [read_block(b, names) for b in iter_blocks(root.body, include_self=False)
             if isinstance(b, s_tir.SBlock)]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from tirbyoc._tvm import REDUCE, expr_dtype, iter_blocks, make_target, tirx, tvm
+from tirbyoc._tvm import REDUCE, expr_dtype, is_buffer, iter_blocks, make_target, tirx, tvm, tvm_ffi
 from tirbyoc.decl.host import host_target
 from tirbyoc.dtypes import is_float, numpy_dtype
 from tirbyoc.errors import VerificationError
@@ -142,7 +142,7 @@ def concrete_params(func):
     """(buffer, static shape) per parameter; a clear error for a non-buffer or symbolic one."""
     out = []
     for buf in func.params:
-        if not isinstance(buf, tirx.Buffer):
+        if not is_buffer(buf):
             raise VerificationError(f"parameter {buf} is not a buffer; verify needs a "
                                     "PrimFunc whose parameters are all tensors")
         shape = []
@@ -169,29 +169,55 @@ SYMBOLIC_VOLUME = 17 ** 3
 
 def symbolic_names(funcs) -> list[str]:
     """The size variables of the functions' parameter shapes (``T.int32()``, a Relax ``n``)."""
-    return sorted({str(d.name) for f in funcs for p in f.params
-                   for d in getattr(p, "shape", ()) if isinstance(d, tirx.Var)})
+    return sorted({str(d.name) for f in funcs for p in f.params if is_buffer(p)
+                   for d in p.shape if isinstance(d, tirx.Var)} | {str(p.name) for f in funcs for p in _size_params(f)})
+
+
+def _size_params(func) -> list:
+    """The scalar integer parameters of ``func``: sizes Relax passes because no buffer's
+    extent is that size alone (``past`` of a concatenation's ``past + seq``)."""
+    return [p for p in func.params if not is_buffer(p) and expr_dtype(p).startswith(("int", "uint"))]
+
+
+def _size_vars(expr) -> set[str]:
+    """The names of the variables in an extent (``past + seq``: past, seq)."""
+    names = set()
+    tvm_ffi.structural_walk(expr, (tirx.Var, lambda v: names.add(str(v.name))), order="pre")
+    return names
 
 
 def specialize_symbolic(funcs, values: dict):
-    """``funcs`` with every symbolic extent of their parameters (a bare size variable) bound
-    to ``values[name]``; functions without symbolic parameters come back as they are."""
+    """``funcs`` with every symbolic extent of their parameters bound to ``values[name]``:
+    the parameters whose extents are bare size variables are bound, and TVM's specialization
+    carries the values into every other extent (a concatenation's ``past + seq``); functions
+    without symbolic parameters come back as they are."""
     out = []
     for f in funcs:
-        binds = {}
+        binds = {p: tirx.IntImm(expr_dtype(p), values[str(p.name)]) for p in _size_params(f) if str(p.name) in values}
         for p in f.params:
-            shape = list(getattr(p, "shape", ()))
+            shape = list(getattr(p, "shape", ())) if is_buffer(p) else []
             if not any(isinstance(d, tirx.Var) for d in shape):
+                _check_compound(p, shape, values)
                 continue
             if any(not isinstance(d, (tirx.Var, tirx.IntImm)) for d in shape):
-                raise VerificationError(f"buffer {p.name} has shape {shape}; only extents that are a "
-                                        "single size variable can be bound for a check")
+                _check_compound(p, shape, values)
+                continue
             # each extent keeps its dtype (a Relax model's are int64): specialize matches them
             concrete = [tirx.IntImm(expr_dtype(d), values[str(d.name)]) if isinstance(d, tirx.Var) else d
                         for d in shape]
             binds[p] = tirx.decl_buffer(concrete, str(p.dtype), str(p.name))
         out.append(f.specialize(binds) if binds else f)
     return out
+
+
+def _check_compound(param, shape, values: dict) -> None:
+    """Raise unless every variable of ``param``'s compound extents is one ``values`` binds
+    (through another parameter whose extent it is)."""
+    free = set().union(*(_size_vars(d) for d in shape if not isinstance(d, (tirx.Var, tirx.IntImm))))
+    if not free <= set(values):
+        raise VerificationError(f"buffer {param.name} has shape {shape}; its extents use "
+                                f"{', '.join(sorted(free - set(values)))}, which no other parameter's "
+                                "extent defines, so no size can be bound for a check")
 
 
 def _written(func) -> set[str]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from tirbyoc._tvm import iter_blocks, prim_expr, root_block, tirx, to_tensor, tvm
+from tirbyoc._tvm import is_buffer, iter_blocks, prim_expr, root_block, tirx, to_tensor, tvm
 from tirbyoc.decl.host import host_target
 from tirbyoc.decl.extern import PackedFunction
 from tirbyoc.ir.pattern import static_int
@@ -78,7 +78,7 @@ def whole_function_call(func, match: Match) -> tuple[WholeCall | None, str | Non
     if match.outer:
         return None, f"iterators {', '.join(match.outer)} would stay loops around the call"
     params = [p for p in func.params]
-    if not all(isinstance(p, tirx.Buffer) for p in params):
+    if not all(is_buffer(p) for p in params):
         return None, "a parameter is not a buffer"
     ranks = [len(p.shape) for p in params]
     if len(set(ranks)) != 1 and not _shared_weight(ranks):  # the kernel batches leading dimensions alike

@@ -25,7 +25,7 @@ import numpy as np
 from tvm import relax
 from tvm.relax.dpl import rewrite_call
 
-from tirbyoc._tvm import is_host_target, make_target, relax_vm, tirx, tvm, with_external_mods
+from tirbyoc._tvm import is_buffer, is_host_target, make_target, relax_vm, tvm, with_external_mods
 from tirbyoc.ir.domains import random_array
 from tirbyoc.offloading.verification import compare_arrays
 from tirbyoc.relax.rules import (
@@ -73,7 +73,7 @@ def _check_signature(func, inputs, out_ty) -> str | None:
     if len(params) != len(want):
         return f"the kernel takes {len(params)} buffers, the call has {len(want) - 1} inputs and 1 output"
     for n, (p, (shape, dtype)) in enumerate(zip(params, want)):
-        if not isinstance(p, tirx.Buffer):
+        if not is_buffer(p):
             return f"kernel parameter {n} is not a buffer"
         got = tuple(int(s.value) if hasattr(s, "value") else None for s in p.shape)
         role = "output" if n == len(params) - 1 else f"input {n}"

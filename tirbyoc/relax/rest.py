@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from tvm import relax
 
-from tirbyoc._tvm import is_host_target, make_target, tirx, tvm, vector_bytes, vector_registers
+from tirbyoc._tvm import is_buffer, is_host_target, make_target, tirx, tvm, vector_bytes, vector_registers
 from tirbyoc.relax.bridge import OFFLOADED_ATTR, fuse
 from tirbyoc.relax.prepack import PackedWeights, pack_constant_weights
 from tirbyoc.rewrite.rest_schedule.nests import SCHEDULED_ATTR, schedule_rest
@@ -103,7 +103,7 @@ NARROW_INTEGERS = ("int8", "uint8", "int16", "uint16")
 def quantized(mod) -> bool:
     """Whether a PrimFunc of ``mod`` reads or writes 8- or 16-bit integers (a quantized model)."""
     return any(str(p.dtype) in NARROW_INTEGERS for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)
-               for p in f.params if isinstance(p, tirx.Buffer))
+               for p in f.params if is_buffer(p))
 
 
 def schedule_rest_of(mod, target, exact: bool | None = None) -> tuple[object, RestSchedule | None]:

@@ -18,7 +18,7 @@ from math import prod, sqrt
 import numpy as np
 from tvm import relax
 
-from tirbyoc._tvm import tirx, tvm
+from tirbyoc._tvm import is_buffer, tirx, tvm
 from tirbyoc.dtypes import numpy_dtype
 from tirbyoc.errors import TirbyocError
 from tirbyoc.ir.domains import Domain, buffer_domains, draw
@@ -68,7 +68,7 @@ def call_tir_domains(mod, func) -> dict[str, Domain]:
             prim = mod[gv] if gv.name_hint in callees else None
             domains = buffer_domains(prim) if isinstance(prim, tirx.PrimFunc) else {}
             cache[gv.name_hint] = {i: domains[str(b.name)] for i, b in enumerate(prim.params)
-                                   if isinstance(b, tirx.Buffer) and str(b.name) in domains} if domains else {}
+                                   if is_buffer(b) and str(b.name) in domains} if domains else {}
         args = expr.args[1].fields if isinstance(expr.args[1], relax.Tuple) else [expr.args[1]]
         for i, arg in enumerate(args):
             dom = cache[gv.name_hint].get(i)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tirbyoc._tvm import PrimCall, TensorLoad, child_stmts, iter_blocks, root_block, sym, tirx, tvm_ffi
+from tirbyoc._tvm import PrimCall, TensorLoad, child_stmts, is_buffer, iter_blocks, root_block, sym, tirx, tvm_ffi
 from tirbyoc.ir.normalize import bijective_binding, is_bijection
 from tirbyoc.ir.tir_walk import always_true, perfect_nest, with_root_body
 
@@ -111,7 +111,7 @@ def _parameters(func, nests) -> list[tuple]:
     buffer parameters, and the views of them an earlier round declared (compact ``DeclBuffer``
     statements atop the root block bound to a parameter's data), as (buffer, parameter) pairs
     (a list: a Buffer is a Var, whose ``==`` builds an expression)."""
-    params = [(p, p) for p in func.params if isinstance(p, tirx.Buffer)]
+    params = [(p, p) for p in func.params if is_buffer(p)]
     for stmt in nests:
         if isinstance(stmt, tirx.DeclBuffer) and not list(stmt.buffer.strides):
             owner = next((p for b, p in params if _data_of(stmt, b)), None)
