@@ -62,12 +62,17 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 BUILDERS = {"resnet18": "float_resnet18", "resnet50": "float_resnet50", "mobilenet_v2": "float_mobilenet_v2",
-            "bert_base": "float_bert_base", "bert_base_dynamic": "float_bert_base"}
+            "bert_base": "float_bert_base", "bert_base_dynamic": "float_bert_base",
+            "llama_decode": "decoder.float_llama_layer", "llama_prefill": "decoder.float_llama_layer"}
 # Models exported with named dimensions, as a served model is: (the builder's options, the sizes
 # run at unless --size says otherwise). Every engine takes the same file as it is - tirbyoc and
 # TVM build it once for any size, ONNX Runtime and OpenVINO with their dynamic shapes - and runs
 # it on inputs of those sizes; the int8 file is calibrated at the default sizes.
-DYNAMIC = {"bert_base_dynamic": ({"batch": 1, "dynamic": "batch,seq"}, {"batch": 1, "seq": 128})}
+DYNAMIC = {"bert_base_dynamic": ({"batch": 1, "dynamic": "batch,seq"}, {"batch": 1, "seq": 128}),
+           # a 1B-class decoder layer with its KV cache (`tirbyoc.testing.decoder`): one token
+           # after 128, and a prompt of 128
+           "llama_decode": ({"with_past": True}, {"batch": 1, "seq": 1, "past": 128}),
+           "llama_prefill": ({"with_past": False}, {"batch": 1, "seq": 128})}
 
 
 def run_sizes(name: str, given: list[str] | None = None) -> dict | None:
@@ -103,13 +108,22 @@ def template_for(precision: str, args) -> str:
     return first + (f",{after}" if after and tirbyoc.get_template(after).runs_here() else "")
 
 
+def builder(name: str):
+    """The function of `tirbyoc.testing` that writes model ``name``'s float ONNX file
+    (`BUILDERS`: a function of ``qdq``, or ``module.function``)."""
+    import importlib
+
+    module, _, function = BUILDERS[name].rpartition(".")
+    return getattr(importlib.import_module(f"tirbyoc.testing.{module or 'qdq'}"), function)
+
+
 def model_file(name: str, precision: str, folder: Path) -> Path:
     from tirbyoc.testing import qdq  # deferred: imports TVM, after the thread count is set
 
     path = folder / f"{name}.onnx"
     options, sizes = DYNAMIC.get(name, ({}, None))
     if not path.exists():
-        getattr(qdq, BUILDERS[name])(path, **options)
+        builder(name)(path, **options)
     if precision == "int8":
         out = folder / f"{name}_qdq.onnx"
         return out if out.exists() else qdq.ort_quantize(path, out, sizes=sizes)
@@ -256,12 +270,14 @@ def in_model(vm, entry: str, args, rounds: int = 7) -> tuple[float, dict]:
     return model, {k: statistics.median(r.get(k, 0) for r in runs) / 1e6 for k in names}
 
 
-def profile(packed, tgt, repeat: int, model=None) -> list[dict]:
+def profile(packed, tgt, repeat: int, model=None, sizes: dict | None = None) -> list[dict]:
     """Per PrimFunc of the offloaded model: ms per call built and timed alone, times its call
     sites (``ms``), and, given ``model`` (vm, entry, args), its ms inside a run of the model
-    (``in_model_ms``, the row's ``model_ms`` beside it); most time first."""
+    (``in_model_ms``, the row's ``model_ms`` beside it); most time first. ``sizes``: a dynamic
+    model's run sizes, each function of symbolic extents timed at them."""
     from tirbyoc._tvm import tirx  # deferred: after the thread count is set
     from tirbyoc.app.running.profiling import time_function
+    from tirbyoc.offloading.verification import specialize_symbolic, symbolic_names
     from tirbyoc.relax.bridge import OFFLOADED_ATTR, call_counts
 
     calls = call_counts(packed)  # from the module: fusion renames what the report named
@@ -269,6 +285,8 @@ def profile(packed, tgt, repeat: int, model=None) -> list[dict]:
     rows = []
     for gv, func in packed.functions.items():
         if isinstance(func, tirx.PrimFunc):
+            if sizes and symbolic_names([func]):
+                func = specialize_symbolic([func], sizes)[0]
             ms = time_function(func.with_attr("global_symbol", gv.name_hint), tgt, repeat)
             n = calls.get(gv.name_hint, 1)
             rows.append({"function": gv.name_hint, "calls": n, "ms_per_call": ms, "ms": ms * n,
@@ -310,7 +328,7 @@ def worker(args) -> None:
         np.save(Path(args.outputs) / f"{k}.npy", out)
     prof, model = facts.pop("_profile", None), facts.pop("_vm", None)
     if args.profile and prof is not None:
-        facts["profile"] = profile(*prof, args.repeat, model)
+        facts["profile"] = profile(*prof, args.repeat, model, run_sizes(args.models, args.size))
     print(json.dumps({"samples_ms": samples, **facts}, default=str))
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tirbyoc.testing.qdq import _Net, _onnx
+from tirbyoc.testing.qdq import OnnxGraph, onnx_modules
 
 
 @dataclass(frozen=True)
@@ -41,18 +41,18 @@ class DecoderSize:
         return 4 * self.hidden * self.hidden + 3 * self.hidden * self.ffn
 
 
-def _rms_norm(g: _Net, x: str, dim: int) -> str:
+def _rms_norm(g: OnnxGraph, x: str, dim: int) -> str:
     """x / sqrt(mean(x^2) + eps) * gamma over the last axis (opset 17's ReduceMean)."""
     mean = g.node("ReduceMean", [g.node("Mul", [x, x])], axes=[-1], keepdims=1)
     inv = g.node("Reciprocal", [g.node("Sqrt", [g.node("Add", [mean, g.const(np.float32(1e-6), "eps")])])])
     return g.node("Mul", [g.node("Mul", [x, inv]), g.const(np.ones(dim, "float32"), "gamma")])
 
 
-def _weight(g: _Net, n_in: int, n_out: int) -> str:
+def _weight(g: OnnxGraph, n_in: int, n_out: int) -> str:
     return g.const(g.rng.normal(0, n_in ** -0.5, (n_in, n_out)).astype("float32"), "w")
 
 
-def _rotary(g: _Net, t: str, half: int) -> str:
+def _rotary(g: OnnxGraph, t: str, half: int) -> str:
     """Rotary embedding of [batch, heads, seq, head] by the [seq, head / 2] tables."""
     halves = g.const(np.array([half, half], np.int64), "halves")
     first, second = (g.name("split") for _ in range(2))
@@ -62,7 +62,7 @@ def _rotary(g: _Net, t: str, half: int) -> str:
     return g.node("Concat", rotated, axis=-1)
 
 
-def _attention(g: _Net, h: str, size: DecoderSize, with_past: bool) -> tuple[str, str, str]:
+def _attention(g: OnnxGraph, h: str, size: DecoderSize, with_past: bool) -> tuple[str, str, str]:
     """(the attention's output [batch, seq, hidden], present keys, present values)."""
     split = g.const(np.array([0, 0, size.heads, size.head], np.int64), "shape")
 
@@ -90,8 +90,8 @@ def float_llama_layer(path, size: DecoderSize | None = None, *, with_past: bool 
     seq).
     ``size`` (`DecoderSize`) with ``changes`` applied gives the sizes."""
     sz = replace(size or DecoderSize(), **changes)
-    onnx, tp, helper, _ = _onnx()
-    g = _Net(seed)
+    onnx, tp, helper, _ = onnx_modules()
+    g = OnnxGraph(seed)
     attn, k, v = _attention(g, _rms_norm(g, "x", sz.hidden), sz, with_past)
     x1 = g.node("Add", ["x", attn])
     h = _rms_norm(g, x1, sz.hidden)

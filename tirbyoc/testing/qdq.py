@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 
-def _onnx():
+def onnx_modules():
     # deferred: optional dependency (onnx)
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -21,7 +21,7 @@ def _onnx():
 
 def _save(path, name: str, nodes, inits, x_shape, y_shape) -> Path:
     """A one-input ("x"), one-output ("y") float graph saved as an opset-17 ONNX model."""
-    onnx, tp, helper, _ = _onnx()
+    onnx, tp, helper, _ = onnx_modules()
     graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", tp.FLOAT, list(x_shape))],
                               [helper.make_tensor_value_info("y", tp.FLOAT, list(y_shape))], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -33,7 +33,7 @@ def _save(path, name: str, nodes, inits, x_shape, y_shape) -> Path:
 def float_cnn(path, *, seed: int = 0, channels: int = 16, size: int = 8, classes: int = 10) -> Path:
     """conv3x3(pad 1) + bias -> relu -> conv3x3 -> relu -> flatten -> matmul + bias: a float
     ONNX model to quantize."""
-    _, _, helper, nh = _onnx()
+    _, _, helper, nh = onnx_modules()
     rng = np.random.default_rng(seed)
 
     def init(name, shape, scale):
@@ -56,7 +56,7 @@ def float_cnn(path, *, seed: int = 0, channels: int = 16, size: int = 8, classes
 def float_depthwise(path, *, seed: int = 0, channels: int = 8, size: int = 8, classes: int = 10) -> Path:
     """conv3x3 -> relu -> depthwise conv3x3 (stride 2) + bias -> relu -> flatten -> Gemm
     (transB=1) + bias: the mobile-network shapes (grouped conv, a transposed classifier)."""
-    _, _, helper, nh = _onnx()
+    _, _, helper, nh = onnx_modules()
     rng = np.random.default_rng(seed)
     half = size // 2
     inits = [nh.from_array(rng.normal(0, .3, (channels, 3, 3, 3)).astype("float32"), "w1"),
@@ -79,7 +79,7 @@ def float_resnet18(path, *, seed: int = 0, size: int = 224, classes: int = 1000,
     convolutions' biases, as an exported inference model has them): a 7x7/2 stem and max pool,
     four stages of two basic blocks (3x3 convs, 1x1/2 projections), global average pool, a
     Gemm classifier. Weights He-initialised, so activations stay O(1) for calibration."""
-    _, _, helper, nh = _onnx()
+    _, _, helper, nh = onnx_modules()
     rng = np.random.default_rng(seed)
     inits, nodes, counter = [], [], iter(range(10 ** 6))
 
@@ -117,7 +117,7 @@ def float_resnet18(path, *, seed: int = 0, size: int = 224, classes: int = 1000,
 def float_transformer(path, *, seed: int = 0, seq: int = 16, dim: int = 64, hidden: int = 128) -> Path:
     """One single-head encoder layer as ONNX: q, k, v projections, softmax(q.k^T / sqrt(d)).v,
     an output projection, a residual, a ReLU feed-forward and a second residual."""
-    _, _, helper, nh = _onnx()
+    _, _, helper, nh = onnx_modules()
     rng = np.random.default_rng(seed)
     inits, nodes = [], []
 
@@ -144,11 +144,11 @@ def float_transformer(path, *, seed: int = 0, seq: int = 16, dim: int = 64, hidd
     return _save(path, "encoder", nodes, inits, [seq, dim], [seq, dim])
 
 
-class _Net:
+class OnnxGraph:
     """An ONNX graph under construction: seeded He-initialised weights, fresh value names."""
 
     def __init__(self, seed: int):
-        _, _, self.helper, self.nh = _onnx()
+        _, _, self.helper, self.nh = onnx_modules()
         self.rng, self.inits, self.nodes, self.count = np.random.default_rng(seed), [], [], 0
 
     def name(self, prefix: str) -> str:
@@ -198,7 +198,7 @@ def float_resnet50(path, *, seed: int = 0, size: int = 224, classes: int = 1000)
     """ResNet-50 as ONNX (batch 1, batch norms folded): a 7x7/2 stem, max pool, bottleneck
     stages of 3, 4, 6, 3 blocks (1x1, 3x3 with the stage's stride, 1x1 x4; 1x1 projections),
     global average pool, a Gemm classifier."""
-    g = _Net(seed)
+    g = OnnxGraph(seed)
     x = g.node("MaxPool", [g.conv("x", 3, 64, 7, 2)], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
     cin = 64
     for stage, (width, blocks) in enumerate(((64, 3), (128, 4), (256, 6), (512, 3))):
@@ -214,7 +214,7 @@ def float_resnet50(path, *, seed: int = 0, size: int = 224, classes: int = 1000)
 def float_mobilenet_v2(path, *, seed: int = 0, size: int = 224, classes: int = 1000) -> Path:
     """MobileNetV2 as ONNX (batch 1, batch norms folded, ReLU6 as Clip): inverted residual
     blocks (1x1 expansion, 3x3 depthwise, 1x1 linear projection; residual where shapes allow)."""
-    g = _Net(seed)
+    g = OnnxGraph(seed)
     x, cin = g.conv("x", 3, 32, 3, 2, act="Relu6"), 32
     for t, c, n, s in ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
                        (6, 160, 3, 2), (6, 320, 1, 1)):
@@ -251,7 +251,7 @@ def float_bert_base(path, size: EncoderSize | None = None, *, seed: int = 0, dyn
     ``"batch"`` or ``"batch,seq"``; the reshapes copy or infer them (``0`` / ``-1``)."""
     sz = replace(size or EncoderSize(), **changes)
     seq, dim, heads, hidden, layers, batch = sz.seq, sz.dim, sz.heads, sz.hidden, sz.layers, sz.batch
-    g = _Net(seed)
+    g = OnnxGraph(seed)
     dh = dim // heads
     named = {"seq"} if dynamic is True else set(filter(None, str(dynamic or "").split(",")))
     if "batch" in named and batch is None:
@@ -285,24 +285,27 @@ def float_bert_base(path, size: EncoderSize | None = None, *, seed: int = 0, dyn
     return g.save(path, "bert_base", x, shape, shape)
 
 
-def ort_quantize(float_path, out_path, *, samples: int = 8, seed: int = 0, per_channel: bool = True,
+CALIBRATION_SAMPLES = 8  # seeded inputs ort_quantize calibrates on
+
+
+def ort_quantize(float_path, out_path, *, seed: int = 0, per_channel: bool = True,
                  activation: str = "uint8", symmetric_weights: bool = True, preprocess: bool = True,
                  sizes: dict | None = None) -> Path:
     """``float_path`` quantized by ONNX Runtime's recommended flow: ``quant_pre_process``
     (shape inference and graph optimization; ``preprocess=False`` skips it) then
     ``quantize_static`` (QDQ format, int8 weights - asymmetric, with zero points, when not
-    ``symmetric_weights`` - ``activation`` activations), calibrated on ``samples`` seeded
+    ``symmetric_weights`` - ``activation`` activations), calibrated on `CALIBRATION_SAMPLES` seeded
     inputs in [-1, 1]. ``sizes``: the value of each named (dynamic) input dimension in the
     calibration inputs (``{"batch": 1, "seq": 128}``); the quantized file keeps the names."""
     # deferred: optional dependency (onnxruntime)
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    onnx = _onnx()[0]
+    onnx = onnx_modules()[0]
     model = onnx.load(str(float_path))
     rng = np.random.default_rng(seed)
     feeds = []
-    for _ in range(samples):
+    for _ in range(CALIBRATION_SAMPLES):
         feed = {}
         for inp in model.graph.input:
             shape = [_calibration_size(d, inp.name, sizes) for d in inp.type.tensor_type.shape.dim]
@@ -354,7 +357,7 @@ def qdq_matmul(path, *, weight_zero_point=0, seed: int = 0, m: int = 4, k: int =
     Dequantize, written by hand: per-tensor uint8 activations, int8 weights with the given
     zero point (0: symmetric; a sequence of ``n``: one per output column, with as many
     scales)."""
-    _, _, helper, nh = _onnx()
+    _, _, helper, nh = onnx_modules()
     rng = np.random.default_rng(seed)
     wq = rng.integers(-100, 100, (k, n)).astype(np.int8)
 
