@@ -109,7 +109,7 @@ def test_rows_known_only_at_run_time_are_register_blocked(template, dtypes):
     RUN_TIME_ROWS when the function runs, so the register block keeps several rows instead of
     one (a matrix-vector product per row); the padded rows are never written back. Checked
     at every size, the ones below, at and past a multiple included."""
-    from tirbyoc.rewrite.cpu.register_blocks import RUN_TIME_ROWS
+    from tirbyoc.rewrite.cpu.run_time_rows import RUN_TIME_ROWS
 
     out = tirbyoc.offload(matmul(20, 48, 64, *dtypes, symbolic="m"), template)
     assert out.offloaded and out.verification.passed, out.table()
@@ -118,6 +118,35 @@ def test_rows_known_only_at_run_time_are_register_blocked(template, dtypes):
     assert f"rows padded to a multiple of {RUN_TIME_ROWS} at run time" in steps, steps
     block = re.search(r"register-blocked (\d+)x(\d+)", steps)
     assert block and int(block.group(1)) > 1 and RUN_TIME_ROWS % int(block.group(1)) == 0, steps
+
+
+PROJECTION = """
+@T.prim_func(s_tir=True)
+def main(a: T.handle, w: T.Buffer((32, 48), "float32"), c: T.handle):
+    batch = T.int32()
+    seq = T.int32()
+    A = T.match_buffer(a, (batch, seq, 32), "float32")
+    C = T.match_buffer(c, (batch, seq, 48), "float32")
+    for b, s, n, k in T.grid(batch, seq, 48, 32):
+        with T.sblock("C"):
+            vb, vs, vn, vk = T.axis.remap("SSSR", [b, s, n, k])
+            with T.init():
+                C[vb, vs, vn] = T.float32(0)
+            C[vb, vs, vn] = C[vb, vs, vn] + A[vb, vs, vk] * w[vk, vn]
+"""
+
+
+def test_rows_of_two_run_time_dimensions_are_one_row_count():
+    """A projection [batch, seq, K] x [K, N] with both sizes known at run time: batch x seq rows
+    padded once (a batch of decoding tokens, seq 1, is not each token's row padded to a block),
+    the weight untouched; checked at every binding of the two."""
+    from tirbyoc.testing.workloads import parse
+
+    out = tirbyoc.offload(parse(PROJECTION), "x86_fp32_avx2")
+    assert out.offloaded and out.verification.passed, out.table()
+    steps = " ".join(out.rewrites[0].steps)
+    assert "the rows (2 dimensions of run-time extent folded into one) to a multiple of" in steps, steps
+    assert "(batch * seq + 3) // 4 * 4" in out.func.script(), out.func.script()
 
 
 def test_a_library_kernel_takes_a_size_known_at_run_time(dynamic_mlp):

@@ -18,7 +18,8 @@ from tirbyoc._tvm import PrimCall, call_name, tirx
 from tirbyoc.errors import RewriteError
 from tirbyoc.ir.pattern import Access
 from tirbyoc.matching.results import OperandMap, Staging
-from tirbyoc.rewrite.cpu.register_blocks import run_time_row_factors
+from tirbyoc.rewrite.cpu.run_time_rows import fuse_run_time_rows, run_time_row_factors
+from tirbyoc.rewrite.cpu.weight_layout import weight_operand
 from tirbyoc.rewrite.foundation.state import RewriteState
 from tirbyoc.rewrite.foundation.steps import StepKind
 
@@ -88,8 +89,8 @@ def stage_operands(state: RewriteState) -> RewriteState | None:
             scope = op.workload_scope
             staged = Staging.REINDEX in op.staging or Staging.TRANSPOSE in op.staging or \
                 not _dma_ready(state, acc, op)
-        if state.padded and not pure(acc):
-            staged = True
+        if state.padded and (not pure(acc) or set(state.fused_rows) & set(acc.vars)):
+            staged = True  # padded through a reindexed copy (fused rows index it by division)
         if not staged:
             continue
         kind = "write" if op.is_output else "read"
@@ -160,7 +161,8 @@ def _stage_reindex(state: RewriteState, op: OperandMap, kind: str, scope: str) -
     m, sch = state.match, state.sch
     acc = state.access(op)
     # positions in the canonical iterators (workload and intrinsic names may clash)
-    others = [i for i, it in enumerate(m.outer) if it in acc.vars]
+    # an iterator folded into the rows (extent 1 now) indexes nothing
+    others = [i for i, it in enumerate(m.outer) if it in acc.vars and it not in state.fused_rows[:-1]]
     axis_pos = {a.axis: len(m.outer) + i for i, a in enumerate(m.axes)}
     ndim = len(m.outer) + len(m.axes)
 
@@ -187,7 +189,9 @@ def pad_and_pack(state: RewriteState) -> RewriteState | None:
         pads = [a.pad_text for a in m.axes if a.pads]
         if rows is not None:
             factors = [max(f, r) for f, r in zip(factors, rows)]
-            pads.append(f"the rows to a multiple of {max(rows)} at run time, for a register block")
+            folded = (f" ({len(state.fused_rows)} dimensions of run-time extent folded into one)"
+                      if state.fused_rows else "")
+            pads.append(f"the rows{folded} to a multiple of {max(rows)} at run time, for a register block")
         with state.step(StepKind.PAD, f"pad_einsum ({', '.join(pads)})"):
             sch.pad_einsum(state.block, factors)
         _fold_reindex_copies(state)
@@ -213,7 +217,21 @@ def _run_time_rows(state: RewriteState) -> list[int] | None:
         return None  # a library's kernel (its GEMV takes rows one by one) or one padded to its own call shape
     kinds = state.iter_kinds
     outer_spatial = [kinds[name] != "R" for name in state.match.outer]
-    return run_time_row_factors(state.sch, state.block, outer_spatial, state.target)
+    factors = run_time_row_factors(state.sch, state.block, outer_spatial, state.target)
+    if factors is not None:
+        rows = {op.buffer for op in state.match.operands if op.is_output or op.operand == _rows_operand(state)}
+        fused = fuse_run_time_rows(state.sch, state.block, outer_spatial, rows)
+        state.fused_rows = [state.match.outer[i] for i in fused]
+    return factors
+
+
+def _rows_operand(state: RewriteState) -> str | None:
+    """The intrinsic operand that holds the rows: the input the output's rows come from (not
+    the weight, which the register block streams)."""
+    weight = weight_operand(state.match)
+    inputs = [op.operand for op in state.match.operands if not op.is_output]
+    rest = [o for o in inputs if weight is None or o != weight.operand]
+    return rest[0] if len(rest) == 1 else None
 
 
 def _fold_reindex_copies(state: RewriteState) -> None:

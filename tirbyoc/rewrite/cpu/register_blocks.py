@@ -26,11 +26,12 @@ from __future__ import annotations
 
 from math import prod
 
-from tirbyoc._tvm import SPATIAL, expr_dtype, s_tir, sym, tirx, vector_bytes, vector_registers
+from tirbyoc._tvm import SPATIAL, s_tir, tirx, vector_bytes, vector_registers
 from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.ir.tir_walk import constant_divisors, divisor_split, loop_extent
 from tirbyoc.rewrite.cpu.prefetch import mark_weight_prefetch, prefetches
 from tirbyoc.rewrite.cpu.row_staging import rows_operands, stage_rows_per_block
+from tirbyoc.rewrite.cpu.run_time_rows import padded_rows_note, rows_multiple
 from tirbyoc.rewrite.cpu.stack import CALL_BLOCK_BYTES, REGISTER_BLOCK_BYTES, TILE_BLOCK_BYTES, WRITEBACK_ATTR
 from tirbyoc.rewrite.cpu.weight_layout import operand_bytes, tiles_outermost, weight_operand, weights_first
 
@@ -263,7 +264,7 @@ def _block_for(sch, loops, match, target, choose, input_bytes: int | None,
     """(mr, nr) for the rows loop, the channel-tiles loop and the reduction loops ``loops``:
     ``choose``'s, or `register_block`'s for the target's registers, the weight panel and the
     input (``input_bytes``, None where unknown); ``rows``: what a row count known only at run
-    time is a multiple of (`_rows_multiple`), standing in for it."""
+    time is a multiple of (`rows_multiple`), standing in for it."""
     mloop, nloop, reductions = loops
     tile_bytes = _output_tile_bytes(match)
     if choose is not None:
@@ -274,49 +275,6 @@ def _block_for(sch, loops, match, target, choose, input_bytes: int | None,
                           loop_extent(sch, nloop) if nloop is not None else None, tile_bytes,
                           vector_registers(target), steps * weight, weight, input_bytes,
                           _output_spec(match).dtype.startswith("float"))
-
-
-# A row count known only at run time is padded to a multiple of this: 4 rows leave the
-# heuristic its best blocks (4 x 3 ymm, 4 x 6 zmm) and cost a decoding token (one row) 4 rows of
-# multiply-adds, under its weights' memory time; 12 made a 1B-class decoder layer's token 33.6
-# ms instead of 16.3 (AVX2, one thread) and its batch of 8 (8 x 12 rows) 255 ms instead of 61.
-RUN_TIME_ROWS = 4
-
-
-def run_time_row_factors(sch, block, outer_spatial: list[bool], target) -> list[int] | None:
-    """``pad_einsum``'s factors (one per iterator of ``block``, in canonical order: its outer
-    iterators - ``outer_spatial`` says which are spatial - then the intrinsic's axes) that pad
-    the rows - the last outer spatial iterator - to a multiple of `RUN_TIME_ROWS`, where their
-    count is known only at run time (a served transformer's tokens) and the target is a CPU;
-    None where there is nothing to pad. A register block needs rows it can count on: without
-    them it is one row, a matrix-vector product that reads the whole weight panel for every
-    token (BERT-base's layer at batch 2 x seq 128: 178 ms against the static build's 50).
-    The padding is a copy of the input with zero rows added and the output's write-back
-    predicated on the real rows (TVM folds that copy into it): a pass over the input beside a
-    reduction hundreds of steps long; no padded row's sums are stored."""
-    if target is None or str(target.kind.name) != "llvm" or True not in outer_spatial:
-        return None
-    row = len(outer_spatial) - 1 - outer_spatial[::-1].index(True)
-    ivs = sch.get(block).iter_vars
-    if row >= len(ivs) or isinstance(ivs[row].dom.extent, tirx.IntImm):
-        return None
-    return [RUN_TIME_ROWS if i == row else 1 for i in range(len(ivs))]
-
-
-def _rows_multiple(sch, mloop) -> int | None:
-    """`RUN_TIME_ROWS` where ``mloop``'s extent, known only at run time, is a multiple of it
-    (`run_time_row_factors` padded it), else None."""
-    extent = sch.get(mloop).extent
-    if isinstance(extent, tirx.IntImm):
-        return None
-    return RUN_TIME_ROWS if sym.Analyzer().can_prove(
-        tirx.FloorMod(extent, tirx.const(RUN_TIME_ROWS, expr_dtype(extent))) == 0) else None
-
-
-def _padded_rows_note(rows: int | None) -> str:
-    """The schedule note's words for rows padded at run time to a multiple of ``rows`` ("" for
-    None)."""
-    return f", rows padded to a multiple of {rows} at run time" if rows else ""
 
 
 def default_schedule(sch, block, loops, match, target, choose=None) -> str | None:
@@ -333,10 +291,10 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
     # accumulator cannot start from zero in registers, and TVM will not parallelise it.
     has_init = sch.get(block).init is not None
     blocked = reductions and _call_is_a_block(match, tile_bytes) and has_init
-    rows_multiple = _rows_multiple(sch, mloop) if blocked and mloop is not None else None
+    run_time_rows = rows_multiple(sch, mloop) if blocked and mloop is not None else None
     operands = operand_bytes(sch, block, mloop) if blocked and mloop is not None else None
     mr, nr = (_block_for(sch, (mloop, nloop, reductions), match, target, choose, operands and operands[0],
-                         rows_multiple) if blocked else (1, 1))
+                         run_time_rows) if blocked else (1, 1))
     head = list(loops.outer_spatial[:-1] if mloop is not None else loops.outer_spatial)
     others = [l for l in loops.axis_spatial if l is not nloop]
     first = weights_first(*operands) if operands and (others or nloop is not None) else None
@@ -364,7 +322,7 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
         prefetched = first and nloop is not None and prefetches(_weight_tile_bytes(match))
         if prefetched:
             mark_weight_prefetch(sch, parallel, first, nr, mr)
-    staged = (f", {copies} staging cop{'y' if copies == 1 else 'ies'} in parallel" if copies else "") + _padded_rows_note(rows_multiple)
+    staged = (f", {copies} staging cop{'y' if copies == 1 else 'ies'} in parallel" if copies else "") + padded_rows_note(run_time_rows)
     if rows and parallel is not None:
         staged += stage_rows_per_block(sch, block, parallel, rows)
     if not blocked:
@@ -381,4 +339,4 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
             f"parallel outer loops{order}" + staged)
 
 
-__all__ = ["RUN_TIME_ROWS", "WRITEBACK_ATTR", "default_schedule", "run_time_row_factors", "lanes_dividing", "register_block", "sampled_block", "schedule_copies"]
+__all__ = ["WRITEBACK_ATTR", "default_schedule", "lanes_dividing", "register_block", "sampled_block", "schedule_copies"]

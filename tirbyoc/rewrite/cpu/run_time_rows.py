@@ -1,0 +1,103 @@
+"""Rows known only at run time (a served model's tokens), made a register block can count on.
+
+`tirbyoc.rewrite.cpu.register_blocks` keeps an ``mr x nr`` block of accumulators over rows
+whose count divides by ``mr``; a row count known only when the function runs divides by
+nothing, so the pad stage pads it to a multiple of `RUN_TIME_ROWS` (`run_time_row_factors`),
+after folding the run-time dimensions in front of it into one row count
+(`fuse_run_time_rows`), and the schedule proves the padded count divisible (`rows_multiple`).
+"""
+
+from __future__ import annotations
+
+from tirbyoc._tvm import expr_dtype, sym, tirx
+from tirbyoc.ir.tir_walk import uses_var
+
+
+# A row count known only at run time is padded to a multiple of this: 4 rows leave the
+# heuristic its best blocks (4 x 3 ymm, 4 x 6 zmm) and cost a decoding token (one row) 4 rows of
+# multiply-adds, under its weights' memory time; 12 made a 1B-class decoder layer's token 33.6
+# ms instead of 16.3 (AVX2, one thread) and its batch of 8 (8 x 12 rows) 255 ms instead of 61.
+RUN_TIME_ROWS = 4
+
+
+def run_time_row_factors(sch, block, outer_spatial: list[bool], target) -> list[int] | None:
+    """``pad_einsum``'s factors (one per iterator of ``block``, in canonical order: its outer
+    iterators - ``outer_spatial`` says which are spatial - then the intrinsic's axes) that pad
+    the rows - the last outer spatial iterator - to a multiple of `RUN_TIME_ROWS`, where their
+    count is known only at run time (a served transformer's tokens) and the target is a CPU;
+    None where there is nothing to pad. A register block needs rows it can count on: without
+    them it is one row, a matrix-vector product that reads the whole weight panel for every
+    token (BERT-base's layer at batch 2 x seq 128: 178 ms against the static build's 50).
+    The padding is a copy of the input with zero rows added and the output's write-back
+    predicated on the real rows (TVM folds that copy into it): a pass over the input beside a
+    reduction hundreds of steps long; no padded row's sums are stored."""
+    if target is None or str(target.kind.name) != "llvm" or True not in outer_spatial:
+        return None
+    row = len(outer_spatial) - 1 - outer_spatial[::-1].index(True)
+    ivs = sch.get(block).iter_vars
+    if row >= len(ivs) or isinstance(ivs[row].dom.extent, tirx.IntImm):
+        return None
+    return [RUN_TIME_ROWS if i == row else 1 for i in range(len(ivs))]
+
+
+def _run_time_run(ivs, outer_spatial: list[bool]) -> list[int]:
+    """Positions of the last outer spatial iterators (the rows and those just before them)
+    whose extents are known only at run time (a served transformer's batch and seq)."""
+    if True not in outer_spatial:
+        return []
+    run = []
+    for i in range(len(outer_spatial) - 1 - outer_spatial[::-1].index(True), -1, -1):
+        if not outer_spatial[i] or isinstance(ivs[i].dom.extent, tirx.IntImm):
+            break
+        run.insert(0, i)
+    return run
+
+
+def fuse_run_time_rows(sch, block, outer_spatial: list[bool], rows_buffers: set[str]) -> list[int]:
+    """Fold the trailing outer spatial iterators of run-time extent (`_run_time_run`) into
+    the last one (``batch x seq`` rows), the others left of extent 1, where only the buffers
+    ``rows_buffers`` (the output and the rows' input, not the weight) are indexed by them:
+    padded as one row count, a batch of 8 decoding tokens is 8 rows, not 8 x 4 (its rows
+    would be padded sequence by sequence). Returns the fused iterators' positions ([] if
+    none were: fewer than two, or a weight indexed by them)."""
+    stmt = sch.get(block)
+    ivs = stmt.iter_vars
+    run = _run_time_run(ivs, outer_spatial)
+    if len(run) < 2:
+        return []
+    fused = {ivs[i].var for i in run}
+    used = {str(r.source.name) for r in [*stmt.reads, *stmt.writes]
+            if any(uses_var(rng.min, v) for rng in r.region for v in fused)}
+    if not used <= rows_buffers:
+        return []
+    extents = [ivs[i].dom.extent for i in run]
+
+    def remap(*vs):
+        row = vs[run[0]]
+        for i, extent in zip(run[1:], extents[1:]):
+            row = row * extent + vs[i]
+        return [tirx.const(0, expr_dtype(vs[i])) if i in run[:-1] else (row if i == run[-1] else v)
+                for i, v in enumerate(vs)]
+
+    sch.transform_block_layout(block, tirx.IndexMap.from_func(remap, ndim=len(ivs),
+                                                             index_dtype=expr_dtype(ivs[run[-1]].var)))
+    return run
+
+
+def rows_multiple(sch, mloop) -> int | None:
+    """`RUN_TIME_ROWS` where ``mloop``'s extent, known only at run time, is a multiple of it
+    (`run_time_row_factors` padded it), else None."""
+    extent = sch.get(mloop).extent
+    if isinstance(extent, tirx.IntImm):
+        return None
+    return RUN_TIME_ROWS if sym.Analyzer().can_prove(
+        tirx.FloorMod(extent, tirx.const(RUN_TIME_ROWS, expr_dtype(extent))) == 0) else None
+
+
+def padded_rows_note(rows: int | None) -> str:
+    """The schedule note's words for rows padded at run time to a multiple of ``rows`` ("" for
+    None)."""
+    return f", rows padded to a multiple of {rows} at run time" if rows else ""
+
+
+__all__ = ["RUN_TIME_ROWS", "fuse_run_time_rows", "padded_rows_note", "rows_multiple", "run_time_row_factors"]
