@@ -196,12 +196,11 @@ def specialize_symbolic(funcs, values: dict):
         binds = {p: tirx.IntImm(expr_dtype(p), values[str(p.name)]) for p in _size_params(f) if str(p.name) in values}
         for p in f.params:
             shape = list(getattr(p, "shape", ())) if is_buffer(p) else []
+            _check_compound(p, shape, values)
             if not any(isinstance(d, tirx.Var) for d in shape):
-                _check_compound(p, shape, values)
                 continue
-            if any(not isinstance(d, (tirx.Var, tirx.IntImm)) for d in shape):
-                _check_compound(p, shape, values)
-                continue
+            # a compound extent (past + seq) stays as it is (TVM's specialization carries the
+            # values bound elsewhere into it) beside this buffer's bare size variables, bound
             # each extent keeps its dtype (a Relax model's are int64): specialize matches them
             concrete = [tirx.IntImm(expr_dtype(d), values[str(d.name)]) if isinstance(d, tirx.Var) else d
                         for d in shape]
