@@ -8,7 +8,9 @@ Models (float ONNX files with random He-initialised weights, made by `tirbyoc.te
 ResNet-18, ResNet-50 and MobileNetV2 at 224x224 and a BERT-base encoder (12 layers, seq 128);
 ``bert_base_dynamic`` is the same encoder exported with ``batch`` and ``seq`` named, as a served
 model is: every engine takes that one file (tirbyoc and TVM build it once for any size) and runs
-it at batch 1 x seq 128, or at ``--size batch=8 --size seq=384``;
+it at batch 1 x seq 128, or at ``--size batch=8 --size seq=384``; ``llama_decode`` and
+``llama_prefill`` are a decoder layer's two serving files (`tirbyoc.testing.decoder`; bench/llama.py
+runs them against the memory bandwidth and the FMA peak);
 ``--int8`` also their QDQ versions from ONNX Runtime's recommended flow (``quant_pre_process``,
 then ``quantize_static``), ``--precisions int8`` those alone. Each precision goes to the fastest
 template of that precision this CPU runs, the choice `tirbyoc run` makes: fp32 to
@@ -632,7 +634,9 @@ def main() -> None:
                              "--fast-math); ONNX Runtime as it is. Default --out: models_fast_math.json")
     parser.add_argument("--size", action="append", metavar="NAME=V",
                         help="a dynamic model's named dimension and the value it runs at (repeatable; "
-                             "bert_base_dynamic: batch=1, seq=128 unless given)")
+                             "unless given: " + "; ".join(
+                                 f"{name} {', '.join(f'{k}={v}' for k, v in sizes.items())}"
+                                 for name, (_, sizes) in DYNAMIC.items()) + ")")
     parser.add_argument("--out", help="the JSON written (default bench/results/models.json)")
     for hidden in ("--worker", "--profile", "--lockstep"):
         parser.add_argument(hidden, action="store_true", help=argparse.SUPPRESS)
