@@ -17,11 +17,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from tirbyoc._tvm import REDUCE, expr_dtype, is_buffer, iter_blocks, make_target, tirx, tvm, tvm_ffi
+from tirbyoc._tvm import REDUCE, expr_dtype, is_buffer, iter_blocks, make_target, tirx, tvm
 from tirbyoc.decl.host import host_target
 from tirbyoc.dtypes import is_float, numpy_dtype
 from tirbyoc.errors import VerificationError
 from tirbyoc.ir.domains import buffer_domains, draw
+from tirbyoc.ir.tir_walk import iter_exprs
 from tirbyoc.offloading.devices import EmulatedRunError, compile_func, device_of, run_executable
 
 # Relative tolerance per float dtype, scaled by sqrt(reduction length) in `tolerance`.
@@ -181,9 +182,7 @@ def _size_params(func) -> list:
 
 def _size_vars(expr) -> set[str]:
     """The names of the variables in an extent (``past + seq``: past, seq)."""
-    names = set()
-    tvm_ffi.structural_walk(expr, (tirx.Var, lambda v: names.add(str(v.name))), order="pre")
-    return names
+    return {str(n.name) for n in iter_exprs(expr) if isinstance(n, tirx.Var)}
 
 
 def specialize_symbolic(funcs, values: dict):

@@ -219,7 +219,8 @@ def _run_time_rows(state: RewriteState) -> list[int] | None:
     outer_spatial = [kinds[name] != "R" for name in state.match.outer]
     factors = run_time_row_factors(state.sch, state.block, outer_spatial, state.target)
     if factors is not None:
-        rows = {op.buffer for op in state.match.operands if op.is_output or op.operand == _rows_operand(state)}
+        holder = _rows_operand(state)
+        rows = {op.buffer for op in state.match.operands if op.is_output or op.operand == holder}
         fused = fuse_run_time_rows(state.sch, state.block, outer_spatial, rows)
         state.fused_rows = [state.match.outer[i] for i in fused]
     return factors

@@ -31,13 +31,11 @@ def run_time_row_factors(sch, block, outer_spatial: list[bool], target) -> list[
     The padding is a copy of the input with zero rows added and the output's write-back
     predicated on the real rows (TVM folds that copy into it): a pass over the input beside a
     reduction hundreds of steps long; no padded row's sums are stored."""
-    if target is None or str(target.kind.name) != "llvm" or True not in outer_spatial:
+    if target is None or str(target.kind.name) != "llvm":
         return None
-    row = len(outer_spatial) - 1 - outer_spatial[::-1].index(True)
     ivs = sch.get(block).iter_vars
-    if row >= len(ivs) or isinstance(ivs[row].dom.extent, tirx.IntImm):
-        return None
-    return [RUN_TIME_ROWS if i == row else 1 for i in range(len(ivs))]
+    run = _run_time_run(ivs, outer_spatial)
+    return [RUN_TIME_ROWS if i == run[-1] else 1 for i in range(len(ivs))] if run else None
 
 
 def _run_time_run(ivs, outer_spatial: list[bool]) -> list[int]:
@@ -47,7 +45,7 @@ def _run_time_run(ivs, outer_spatial: list[bool]) -> list[int]:
         return []
     run = []
     for i in range(len(outer_spatial) - 1 - outer_spatial[::-1].index(True), -1, -1):
-        if not outer_spatial[i] or isinstance(ivs[i].dom.extent, tirx.IntImm):
+        if not outer_spatial[i] or i >= len(ivs) or isinstance(ivs[i].dom.extent, tirx.IntImm):
             break
         run.insert(0, i)
     return run
