@@ -175,6 +175,29 @@ def test_rows_of_two_run_time_dimensions_are_one_row_count():
     assert "(batch * seq + 3) // 4 * 4" in out.func.script(), out.func.script()
 
 
+def test_a_row_block_of_padding_only_is_skipped():
+    """Eight tiles of output channels: a 2 x 4 block, not the 4 x 2 of the same reuse (a
+    decoding token fills one row of four padded ones), its row blocks past the real rows
+    skipped at run time - checked at every binding, the lowered loop guarded."""
+    import tvm
+
+    from tirbyoc._tvm import s_tir, tvm_ffi
+    from tirbyoc.rewrite.cpu.run_time_rows import skip_padded_row_blocks
+    from tirbyoc.testing.workloads import parse
+
+    out = tirbyoc.offload(parse(PROJECTION.replace("48", "64")), "x86_fp32_avx2")
+    assert out.offloaded and out.verification.passed, out.table()
+    steps = " ".join(out.rewrites[0].steps)
+    assert "register-blocked 2x4" in steps and "row blocks wholly in the padding skipped" in steps, steps
+    guards = []
+    tvm_ffi.structural_walk(skip_padded_row_blocks(out.func).body,
+                            (tvm.tirx.IfThenElse, guards.append), order="pre")
+    realizes = []
+    for guard in guards:
+        tvm_ffi.structural_walk(guard.then_case, (s_tir.SBlockRealize, realizes.append), order="pre")
+    assert any("update" in r.block.name_hint for r in realizes), out.func.script()
+
+
 def test_a_library_kernel_takes_a_size_known_at_run_time(dynamic_mlp):
     from tirbyoc.offloading.whole_function import find_whole_call, verify_whole_call
 

@@ -97,7 +97,7 @@ def test_gelu_joins_the_write_back_with_a_vector_erf(name):
 @pytest.mark.parametrize("name", TEMPLATES)
 def test_a_staged_weight_is_laid_out_tile_by_tile(name):
     """A [N, K] weight is staged for the core (N innermost, as an OHWI convolution weight is);
-    with more weight than input, the staged copy runs tile by tile, [N/lanes, K, lanes], so
+    with more weight than input, the staged copy runs panel by panel, [N/width, K, width], so
     that a tile's reduction steps are one contiguous run (256 fp32 channels put 1 KB between
     them, and cache sets conflict)."""
     runnable(name)
@@ -105,14 +105,14 @@ def test_a_staged_weight_is_laid_out_tile_by_tile(name):
     assert out.coverage == 1.0 and out.verification.passed
     (core,) = out.offloaded
     (note,) = [s for s in core.steps if s.kind is StepKind.SCHEDULE]
-    assert "output-channel tiles outermost" in note and "laid out tile by tile" in note
+    assert "output-channel tiles outermost" in note and "laid out panel by panel" in note
 
 
 @pytest.mark.parametrize("name", TEMPLATES)
 def test_a_constant_weight_read_in_place_is_staged_only_when_layout_free(name):
     """A matmul's [K, N] weight read in place (ONNX's MatMul) steps N elements per reduction
     step; when every caller passes it as a constant (TVM's ``layout_free_buffers``, which the
-    Relax bridge sets) the schedule stages it tile by tile, a copy prepacking runs once. A
+    Relax bridge sets) the schedule stages it panel by panel, a copy prepacking runs once. A
     weight that may change per call stays in place: copying it each call costs a pass over it."""
     from tirbyoc.relax.prepack import weight_copies
 
@@ -123,14 +123,17 @@ def test_a_constant_weight_read_in_place_is_staged_only_when_layout_free(name):
     for out in (kept, staged):
         assert out.coverage == 1.0 and out.verification.passed
     notes = [str(s) for out in (kept, staged) for s in out.offloaded[0].steps if s.kind is StepKind.SCHEDULE]
-    assert "laid out tile by tile" not in notes[0] and "laid out tile by tile" in notes[1], notes
+    assert "laid out tile by tile" not in notes[0] and "laid out panel by panel" in notes[1], notes
     assert not weight_copies(kept.func, {1}) and len(weight_copies(staged.func, {1})) == 1
 
 
 @pytest.mark.parametrize("name", TEMPLATES)
 def test_the_staged_weight_follows_the_reduction_loops(name):
     """The reduction of this conv runs C, kh, kw (outer to inner): its HWIO weight is staged
-    [N/lanes, C, kh, kw, lanes], each step the next contiguous vector."""
+    [N/width, C, kh, kw, width], each step the register block's nr tiles of lanes side by side
+    (width = nr x lanes), the next contiguous run."""
+    import re
+
     from tirbyoc._tvm import root_block
 
     runnable(name)
@@ -138,8 +141,10 @@ def test_the_staged_weight_follows_the_reduction_loops(name):
     func = conv2d(1, 32, 8, 8, 32, 3, 3, layout="NHWC").with_attr("layout_free_buffers", [1])
     out = tirbyoc.offload(func, name)
     assert out.coverage == 1.0 and out.verification.passed
+    (note,) = [str(s) for s in out.offloaded[0].steps if s.kind is StepKind.SCHEDULE]
+    width = lanes * int(re.search(r"register-blocked \d+x(\d+)", note).group(1))
     shapes = [tuple(int(d) for d in b.shape) for b in root_block(out.func).alloc_buffers if len(b.shape) == 5]
-    assert shapes == [(32 // lanes, 32, 3, 3, lanes)], shapes
+    assert width > lanes and shapes == [(32 // width, 32, 3, 3, width)], (shapes, note)
 
 
 def test_register_blocks_past_one_kib_stay_in_registers():

@@ -2,10 +2,12 @@
 
 A core whose weights outweigh its input runs its output-channel tiles outermost
 (`weights_first`): each weight is read from memory once. A core that reads one vector of
-output channels per reduction step (the fp32 core's B[lanes]) reads its weight tile by tile,
-``[N/lanes, <reduction dims in step order>, lanes]`` (`tiles_outermost`), from a staging copy
-that `tirbyoc.relax.prepack` runs once for a constant weight - the function's own staging
-copy, or one made for a parameter TVM's ``layout_free_buffers`` attribute names.
+output channels per reduction step (the fp32 core's B[lanes]) reads its weight panel by panel,
+``[N/width, <reduction dims in step order>, width]`` with the register block's nr tiles side
+by side (width = nr x lanes: each step one contiguous run, one stream from memory;
+`tiles_outermost`), from a staging copy that `tirbyoc.relax.prepack` runs once for a constant
+weight - the function's own staging copy, or one made for a parameter TVM's
+``layout_free_buffers`` attribute names.
 """
 
 from __future__ import annotations
@@ -100,14 +102,18 @@ def _dims_in_step_order(sch, block, idx: int, count: int) -> list[int]:
     return sorted(range(count), key=lambda d: (position(d), d))
 
 
-def tiles_outermost(sch, block, weight: str, match) -> str | None:
-    """Lay the weight out tile by tile, ``[N/lanes, ..., lanes]``, when the core reads it one
-    vector of output channels per reduction step (the fp32 core's B[lanes]); the name of the
-    buffer the core now reads, or None. Staged as ``[kh, kw, C, N]`` (or read in place as a
+def tiles_outermost(sch, block, weight: str, match, panel: int = 1) -> str | None:
+    """Lay the weight out panel by panel, ``[N/width, ..., width]`` with ``panel`` tiles of
+    lanes side by side (width = panel x lanes where it divides N, else the lanes alone), when
+    the core reads it one vector of output channels per reduction step (the fp32 core's
+    B[lanes]); the name of the buffer the core now reads, or None. ``panel``: the register
+    block's tiles, which each step reads together: as one run a step, a 201 MB weight streamed
+    from memory by a 4 x 3 block came at 27 GB/s, as three runs 64 KB apart at 25 (AVX2,
+    one thread). Staged as ``[kh, kw, C, N]`` (or read in place as a
     matmul's ``[K, N]``), each step of a tile is N elements after the last (1 KB for 256 fp32
     channels), and a 14x14x256 3x3 layer ran at half the core's speed on cache-set conflicts
-    (BERT's 768x3072 matmuls at 0.6 of it); tile by tile, a tile's weights are one contiguous
-    run. A buffer the function allocates (a staging copy, which `tirbyoc.relax.prepack` runs
+    (BERT's 768x3072 matmuls at 0.6 of it); panel by panel, a panel's weights are one
+    contiguous run. A buffer the function allocates (a staging copy, which `tirbyoc.relax.prepack` runs
     once for a constant weight) is laid out again, and a layout-free parameter is first
     staged (`_staged_copy`); any other parameter stays as it is."""
     op = weight_operand(match)
@@ -120,13 +126,14 @@ def tiles_outermost(sch, block, weight: str, match) -> str | None:
     shape = [int(d) for d in buf.shape] if all(isinstance(d, tirx.IntImm) for d in buf.shape) else None
     if not shape or len(shape) < 2 or shape[-1] % lanes or shape[-1] == lanes:
         return None
+    width = lanes * panel if shape[-1] % (lanes * panel) == 0 else lanes
     allocated = any(b.same_as(buf) for blk in iter_blocks(sch.mod["main"].body) for b in blk.alloc_buffers)
     if not allocated:
         idx = _staged_copy(sch, block, idx)
         if idx is None:
             return None
     order = _dims_in_step_order(sch, block, idx, len(shape) - 1)
-    layout = tirx.IndexMap.from_func(lambda *d: [d[-1] // lanes, *(d[i] for i in order), d[-1] % lanes],
+    layout = tirx.IndexMap.from_func(lambda *d: [d[-1] // width, *(d[i] for i in order), d[-1] % width],
                                      ndim=len(shape), index_dtype="int32")
     sch.transform_layout(block, ("read", idx), layout)
     return str(sch.get(block).reads[idx].source.name)
