@@ -271,29 +271,10 @@ def _block_for(sch, loops, match, target, choose, input_bytes: int | None,
         return choose(sch, mloop, nloop, tile_bytes)
     steps, weight = prod(loop_extent(sch, l) or 1 for l in reductions), _weight_tile_bytes(match)
     m_extent = loop_extent(sch, mloop) if mloop is not None else None
-
-    def best(m):
-        return register_block(m, loop_extent(sch, nloop) if nloop is not None else None, tile_bytes,
-                              vector_registers(target), steps * weight, weight, input_bytes,
-                              _output_spec(match).dtype.startswith("float"))
-
-    if m_extent is not None or not rows:
-        return best(m_extent)
-    return _fewest_rows([best(m) for m in _divisors(rows, rows)], steps * weight, weight, rows)
-
-
-def _fewest_rows(blocks: list, panel_bytes: int, weight_tile_bytes: int, rows: int) -> tuple[int, int]:
-    """Of ``blocks`` (the best for each cap on the rows, fewest first), the one with the fewest
-    rows among those that reuse their loads best and keep the most accumulators, for a row
-    count known only at run time (padded to a multiple of ``rows``): a decoding token fills one
-    row, and a 2 x 4 block streams a weight panel from memory at 29 GB/s where a 4 x 2 block,
-    the same reuse, reaches 16 (AVX2, 8 rows of a 201 MB weight: 14.9 against 24.8 ms)."""
-    def key(block):
-        mr, nr = block
-        return (_reuse(mr, nr, panel_bytes, weight_tile_bytes, rows), mr * nr)
-
-    top = max(key(b) for b in blocks)
-    return next(b for b in blocks if key(b) == top)
+    return register_block(rows if m_extent is None else m_extent,
+                          loop_extent(sch, nloop) if nloop is not None else None, tile_bytes,
+                          vector_registers(target), steps * weight, weight, input_bytes,
+                          _output_spec(match).dtype.startswith("float"))
 
 
 def default_schedule(sch, block, loops, match, target, choose=None) -> str | None:
@@ -338,7 +319,7 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
     if outer and has_init:
         parallel = sch.fuse(*outer) if len(outer) > 1 else outer[0]
         sch.parallel(parallel)
-        skipped = bool(blocked) and mark_padded_row_blocks(sch, parallel, run_time_rows, mr)
+        skipped = bool(blocked) and mloop is not None and mark_padded_row_blocks(sch, parallel, mi, run_time_rows, mr)
         prefetched = first and nloop is not None and prefetches(_weight_tile_bytes(match))
         if prefetched:
             mark_weight_prefetch(sch, parallel, first, nr, mr)

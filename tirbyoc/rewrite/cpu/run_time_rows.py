@@ -5,8 +5,9 @@ whose count divides by ``mr``; a row count known only when the function runs div
 nothing, so the pad stage pads it to a multiple of `RUN_TIME_ROWS` (`run_time_row_factors`),
 after folding the run-time dimensions in front of it into one row count
 (`fuse_run_time_rows`), and the schedule proves the padded count divisible (`rows_multiple`).
-A row block wholly in the padding is skipped at run time (`mark_padded_row_blocks`,
-`skip_padded_row_blocks`): a decoding token computes its own row block, not four rows' worth.
+Each row block runs on its real rows only (`mark_padded_row_blocks`, `skip_padded_row_blocks`:
+a version of the core per count of real rows, chosen when the function runs): a decoding token
+computes one row, not a block's worth.
 """
 
 from __future__ import annotations
@@ -85,43 +86,87 @@ def fuse_run_time_rows(sch, block, outer_spatial: list[bool], rows_buffers: set[
     return run
 
 
-SKIP_ROWS_KEY = "tirbyoc.skip_padded_rows"  # loop annotation: skip row blocks of padding only
+SKIP_ROWS_KEY = "tirbyoc.skip_padded_rows"  # loop annotation: the register block's rows
+ROWS_LOOP_KEY = "tirbyoc.block_rows"  # loop annotation: the register block's rows loop in the core
 
 
-def mark_padded_row_blocks(sch, loop, padded_to: int | None, rows: int) -> bool:
-    """Ask `skip_padded_row_blocks` to skip the iterations of ``loop`` (the parallel loop over
-    register blocks of ``rows`` rows) whose row block holds padding only, where the rows were
-    padded at run time to a multiple of ``padded_to`` (`rows_multiple`; None: not padded) and
-    a block of fewer rows can fall wholly in the padding. Whether it asked."""
-    if not padded_to or rows >= padded_to:
+def mark_padded_row_blocks(sch, loop, rows_loop, padded_to: int | None, rows: int) -> bool:
+    """Ask `skip_padded_row_blocks` to run each iteration of ``loop`` (the parallel loop over
+    register blocks of ``rows`` rows; ``rows_loop``: the block's loop over them around the
+    core) on its real rows only, where the rows were padded at run time to a multiple of
+    ``padded_to`` (`rows_multiple`; None: not padded). Whether it asked."""
+    if not padded_to:
         return False
-    sch.annotate(loop, SKIP_ROWS_KEY, 1)
+    sch.annotate(loop, SKIP_ROWS_KEY, rows)
+    sch.annotate(rows_loop, ROWS_LOOP_KEY, 1)
     return True
 
 
-def _first_row_is_real(loop):
-    """The condition, on ``loop``'s variable and the function's sizes, that an iteration's row
-    block starts on a real row: the predicate of its write-back (which stores real rows only)
-    at the first row and column of the block - every loop inside ``loop`` at its start. None
-    where the loop holds no predicated write-back."""
+def _row_is_real(loop, rows: int):
+    """``row -> `` the condition, on ``loop``'s variable and the function's sizes, that row
+    ``row`` of an iteration's register block is a real row: the predicate of its write-back
+    (which stores real rows only) at that row and the block's first column - its outermost
+    loop of ``rows`` iterations (the rows) at ``row``, every other loop inside ``loop`` at its
+    start. None where the loop holds no predicated write-back."""
     realizes, loops = [], []
     tvm_ffi.structural_walk(loop.body, (s_tir.SBlockRealize, realizes.append), order="pre")
     tvm_ffi.structural_walk(loop.body, (tirx.For, loops.append), order="pre")
-    predicate = next((r.predicate for r in realizes if WRITEBACK_ATTR in r.block.annotations), None)
-    if always_true(predicate):
+    writeback = next((r for r in realizes if WRITEBACK_ATTR in r.block.annotations), None)
+    if writeback is None or always_true(writeback.predicate):
+        return None
+    around = [l for l in loops if _encloses(l, writeback)]
+    row_loop = next((l for l in around if isinstance(l.extent, tirx.IntImm) and int(l.extent) == rows), None)
+    if row_loop is None:
         return None
 
-    def at_start(var):
-        return next((l.min for l in loops if l.loop_var.same_as(var)), var)
+    def at(row):
+        def value(var):
+            if var.same_as(row_loop.loop_var):
+                return tirx.const(row, expr_dtype(var))
+            return next((l.min for l in loops if l.loop_var.same_as(var)), var)
+        return tvm_ffi.structural_map(writeback.predicate, [(tirx.Var, value)])
 
-    return tvm_ffi.structural_map(predicate, [(tirx.Var, at_start)])
+    return at
+
+
+def _encloses(loop, realize) -> bool:
+    found = []
+    tvm_ffi.structural_walk(loop.body, (s_tir.SBlockRealize, lambda r: found.append(r.same_as(realize))),
+                            order="pre")
+    return any(found)
+
+
+def _with_rows(body, count: int):
+    """``body`` with the core's rows loop (`ROWS_LOOP_KEY`, unrolled) running its first
+    ``count`` rows: the rest behind a condition the unrolling makes constant (a loop of a
+    shorter extent would bound its variable differently in each version, which TVM's
+    analyzer refuses)."""
+    def cut(loop):
+        if ROWS_LOOP_KEY not in loop.annotations:
+            return loop
+        var = loop.loop_var
+        kept = tirx.IfThenElse(var < tirx.const(count, expr_dtype(var)), loop.body, None)
+        return tirx.For(var, loop.min, loop.extent, loop.kind, kept, loop.thread_binding, loop.annotations)
+    return tvm_ffi.structural_map(body, [(tirx.For, cut)])
 
 
 def _skipping(loop):
-    if SKIP_ROWS_KEY not in loop.annotations:
+    rows = loop.annotations.get(SKIP_ROWS_KEY)
+    if rows is None:
         return loop
-    real = _first_row_is_real(loop)
-    body = loop.body if real is None else tirx.IfThenElse(real, loop.body, None)
+    rows = int(rows)
+    real = _row_is_real(loop, rows)
+    body = loop.body
+    if real is not None:
+        # the block's real rows r: the core runs r rows (if row r - 1 is real and row r is not)
+        body, flags = None, []
+        for count in range(1, rows + 1):  # innermost: one real row; outermost: all of them
+            version = loop.body if count == rows else _with_rows(loop.body, count)
+            # each condition as a flag: TVM's CompactBufferAllocation, which narrows buffers by
+            # the conditions around their uses, overflows on these
+            flags.append(tirx.Var(f"row_{count - 1}_is_real", "bool"))
+            body = tirx.IfThenElse(flags[-1], version, body)
+        body = tirx.SeqStmt([*(tirx.Bind(flag, real(count)) for count, flag in enumerate(flags)), body])
     annotations = {k: v for k, v in loop.annotations.items() if k != SKIP_ROWS_KEY}
     return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding, annotations)
 
@@ -154,7 +199,7 @@ def padded_rows_note(rows: int | None, skipped: bool = False) -> str:
     if not rows:
         return ""
     return f", rows padded to a multiple of {rows} at run time" + (
-        ", row blocks wholly in the padding skipped" if skipped else "")
+        ", each row block run on its real rows only" if skipped else "")
 
 
 __all__ = ["RUN_TIME_ROWS", "SKIP_ROWS_KEY", "fuse_run_time_rows", "mark_padded_row_blocks", "padded_rows_note", "rows_multiple", "run_time_row_factors", "skip_padded_row_blocks"]
