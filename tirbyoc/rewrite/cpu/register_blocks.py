@@ -310,6 +310,8 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
         tiles = others + ([no] if nloop is not None else [])
         outer = (tiles + head if first else head + tiles) + ([mo] if mloop is not None else [])
         inner_block = ([mi] if mloop is not None else []) + ([ni] if nloop is not None else [])
+        if len(inner_block) == 2 and isinstance(mr, int) and isinstance(nr, int) and mr < nr:
+            inner_block.reverse()  # rows innermost: their operands held, each weight tile loaded once
         sch.reorder(*outer, *reductions, *inner_block, *loops.inner)
         rows = rows_operands(sch, block, outer, no if nloop is not None else None)
     else:

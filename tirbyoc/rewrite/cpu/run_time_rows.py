@@ -17,11 +17,12 @@ from tirbyoc.rewrite.cpu.stack import WRITEBACK_ATTR
 from tirbyoc.ir.tir_walk import always_true, uses_var
 
 
-# A row count known only at run time is padded to a multiple of this: 4 rows leave the
-# heuristic its best blocks (4 x 3 ymm, 4 x 6 zmm) and cost a decoding token (one row) 4 rows of
-# multiply-adds, under its weights' memory time; 12 made a 1B-class decoder layer's token 33.6
-# ms instead of 16.3 (AVX2, one thread) and its batch of 8 (8 x 12 rows) 255 ms instead of 61.
-RUN_TIME_ROWS = 4
+# A row count known only at run time is padded to a multiple of this: 12 leaves the heuristic
+# its best blocks (4 x 3 and 3 x 4 ymm, 4 x 6 zmm), and each block runs on its real rows only
+# (`skip_padded_row_blocks`), so the padding costs a decoding token nothing. With 4 a 1B-class
+# decoder layer's projections (N a power of two) took 4 x 2 blocks: a batch of 8 tokens 32.2 ms
+# (AVX2, one thread) against 24.0 with 3 x 4, its prefill's matmuls 66 GFLOP/s against 69.
+RUN_TIME_ROWS = 12
 
 
 def run_time_row_factors(sch, block, outer_spatial: list[bool], target) -> list[int] | None:
