@@ -19,8 +19,8 @@ and, before TVM's lowering, on the scheduled functions:
   annotation, which TVM's lowering drops);
 * `tirbyoc.rewrite.cpu.prefetch.insert_weight_prefetches`: the prefetches of the next weight
   tiles that the CPU schedule asked for (a loop annotation) added to the tensorized blocks;
-* `tirbyoc.rewrite.cpu.run_time_rows.skip_padded_row_blocks`: the row blocks that hold only the
-  padding of a row count known at run time skipped (a loop annotation);
+* `tirbyoc.rewrite.cpu.run_time_rows.skip_padded_row_blocks`: each register block of a row
+  count known at run time run on its real rows only (a loop annotation);
 * `tirbyoc.rewrite.cpu.stack.mark_register_blocks` names the register blocks' buffers (by their
   write-backs' annotation) for the pass after the lowering that keeps them on the stack.
 """
@@ -41,7 +41,7 @@ PIPELINE = "tirbyoc"
 BEFORE_LOWERING = (
     Stage("mark write-backs", mark_writebacks, "the write-backs marked by their block annotation"),
     Stage("prefetch weights", insert_weight_prefetches, "the next weight tiles' prefetches the schedule asked for"),
-    Stage("skip padded rows", skip_padded_row_blocks, "row blocks wholly in a run-time row count's padding skipped"),
+    Stage("skip padded rows", skip_padded_row_blocks, "each run-time row block run on its real rows only"),
     Stage("mark register blocks", mark_register_blocks, "the register blocks' buffers named by their write-backs"),
 )
 # after TVM's lowering (before its host finalisation)

@@ -298,7 +298,7 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
     head = list(loops.outer_spatial[:-1] if mloop is not None else loops.outer_spatial)
     others = [l for l in loops.axis_spatial if l is not nloop]
     first = weights_first(*operands) if operands and (others or nloop is not None) else None
-    relaid = tiles_outermost(sch, block, first, match, nr) if first else None
+    relaid = tiles_outermost(sch, block, first, match, _weight_panel(match, nr)) if first else None
     first = relaid or first
     copies = schedule_copies(sch, block)  # after the relayout: it may add a copy
     inner_block = []
@@ -337,6 +337,13 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
         return "register-blocked accumulator tiles (sampled), parallel outer loops" + staged
     return (f"register-blocked {mr}x{nr} accumulator tiles ({mr * nr * tile_bytes} B), "
             f"parallel outer loops{_order_note(first, relaid, prefetched)}" + staged)
+
+
+def _weight_panel(match, nr: int) -> int:
+    """The tiles `tiles_outermost` lays side by side: the register block's ``nr``, or 1 for a
+    core that prefetches its next tiles (a whole cache line a step, AVX-512's fp32 core):
+    `insert_weight_prefetches` reads the weight tile by tile."""
+    return 1 if prefetches(_weight_tile_bytes(match)) else nr
 
 
 def _copies_note(copies: int) -> str:
