@@ -21,6 +21,9 @@ and, before TVM's lowering, on the scheduled functions:
   tiles that the CPU schedule asked for (a loop annotation) added to the tensorized blocks;
 * `tirbyoc.rewrite.cpu.run_time_rows.skip_padded_row_blocks`: each register block of a row
   count known at run time run on its real rows only (a loop annotation);
+* `tirbyoc.rewrite.cpu.vector_tails.split_predicated_vectors`: a vectorized write-back
+  predicated per lane (padding known at run time) given a whole-vector version for where every
+  lane is real;
 * `tirbyoc.rewrite.cpu.stack.mark_register_blocks` names the register blocks' buffers (by their
   write-backs' annotation) for the pass after the lowering that keeps them on the stack.
 """
@@ -33,6 +36,7 @@ from tirbyoc.rewrite.functions.double_buffer import version_tiles
 from tirbyoc.rewrite.cpu.prefetch import insert_weight_prefetches
 from tirbyoc.rewrite.cpu.run_time_rows import skip_padded_row_blocks
 from tirbyoc.rewrite.cpu.stack import keep_register_blocks_on_stack, mark_register_blocks
+from tirbyoc.rewrite.cpu.vector_tails import split_predicated_vectors
 from tirbyoc.rewrite.foundation.pipeline import Stage, dump_after
 
 PIPELINE = "tirbyoc"
@@ -42,6 +46,8 @@ BEFORE_LOWERING = (
     Stage("mark write-backs", mark_writebacks, "the write-backs marked by their block annotation"),
     Stage("prefetch weights", insert_weight_prefetches, "the next weight tiles' prefetches the schedule asked for"),
     Stage("skip padded rows", skip_padded_row_blocks, "each run-time row block run on its real rows only"),
+    # after it: it finds a block's real rows from its write-back's predicate
+    Stage("whole vectors", split_predicated_vectors, "predicated vector loops whole where every lane is real"),
     Stage("mark register blocks", mark_register_blocks, "the register blocks' buffers named by their write-backs"),
 )
 # after TVM's lowering (before its host finalisation)

@@ -191,9 +191,29 @@ def _in_write_order_and_parallel(sch, blk) -> bool:
     if _split_by_divisors(sch, blk):
         sch.parallel(sch.get_loops(blk)[0])  # fusing the split loops would bring the divisions back
         return True
-    outer = loops[:-1] if len(loops) > 1 else loops
+    outer = _fused_outer(sch, loops)
     sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
     return True
+
+
+SERIAL_COPY_ELEMENTS = 64  # elements a parallel copy's unfused inner loops copy a step, at least
+
+
+def _fused_outer(sch, loops) -> list:
+    """The loops of a copy to fuse into its parallel loop: all but the innermost - unless an
+    extent is known only at run time. Fused, such a loop divides every iteration's index by
+    that size (a 64-bit division with no constant to strength-reduce: packing the attention's
+    K at run-time seq ran 4x slower than at a fixed one), so there the innermost loops that copy
+    at least `SERIAL_COPY_ELEMENTS` a step stay nested (a run-time extent counts as enough)."""
+    if len(loops) == 1:
+        return list(loops)
+    if all(loop_extent(sch, loop) is not None for loop in loops):
+        return list(loops[:-1])
+    n, work = len(loops) - 1, loop_extent(sch, loops[-1]) or SERIAL_COPY_ELEMENTS
+    while n > 1 and work < SERIAL_COPY_ELEMENTS:
+        n -= 1
+        work *= loop_extent(sch, loops[n]) or SERIAL_COPY_ELEMENTS
+    return list(loops[:n])
 
 
 def _split_by_divisors(sch, blk) -> bool:
