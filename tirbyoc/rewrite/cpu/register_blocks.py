@@ -213,7 +213,10 @@ def _fused_outer(sch, loops) -> list:
     while n > 1 and work < SERIAL_COPY_ELEMENTS:
         n -= 1
         work *= loop_extent(sch, loops[n]) or SERIAL_COPY_ELEMENTS
-    return list(loops[:n])
+    # nor a run-time extent past the first: LLVM does not hoist the division out of a padded
+    # copy's inner loop (its load is conditional), so it ran once per element there too
+    first_run_time = next((i for i in range(1, len(loops)) if loop_extent(sch, loops[i]) is None), n)
+    return list(loops[:max(1, min(n, first_run_time))])
 
 
 def _split_by_divisors(sch, blk) -> bool:
