@@ -19,7 +19,7 @@ from __future__ import annotations
 from tirbyoc._tvm import s_tir, sym, tirx, tvm_ffi
 from tirbyoc.ir.tir_walk import always_true, uses_var
 
-_COMPARISONS = (tirx.LT, tirx.LE, tirx.GT, tirx.GE, tirx.EQ, tirx.NE)
+_ORDER_COMPARISONS = (tirx.LT, tirx.LE, tirx.GT, tirx.GE)
 
 
 def _conjuncts(expr) -> list:
@@ -33,7 +33,7 @@ def _monotone_in(term, var) -> bool:
     does not read ``var``, or it is an order comparison of sides linear in ``var``."""
     if not uses_var(term, var):
         return True
-    if not isinstance(term, _COMPARISONS[:4]):
+    if not isinstance(term, _ORDER_COMPARISONS):
         return False
     return bool(sym.detect_linear_equation(term.a - term.b, [var]))
 
