@@ -196,27 +196,15 @@ def _in_write_order_and_parallel(sch, blk) -> bool:
     return True
 
 
-SERIAL_COPY_ELEMENTS = 64  # elements a parallel copy's unfused inner loops copy a step, at least
-
-
 def _fused_outer(sch, loops) -> list:
-    """The loops of a copy to fuse into its parallel loop: all but the innermost - unless an
-    extent is known only at run time. Fused, such a loop divides every iteration's index by
-    that size (a 64-bit division with no constant to strength-reduce: packing the attention's
-    K at run-time seq ran 4x slower than at a fixed one), so there the innermost loops that copy
-    at least `SERIAL_COPY_ELEMENTS` a step stay nested (a run-time extent counts as enough)."""
-    if len(loops) == 1:
-        return list(loops)
-    if all(loop_extent(sch, loop) is not None for loop in loops):
-        return list(loops[:-1])
-    n, work = len(loops) - 1, loop_extent(sch, loops[-1]) or SERIAL_COPY_ELEMENTS
-    while n > 1 and work < SERIAL_COPY_ELEMENTS:
-        n -= 1
-        work *= loop_extent(sch, loops[n]) or SERIAL_COPY_ELEMENTS
-    # nor a run-time extent past the first: LLVM does not hoist the division out of a padded
-    # copy's inner loop (its load is conditional), so it ran once per element there too
-    first_run_time = next((i for i in range(1, len(loops)) if loop_extent(sch, loops[i]) is None), n)
-    return list(loops[:max(1, min(n, first_run_time))])
+    """The loops of a copy to fuse into its parallel loop: all but the innermost, and none from
+    the first extent known only at run time past the outermost on. Fused, such a loop divides
+    every iteration's index by that size (a 64-bit division with no constant to
+    strength-reduce, which LLVM does not hoist out of a padded copy's inner loop, its load
+    being conditional): packing the attention's K at run-time seq ran 4x slower than at a
+    fixed one. What is fused then divides by constants only."""
+    first_run_time = next((i for i in range(1, len(loops)) if loop_extent(sch, loops[i]) is None), len(loops) - 1)
+    return list(loops[:max(1, min(len(loops) - 1, first_run_time))])
 
 
 def _split_by_divisors(sch, blk) -> bool:
