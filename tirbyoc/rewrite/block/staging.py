@@ -14,11 +14,14 @@ packing of reindexed copies after padding.
 
 from __future__ import annotations
 
-from tirbyoc._tvm import PrimCall, call_name, tirx
+from math import prod
+
+from tirbyoc._tvm import PrimCall, call_name, tirx, vector_registers
 from tirbyoc.errors import RewriteError
 from tirbyoc.ir.pattern import Access
 from tirbyoc.matching.results import OperandMap, Staging
 from tirbyoc.rewrite.cpu.run_time_rows import fuse_run_time_rows, run_time_row_factors
+from tirbyoc.rewrite.cpu.static_rows import mark_static_rows, static_row_factors
 from tirbyoc.rewrite.cpu.weight_layout import weight_operand
 from tirbyoc.rewrite.foundation.state import RewriteState
 from tirbyoc.rewrite.foundation.steps import StepKind
@@ -191,7 +194,9 @@ def pad_and_pack(state: RewriteState) -> RewriteState | None:
             factors = [max(f, r) for f, r in zip(factors, rows)]
             folded = (f" ({len(state.fused_rows)} dimensions of run-time extent folded into one)"
                       if state.fused_rows else "")
-            pads.append(f"the rows{folded} to a multiple of {max(rows)} at run time, for a register block")
+            when = "" if state.static_rows else " at run time"
+            folded = folded.replace(" of run-time extent", "") if state.static_rows else folded
+            pads.append(f"the rows{folded} to a multiple of {max(rows)}{when}, for a register block")
         with state.step(StepKind.PAD, f"pad_einsum ({', '.join(pads)})"):
             sch.pad_einsum(state.block, factors)
         _fold_reindex_copies(state)
@@ -217,13 +222,31 @@ def _run_time_rows(state: RewriteState) -> list[int] | None:
         return None  # a library's kernel (its GEMV takes rows one by one) or one padded to its own call shape
     kinds = state.iter_kinds
     outer_spatial = [kinds[name] != "R" for name in state.match.outer]
-    factors = run_time_row_factors(state.sch, state.block, outer_spatial, state.target)
+    factors, run = run_time_row_factors(state.sch, state.block, outer_spatial, state.target), None
+    if factors is None and state.target is not None and str(state.target.kind.name) == "llvm":
+        factors, run = static_row_factors(state.sch, state.block, outer_spatial, *_columns_and_float(state.match),
+                                           vector_registers(state.target)) \
+            or (None, None)
     if factors is not None:
         holder = _rows_operand(state)
         rows = {op.buffer for op in state.match.operands if op.is_output or op.operand == holder}
-        fused = fuse_run_time_rows(state.sch, state.block, outer_spatial, rows)
+        fused = fuse_run_time_rows(state.sch, state.block, outer_spatial, rows, run)
+        if run is not None:
+            if len(fused) != len(run) and len(run) > 1:
+                return None  # the rows could not be folded into one count: leave them as they are
+            state.static_rows = True
+            mark_static_rows(state.sch, state.block)
         state.fused_rows = [state.match.outer[i] for i in fused]
     return factors
+
+
+def _columns_and_float(match) -> tuple[int | None, bool]:
+    """(the output's columns - the extents of the intrinsic's spatial axes -, whether the core
+    accumulates in a float type)."""
+    spatial = [a.extent for a in match.axes if a.kind == "S"]
+    columns = None if None in spatial else prod(spatial)
+    out = next(op for op in match.operands if op.is_output)
+    return columns, match.intrinsic.operand(out.operand).dtype.startswith("float")
 
 
 def _rows_operand(state: RewriteState) -> str | None:

@@ -32,6 +32,7 @@ from tirbyoc.ir.tir_walk import constant_divisors, divisor_split, loop_extent
 from tirbyoc.rewrite.cpu.prefetch import mark_weight_prefetch, prefetches
 from tirbyoc.rewrite.cpu.row_staging import rows_operands, stage_rows_per_block
 from tirbyoc.rewrite.cpu.run_time_rows import mark_padded_row_blocks, padded_rows_note, rows_multiple
+from tirbyoc.rewrite.cpu.static_rows import padded_rows
 from tirbyoc.rewrite.cpu.stack import CALL_BLOCK_BYTES, REGISTER_BLOCK_BYTES, TILE_BLOCK_BYTES, WRITEBACK_ATTR
 from tirbyoc.rewrite.cpu.weight_layout import operand_bytes, tiles_outermost, weight_operand, weights_first
 
@@ -295,14 +296,14 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
     Returns a one-line note of what it did."""
     if target is None or str(target.kind.name) != "llvm":
         return None
-    tile_bytes = _output_tile_bytes(match)
+    tile_bytes, padded = _output_tile_bytes(match), padded_rows(sch, block)  # rows padded at compile time
     mloop, nloop = (l[-1] if l else None for l in (loops.outer_spatial, loops.axis_spatial))
     reductions = loops.outer_reduce + loops.axis_reduce
     # A block that accumulates into values a separate init block wrote has no T.init: its
     # accumulator cannot start from zero in registers, and TVM will not parallelise it.
     has_init = sch.get(block).init is not None
     blocked = reductions and _call_is_a_block(match, tile_bytes) and has_init
-    run_time_rows = rows_multiple(sch, mloop) if blocked and mloop is not None else None
+    run_time_rows = rows_multiple(sch, mloop, padded) if blocked and mloop is not None else None
     operands = operand_bytes(sch, block, mloop) if blocked and mloop is not None else None
     mr, nr = (_block_for(sch, (mloop, nloop, reductions), match, target, choose, operands and operands[0],
                          run_time_rows) if blocked else (1, 1))
@@ -336,7 +337,7 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
         prefetched = first and nloop is not None and prefetches(_weight_tile_bytes(match))
         if prefetched:
             mark_weight_prefetch(sch, parallel, first, nr, mr)
-    staged = _copies_note(copies) + padded_rows_note(run_time_rows, skipped)
+    staged = _copies_note(copies) + padded_rows_note(run_time_rows, skipped, padded is not None)
     if rows and parallel is not None:
         staged += stage_rows_per_block(sch, block, parallel, rows)
     if not blocked:

@@ -56,16 +56,18 @@ def _run_time_run(ivs, outer_spatial: list[bool]) -> list[int]:
     return run
 
 
-def fuse_run_time_rows(sch, block, outer_spatial: list[bool], rows_buffers: set[str]) -> list[int]:
+def fuse_run_time_rows(sch, block, outer_spatial: list[bool], rows_buffers: set[str],
+                       run: list[int] | None = None) -> list[int]:
     """Fold the trailing outer spatial iterators of run-time extent (`_run_time_run`) into
     the last one (``batch x seq`` rows), the others left of extent 1, where only the buffers
     ``rows_buffers`` (the output and the rows' input, not the weight) are indexed by them:
     padded as one row count, a batch of 8 decoding tokens is 8 rows, not 8 x 4 (its rows
     would be padded sequence by sequence). Returns the fused iterators' positions ([] if
-    none were: fewer than two, or a weight indexed by them)."""
+    none were: fewer than two, or a weight indexed by them). ``run``: the iterators to fold in
+    place of those (`tirbyoc.rewrite.cpu.static_rows`' rows of known extent)."""
     stmt = sch.get(block)
     ivs = stmt.iter_vars
-    run = _run_time_run(ivs, outer_spatial)
+    run = _run_time_run(ivs, outer_spatial) if run is None else run
     if len(run) < 2:
         return []
     fused = {ivs[i].var for i in run}
@@ -185,22 +187,25 @@ def skip_padded_row_blocks(func):
     return func if body.same_as(func.body) else func.with_body(body)
 
 
-def rows_multiple(sch, mloop) -> int | None:
+def rows_multiple(sch, mloop, padded: int | None = None) -> int | None:
     """`RUN_TIME_ROWS` where ``mloop``'s extent, known only at run time, is a multiple of it
-    (`run_time_row_factors` padded it), else None."""
+    (`run_time_row_factors` padded it), else None; ``padded``: what a known extent was padded
+    to a multiple of at compile time (`tirbyoc.rewrite.cpu.static_rows`), if it was."""
     extent = sch.get(mloop).extent
     if isinstance(extent, tirx.IntImm):
-        return None
+        return padded if padded and int(extent) % padded == 0 else None
     return RUN_TIME_ROWS if sym.Analyzer().can_prove(
         tirx.FloorMod(extent, tirx.const(RUN_TIME_ROWS, expr_dtype(extent))) == 0) else None
 
 
-def padded_rows_note(rows: int | None, skipped: bool = False) -> str:
-    """The schedule note's words for rows padded at run time to a multiple of ``rows`` ("" for
-    None), and for the row blocks of padding only skipped (``skipped``)."""
+def padded_rows_note(rows: int | None, skipped: bool = False, static: bool = False) -> str:
+    """The schedule note's words for rows padded at run time (``static``: at compile time) to a
+    multiple of ``rows`` ("" for None), and for the row blocks of padding only skipped
+    (``skipped``)."""
     if not rows:
         return ""
-    return f", rows padded to a multiple of {rows} at run time" + (
+    when = "(no block of twelve divided them)" if static else "at run time"
+    return f", rows padded to a multiple of {rows} {when}" + (
         ", each row block run on its real rows only" if skipped else "")
 
 

@@ -71,6 +71,7 @@ class RewriteState:
     packs: list = field(default_factory=list)  # (op, kind, #leading dims): pack after padding
     row_factors: list | None = None  # "stage" -> "pad": pad_einsum's factors for run-time rows
     fused_rows: list = field(default_factory=list)  # "stage": outer iterators folded into the last (batch x seq rows)
+    static_rows: bool = False  # "stage": the rows padded are of known extent (a 7 x 7 output)
     reindexed: list = field(default_factory=list)  # (stage block, kind): fold into the pad copy
     copies: list = field(default_factory=list)  # tile copies to tensorize once the compute is
     fragment_copies: list = field(default_factory=list)  # (block, intrinsic), CUDA
