@@ -55,7 +55,19 @@ def test_every_real_row_is_written_and_the_padding_never_is(h, w):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+def test_plain_rows_are_padded_and_staged_block_by_block():
+    """A 1x1 convolution of even width (28 x 28, 128 -> 128): its rows' staging is a plain copy,
+    made per row block inside the parallel loop over them, feeding a block of twelve."""
+    runnable(AVX2)
+    out = tirbyoc.offload(_conv(28, 128, c=128, k=1), AVX2)
+    assert out.coverage == 1.0 and out.verification.passed, out.table()
+    steps = _schedule(out)
+    assert "rows padded to a multiple of 12" in steps and "the rows' staging per row block" in steps, steps
+
+
 @pytest.mark.parametrize("what, make, template", [
+    ("a 1x1 convolution of 64 steps: the copy costs what the block gains", lambda: _conv(28, 256, c=64, k=1),
+     AVX2),
     ("64 columns: the staging copy would cost more than the block gains", lambda: _conv(7, 64), AVX2),
     ("a 56-wide output already has its 4-row block", lambda: _conv(56, 256, c=8, k=1), AVX2),
     ("32 registers hold 7 x 3 accumulators", lambda: _conv(7, 256), "x86_fp32_avx512"),

@@ -320,11 +320,11 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
         if nloop is not None:
             no, ni = sch.split(nloop, [None, nr])
         tiles = others + ([no] if nloop is not None else [])
-        outer = (tiles + head if first else head + tiles) + ([mo] if mloop is not None else [])
+        outer, serial = _parallel_and_serial(head, tiles, mo if mloop is not None else None, first, padded)
         inner_block = ([mi] if mloop is not None else []) + ([ni] if nloop is not None else [])
         if len(inner_block) == 2 and isinstance(mr, int) and isinstance(nr, int) and mr < nr:
             inner_block.reverse()  # rows innermost: their operands held, each weight tile loaded once
-        sch.reorder(*outer, *reductions, *inner_block, *loops.inner)
+        sch.reorder(*outer, *serial, *reductions, *inner_block, *loops.inner)
         rows = rows_operands(sch, block, outer, no if nloop is not None else None)
     else:
         rows = set()
@@ -349,6 +349,19 @@ def default_schedule(sch, block, loops, match, target, choose=None) -> str | Non
         return "register-blocked accumulator tiles (sampled), parallel outer loops" + staged
     return (f"register-blocked {mr}x{nr} accumulator tiles ({mr * nr * tile_bytes} B), "
             f"parallel outer loops{_order_note(first, relaid, prefetched)}" + staged)
+
+
+def _parallel_and_serial(head: list, tiles: list, mo, first, padded) -> tuple[list, list]:
+    """(the loops fused into the parallel loop, the loops left serial inside it), outermost
+    first: the output-channel tiles and the head before the row blocks ``mo``, the tiles first
+    where the weight is larger than the input (``first``, `weights_first`). Where the rows were
+    padded at compile time (``padded``, `tirbyoc.rewrite.cpu.static_rows`) and the input comes
+    first, the row blocks alone run in parallel and the tiles inside each: a block copies its
+    rows once (`stage_rows_per_block`) for every column block after it."""
+    rows = [mo] if mo is not None else []
+    if padded and not first and mo is not None:
+        return head + rows, tiles
+    return (tiles + head if first else head + tiles) + rows, []
 
 
 def _weight_panel(match, nr: int) -> int:
