@@ -195,7 +195,7 @@ def exact_size(func, m: Match, cores: int = 1) -> Match:
 
 # --------------------------------------------------------------------------- offload
 def offload(func, template, policy="first", *, verify: bool = True, target=None,
-            schedule=True, tuned=None) -> Offloaded:
+            schedule=True, tuned=None, inputs: dict | None = None) -> Offloaded:
     """Offload every block of ``func`` that ``template`` can compute.
 
     ``template``: a Template or its name. ``policy``: ``"first"`` (the matcher's best),
@@ -204,7 +204,8 @@ def offload(func, template, policy="first", *, verify: bool = True, target=None,
     if the whole does not verify, each block is re-checked and the culprit dropped).
     ``tuned``: a lookup of tuned schedules (`tirbyoc.tuning.apply.tuned_schedules`); on a
     simulated template a tuned schedule the simulator finds slower than the untuned rewrite
-    gives way to it, and the outcome says so.
+    gives way to it, and the outcome says so. ``inputs``: arrays by parameter buffer name the
+    check runs on (a model's constants), the others drawn.
     """
 
     tmpl = as_template(template)
@@ -212,7 +213,7 @@ def offload(func, template, policy="first", *, verify: bool = True, target=None,
     # matched and rewritten with every buffer named apart and indices simplified
     simplified, erfs = vector_math_for(simplify_indices(unique_buffer_names(func)), make_target(target))
     plan = _Plan(func, simplified, explain(simplified, tmpl), _policy(policy), target, schedule, tmpl,
-                 getattr(tmpl, "name", str(template)), verify)
+                 getattr(tmpl, "name", str(template)), verify, inputs)
 
     def untuned():
         off = _untuned(plan)
@@ -231,7 +232,7 @@ class _Plan:
     given (``func``, what the result is verified against) and as matched (``simplified``), the
     matcher's ``results`` per block, the policy's ``choose``, where it runs (``target``), whether
     the target's schedule applies (``schedule``), the ``template`` and its ``name``, and
-    whether to ``verify``."""
+    whether to ``verify`` (on ``inputs`` where given)."""
 
     func: object
     simplified: object
@@ -242,6 +243,7 @@ class _Plan:
     template: object
     name: str
     verify: bool
+    inputs: dict | None = None  # arrays the check runs on, by parameter buffer name
 
     def runtime_missing(self) -> str | None:
         """Why the template's code cannot run where verification would run it (this CPU), or
@@ -279,11 +281,11 @@ def _untuned(plan: _Plan) -> Offloaded:
         # (e.g. a simulator not there yet)
         verification = Verification(None, float("nan"), reason=f"template {plan.name} cannot run here: {missing}")
     elif plan.verify and rewrites:
-        verification = _verify_on(plan.template, plan.func, current, plan.target)
+        verification = _verify_on(plan, plan.func, current)
         if verification.passed is False:
             # Find the culprit: redo block by block, keeping only rewrites that verify.
             current, outcomes, rewrites = _rewritten(plan, check_each=True)
-            verification = _verify_on(plan.template, plan.func, current, plan.target) if rewrites else None
+            verification = _verify_on(plan, plan.func, current) if rewrites else None
     return Offloaded(current, plan.func, plan.name, tuple(outcomes), verification, tuple(rewrites))
 
 
@@ -296,15 +298,16 @@ def _rewritten(plan: _Plan, *, check_each: bool):
     return current, outcomes, rewrites
 
 
-def _verify_on(template, original, new, target):
-    """`tirbyoc.verify` with ``template``'s runtime active (its simulator configured with its
-    own capacities), so the outcome does not depend on what ran before in the process."""
-
+def _verify_on(plan: _Plan, original, new):
+    """`tirbyoc.verify` on the plan's target and ``inputs``, with its template's runtime active
+    (its simulator configured with its own capacities), so the outcome does not depend on what
+    ran before in the process."""
+    template = plan.template
     if isinstance(template, Template):
         template.activate()
-        return run_verify(original, new, target,
+        return run_verify(original, new, plan.target, plan.inputs,
                           capacities={s.name: s.capacity for s in template.scopes if s.capacity})
-    return run_verify(original, new, target)
+    return run_verify(original, new, plan.target, plan.inputs)
 
 
 TUNED_STEP = Step(StepKind.TUNED, "tuned schedule (MetaSchedule database)")
@@ -324,7 +327,7 @@ def _from_tuned(plan: _Plan, tuned):
     new, outcomes = finish(new, plan.template, tuned_owners(blocks), outcomes)
     verification = None
     if plan.verify and not plan.runtime_missing():
-        verification = _verify_on(plan.template, plan.func, new, plan.target)
+        verification = _verify_on(plan, plan.func, new)
         if verification.passed is False:
             return None
     return Offloaded(new, plan.func, plan.name, tuple(outcomes), verification)
@@ -377,7 +380,7 @@ def _apply(plan: _Plan, *, check_each: bool):
             outcomes.append(BlockOutcome(result.block, result.macs, None, failures[0], refused=True))
             continue
         if check_each:  # this block's rewrite alone, as finish() would hand it over
-            check = _verify_on(template, current, finish(rw.func, template, owners_of([rw]), [])[0], target)
+            check = _verify_on(plan, current, finish(rw.func, template, owners_of([rw]), [])[0])
             if check.passed is False:
                 outcomes.append(BlockOutcome(
                     result.block, result.macs, None,

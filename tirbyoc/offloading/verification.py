@@ -4,7 +4,8 @@ Every offload tirbyoc makes is checked this way. Inputs are seeded, drawn in the
 function's own use of each buffer implies (`tirbyoc.ir.domains`: gather indices inside the
 table, shift amounts below the width, non-zero divisors), and otherwise suited to the dtype
 (full range for 8-bit integers, so a saturating instruction shows; small values for wider
-integers so sums do not overflow; uniform in [-1, 1] for floats). Integers must agree
+integers so sums do not overflow; uniform in [-1, 1] for floats) - or given (a model's
+function runs on its call site's constants, `tirbyoc.relax.call_sites`). Integers must agree
 exactly; floats within a tolerance relative to the reference's own scale that grows with the
 reduction length. A reference that cannot tell a right result from a wrong one (non-finite,
 all zero, one constant) is "not meaningfully checked", and a reference build that disagrees
@@ -251,12 +252,18 @@ def verify(original, rewritten, target=None, inputs=None, *, seed: int = 0,
     an emulator which models them (VTCM under qemu-hexagon).
     """
 
-    if inputs is None:  # symbolic extents: one check per size
+    if not _sized_by(original, inputs):  # symbolic extents the inputs do not fix: one check per size
         sized = at_symbolic_sizes([original, rewritten], lambda funcs, bound: _verify_once(
-            *funcs, target, None, seed, reference_target, capacities, bound))
+            *funcs, target, inputs, seed, reference_target, capacities, bound))
         if sized is not None:
             return sized
     return _verify_once(original, rewritten, target, inputs, seed, reference_target, capacities, {})
+
+
+def _sized_by(func, inputs) -> bool:
+    """Whether ``inputs`` hold a buffer of ``func`` whose shape is symbolic (they fix its sizes)."""
+    return bool(inputs) and any(not all(isinstance(d, tirx.IntImm) for d in b.shape)
+                                for b in func.params if is_buffer(b) and b.name in inputs)
 
 
 def at_symbolic_sizes(funcs, check) -> Verification | None:

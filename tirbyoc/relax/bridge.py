@@ -33,13 +33,14 @@ from typing import Sequence
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from tirbyoc._tvm import const_value, tirx, tvm, with_external_mods
+from tirbyoc._tvm import const_value, is_buffer, tirx, tvm, with_external_mods
 from tirbyoc.decl.registry import as_template
 from tirbyoc.ir.pattern import block_macs
 from tirbyoc.matching.matcher import match
 from tirbyoc.offloading.offloader import offload
 from tirbyoc.offloading.whole_function import find_whole_call, verify_whole_call
 from tirbyoc.rewrite.cpu.weight_layout import LAYOUT_FREE_ATTR
+from tirbyoc.relax.call_sites import call_counts, constant_argument_values, constant_arguments
 from tirbyoc.relax.mutation import mutate_functions
 from tirbyoc.rewrite.foundation.steps import StepKind
 
@@ -154,43 +155,6 @@ def fuse(mod):
     return relax.transform.FuseTIR()(mod)
 
 
-def call_counts(mod) -> dict[str, int]:
-    """How many ``call_tir`` sites name each PrimFunc (LegalizeOps shares one PrimFunc
-    between equal operators: ResNet-50's repeated blocks)."""
-
-    call_tir = tvm.ir.Op.get("relax.call_tir")
-    counts: dict[str, int] = {}
-
-    def visit(expr):
-        if isinstance(expr, relax.Call) and expr.op.same_as(call_tir):
-            name = expr.args[0].name_hint
-            counts[name] = counts.get(name, 0) + 1
-
-    for func in mod.functions.values():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, visit)
-    return counts
-
-
-def constant_arguments(mod) -> dict[str, set[int]]:
-    """For each PrimFunc a ``call_tir`` names, the argument positions that are a Relax
-    constant at every one of its call sites."""
-    call_tir = tvm.ir.Op.get("relax.call_tir")
-    found: dict[str, set[int]] = {}
-
-    def visit(expr):
-        if isinstance(expr, relax.Call) and expr.op.same_as(call_tir) and len(expr.args) >= 2:
-            name = expr.args[0].name_hint
-            here = {i for i, a in enumerate(getattr(expr.args[1], "fields", ()))
-                    if const_value(a) is not None}
-            found[name] = here if name not in found else found[name] & here
-
-    for func in mod.functions.values():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, visit)
-    return found
-
-
 def with_layout_free(func, constant: set[int]):
     """``func`` marked with the parameters every call site passes as a Relax constant
     (TVM's ``layout_free_buffers``, as ``relax.transform.AttachAttrLayoutFreeBuffers`` sets it,
@@ -280,15 +244,24 @@ def _call_packed_instead(mod, calls: dict):
                                     dict.fromkeys(wc.packed.library for wc in calls.values())])
 
 
-def _offload_function(name: str, func, templates, policy, verify: bool, tuned):
-    """(the function offloaded block by block, template after template; its report)."""
+def _check_inputs(func, constants: dict) -> dict | None:
+    """The call site's constants (`constant_argument_values`) by the buffer name of the
+    parameter each is passed to: what the function's check runs on in place of drawn data."""
+    names = [str(p.name) if is_buffer(p) else None for p in func.params]
+    return {names[i]: const_value(c) for i, c in constants.items() if i < len(names) and names[i]} or None
+
+
+def _offload_function(name: str, func, templates, policy, verify: tuple, tuned):
+    """(the function offloaded block by block, template after template; its report).
+    ``verify``: (whether to check each offload, the inputs it runs on where given)."""
+    verify, inputs = verify
     current, intrinsics, used, reasons, verified, was_tuned = func, [], None, [], None, False
     check_note, epilogue, blocks_done = None, [], []
     reductions = mac_blocks(func)
     total, done = sum(reductions.values()), 0
     for tmpl in templates:
         try:
-            out = offload(current, tmpl, policy, verify=verify, tuned=tuned)
+            out = offload(current, tmpl, policy, verify=verify, tuned=tuned, inputs=inputs)
         except Exception as err:  # noqa: BLE001 - one function must not stop the model
             reasons.append(f"{tmpl.name}: {type(err).__name__}: {err}")
             continue
@@ -330,7 +303,7 @@ def offload_module(mod, templates: Sequence, *, policy="first", verify: bool = T
     templates = [as_template(t) for t in templates]
     report = report if report is not None else OffloadReport()
     funcs = [(gv, f) for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)]
-    counts, constants = call_counts(mod), constant_arguments(mod)
+    counts, constants, values = call_counts(mod), constant_arguments(mod), constant_argument_values(mod)
     updates, whole = {}, {}
     for n, (gv, func) in enumerate(sorted(funcs, key=lambda p: p[0].name_hint)):
         name = gv.name_hint
@@ -349,7 +322,8 @@ def offload_module(mod, templates: Sequence, *, policy="first", verify: bool = T
             continue
         # a tuning database holds the functions as they were tuned, without the mark
         marked = with_layout_free(func, constants.get(name, set())) if tuned is None else func
-        current, function_report = _offload_function(name, marked, templates, policy, verify, tuned)
+        inputs = _check_inputs(func, values.get(name, {})) if verify else None
+        current, function_report = _offload_function(name, marked, templates, policy, (verify, inputs), tuned)
         function_report = replace(function_report, calls=counts.get(name, 1))
         if function_report.intrinsics:
             updates[gv] = _keep_identity(func, current, function_report.template)
