@@ -303,7 +303,7 @@ def offload_module(mod, templates: Sequence, *, policy="first", verify: bool = T
     templates = [as_template(t) for t in templates]
     report = report if report is not None else OffloadReport()
     funcs = [(gv, f) for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)]
-    counts, constants, values = call_counts(mod), constant_arguments(mod), constant_argument_values(mod)
+    counts, values = call_counts(mod), constant_argument_values(mod)  # values: at constant_arguments' positions
     updates, whole = {}, {}
     for n, (gv, func) in enumerate(sorted(funcs, key=lambda p: p[0].name_hint)):
         name = gv.name_hint
@@ -321,7 +321,7 @@ def offload_module(mod, templates: Sequence, *, policy="first", verify: bool = T
                                                    offloaded_blocks=tuple(mac_blocks(func))))
             continue
         # a tuning database holds the functions as they were tuned, without the mark
-        marked = with_layout_free(func, constants.get(name, set())) if tuned is None else func
+        marked = with_layout_free(func, set(values.get(name, {}))) if tuned is None else func
         inputs = _check_inputs(func, values.get(name, {})) if verify else None
         current, function_report = _offload_function(name, marked, templates, policy, (verify, inputs), tuned)
         function_report = replace(function_report, calls=counts.get(name, 1))

@@ -192,10 +192,8 @@ def pad_and_pack(state: RewriteState) -> RewriteState | None:
         pads = [a.pad_text for a in m.axes if a.pads]
         if rows is not None:
             factors = [max(f, r) for f, r in zip(factors, rows)]
-            folded = (f" ({len(state.fused_rows)} dimensions of run-time extent folded into one)"
-                      if state.fused_rows else "")
-            when = "" if state.static_rows else " at run time"
-            folded = folded.replace(" of run-time extent", "") if state.static_rows else folded
+            kind, when = ("", "") if state.static_rows else (" of run-time extent", " at run time")
+            folded = f" ({len(state.fused_rows)} dimensions{kind} folded into one)" if state.fused_rows else ""
             pads.append(f"the rows{folded} to a multiple of {max(rows)}{when}, for a register block")
         with state.step(StepKind.PAD, f"pad_einsum ({', '.join(pads)})"):
             sch.pad_einsum(state.block, factors)

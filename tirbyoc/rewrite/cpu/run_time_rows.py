@@ -43,17 +43,23 @@ def run_time_row_factors(sch, block, outer_spatial: list[bool], target) -> list[
     return [RUN_TIME_ROWS if i == run[-1] else 1 for i in range(len(ivs))] if run else None
 
 
-def _run_time_run(ivs, outer_spatial: list[bool]) -> list[int]:
-    """Positions of the last outer spatial iterators (the rows and those just before them)
-    whose extents are known only at run time (a served transformer's batch and seq)."""
+def trailing_rows(ivs, outer_spatial: list[bool], wanted) -> list[int]:
+    """Positions of the last outer spatial iterators (the rows and those just before them),
+    outermost first, as far back as ``wanted(extent)`` holds for each."""
     if True not in outer_spatial:
         return []
     run = []
     for i in range(len(outer_spatial) - 1 - outer_spatial[::-1].index(True), -1, -1):
-        if not outer_spatial[i] or i >= len(ivs) or isinstance(ivs[i].dom.extent, tirx.IntImm):
+        if not outer_spatial[i] or i >= len(ivs) or not wanted(ivs[i].dom.extent):
             break
         run.insert(0, i)
     return run
+
+
+def _run_time_run(ivs, outer_spatial: list[bool]) -> list[int]:
+    """`trailing_rows` whose extents are known only at run time (a served transformer's batch
+    and seq)."""
+    return trailing_rows(ivs, outer_spatial, lambda extent: not isinstance(extent, tirx.IntImm))
 
 
 def fuse_run_time_rows(sch, block, outer_spatial: list[bool], rows_buffers: set[str],
@@ -209,4 +215,4 @@ def padded_rows_note(rows: int | None, skipped: bool = False, static: bool = Fal
         ", each row block run on its real rows only" if skipped else "")
 
 
-__all__ = ["RUN_TIME_ROWS", "SKIP_ROWS_KEY", "fuse_run_time_rows", "mark_padded_row_blocks", "padded_rows_note", "rows_multiple", "run_time_row_factors", "skip_padded_row_blocks"]
+__all__ = ["RUN_TIME_ROWS", "SKIP_ROWS_KEY", "fuse_run_time_rows", "mark_padded_row_blocks", "padded_rows_note", "rows_multiple", "run_time_row_factors", "skip_padded_row_blocks", "trailing_rows"]

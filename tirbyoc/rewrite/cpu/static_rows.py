@@ -23,7 +23,7 @@ from __future__ import annotations
 from math import prod
 
 from tirbyoc._tvm import REDUCE, tirx
-from tirbyoc.rewrite.cpu.run_time_rows import RUN_TIME_ROWS
+from tirbyoc.rewrite.cpu.run_time_rows import RUN_TIME_ROWS, trailing_rows
 
 MIN_COLUMNS = 256  # output columns over which the rows' staging copy is paid
 MIN_PLAIN = 128  # reduction steps and columns from which plain rows are worth padding
@@ -35,17 +35,8 @@ PADDED_ROWS_KEY = "tirbyoc.rows_padded"  # block annotation: its rows padded at 
 
 
 def _static_run(ivs, outer_spatial: list[bool]) -> list[int]:
-    """Positions of the trailing outer spatial iterators of known extent above one (a
-    convolution's output height and width), outermost first."""
-    if True not in outer_spatial:
-        return []
-    run = []
-    for i in range(len(outer_spatial) - 1 - outer_spatial[::-1].index(True), -1, -1):
-        extent = ivs[i].dom.extent if i < len(ivs) else None
-        if not outer_spatial[i] or not isinstance(extent, tirx.IntImm) or int(extent) == 1:
-            break
-        run.insert(0, i)
-    return run
+    """`trailing_rows` of known extent above one (a convolution's output height and width)."""
+    return trailing_rows(ivs, outer_spatial, lambda extent: isinstance(extent, tirx.IntImm) and int(extent) > 1)
 
 
 def static_row_factors(sch, block, outer_spatial: list[bool], columns: int | None,
