@@ -84,6 +84,8 @@ class Kernel:
     shorter: str = ""  # the vector template that takes reductions under ``min_k`` faster
     min_pixel_bytes: int = 0  # a convolution window with fewer channel bytes a pixel is refused
     # for ``shorter`` (int8: `MIN_PIXEL_BYTES`; bf16's stem runs 3x slower on AVX512_BF16)
+    any_rows: bool = False  # its register blocks take rows 8 at a time with no tile: a call's
+    # rows are chosen to divide the block's (`call_rows`) instead of padding them to `TILE`
 
     @property
     def group(self) -> int:
@@ -132,18 +134,38 @@ def gemm(m: int, n: int, k: int, kernel: Kernel = INT8) -> Intrinsic:
 
 
 @cache
-def zero_block(kernel: Kernel = INT8, cols: int = TILE) -> Intrinsic:
-    """C[32, cols] = 0 in 16-lane vector stores, row by row (a row-strided block): the register
-    block's init, which TVM's scalar loop made as slow as the AMX call itself."""
+def zero_block(kernel: Kernel = INT8, cols: int = TILE, rows: int = TILE) -> Intrinsic:
+    """C[rows, cols] = 0 in 16-lane vector stores, row by row (a row-strided block): the
+    register block's init, which TVM's scalar loop made as slow as the AMX call itself."""
     dtype = kernel.c
-    return declare(f"{kernel.name}.zero_{TILE}x{cols}_{dtype}", Role.INIT,
-                   ([Operand("C", (TILE, cols), dtype, layout=STRIDED)], [("i", TILE, "S"), ("j", cols, "S")]),
+    return declare(f"{kernel.name}.zero_{rows}x{cols}_{dtype}", Role.INIT,
+                   ([Operand("C", (rows, cols), dtype, layout=STRIDED)], [("i", rows, "S"), ("j", cols, "S")]),
                    lambda T, C, i, j: T.cast(0, dtype), Fill(lambda T: T.broadcast(T.cast(0, dtype), 16), 16),
-                   accumulate=False, cost=Cost(cycles=TILE * cols / 16),
-                   doc=f"zero a {TILE}x{cols} {dtype} accumulator block in 16-lane stores")
+                   accumulate=False, cost=Cost(cycles=rows * cols / 16),
+                   doc=f"zero a {rows}x{cols} {dtype} accumulator block in 16-lane stores")
 
 
-def call_columns(n: int, k_bytes: int, rows_staged: bool = True) -> int:
+ROW_BLOCK = 8  # the rows of an AVX-512 kernel's register block (`Kernel.any_rows`)
+MIN_CALL_ROWS, MAX_CALL_ROWS = 16, 64
+
+
+def call_rows(m: int) -> int:
+    """The rows one call of an `Kernel.any_rows` kernel covers for a block of ``m`` rows: `TILE`
+    where it divides ``m``; else the divisor of ``m`` from `MIN_CALL_ROWS` to `MAX_CALL_ROWS`
+    nearest to `TILE`, whole register blocks of `ROW_BLOCK` rows first; else ``m`` itself up to
+    `MAX_CALL_ROWS`; else `TILE`, the block padded to it. ResNet's 14 x 14 and 7 x 7 layers,
+    padded to 32-row calls, computed 224 rows for 196 and 64 for 49: the AVX512_BF16 kernel
+    alone on ResNet-50's res4 3x3 (196 x 256 x 2304), AMD Zen 4, one thread, 1.13 ms in 32-row
+    calls, 1.00 in 28-row ones; res5 3x3 (49 x 512 x 4608) 1.29 -> 1.03 in one 49-row call."""
+    if m % TILE == 0:
+        return TILE
+    divisors = [d for d in range(MIN_CALL_ROWS, MAX_CALL_ROWS + 1) if m % d == 0]
+    if divisors:
+        return min(divisors, key=lambda d: (d % ROW_BLOCK != 0, abs(d - TILE)))
+    return m if m <= MAX_CALL_ROWS else TILE
+
+
+def call_columns(n: int, k_bytes: int, rows_staged: bool = True, rows: int = TILE) -> int:
     """The output channels one call covers (a multiple of 16 dividing ``n`` padded to the packed
     weight's 16, up to `MAX_COLS`). Three regimes, by the reduction's bytes K:
 
@@ -168,19 +190,23 @@ def call_columns(n: int, k_bytes: int, rows_staged: bool = True) -> int:
     1x1 reductions (K = 1024, 256 -> 64 columns) 9-12% faster, its expansions (K = 256, 128 ->
     64) 4-7%, res3's projection 12%, res5's first reduction 8%; at K = 128 (res3's expansions)
     as often slower as faster, and a convolution whose rows are staged (an im2col block per
-    call's rows) 2-4% slower: there the widths above stay."""
+    call's rows) 2-4% slower: there the widths above stay.
+
+    A call of other than 32 ``rows`` (`call_rows`) keeps its accumulator block within the 32 x
+    `MAX_COLS` one and its rows of A in L1 alike."""
     n16 = -(-n // PANEL) * PANEL
     cap = NARROW_COLS if not rows_staged and k_bytes >= NARROW_MIN_K_BYTES else MAX_COLS
-    widths = [c for c in range(PANEL, min(cap, n16) + 1, PANEL) if n16 % c == 0]
+    cap = min(cap, max(PANEL, TILE * MAX_COLS // rows))
+    widths = [c for c in range(PANEL, min(cap, n16) + 1, PANEL) if n16 % c == 0] or [PANEL]
     in_l1 = [c for c in widths if c * k_bytes <= B_PANEL_BYTES]
     if in_l1 and in_l1[-1] >= 2 * TILE:
         return in_l1[-1]
-    if TILE * k_bytes > L1_BYTES:
+    if rows * k_bytes > L1_BYTES:
         return min(TILE, n16)
     return widths[-1]
 
 
-def kernel_group(kernel: Kernel, k: int = TILE_K, cols: int = TILE) -> IntrinsicGroup:
+def kernel_group(kernel: Kernel, k: int = TILE_K, cols: int = TILE, rows: int = TILE) -> IntrinsicGroup:
     """The GEMM group: 32 rows x ``cols`` output channels a call over the whole reduction (the
     kernel keeps 2 x 2 accumulator tiles over all of K for each 32 x 32 of them, the 32 rows of
     A in L1 across the columns); the CPU schedule keeps a call's outputs as one register
@@ -189,7 +215,8 @@ def kernel_group(kernel: Kernel, k: int = TILE_K, cols: int = TILE) -> Intrinsic
     (`call_columns`), and the block is padded to 32 rows. One call per 32 x 32 block (the
     first form) spent as long zeroing, loading and storing its accumulators as computing:
     32 x N calls run GEMM 1024^3 1.4-1.5x faster, ResNet-50's res2 / res3 3x3 convolutions
-    1.1x; deeper reductions keep 32 x 32 calls (`call_columns`)."""
+    1.1x; deeper reductions keep 32 x 32 calls (`call_columns`). A kernel that takes any rows
+    (`Kernel.any_rows`) is re-declared for rows dividing the block's too (`call_rows`)."""
 
     def resize(ext: dict) -> IntrinsicGroup:
         depth = ext["vk"]
@@ -211,12 +238,14 @@ def kernel_group(kernel: Kernel, k: int = TILE_K, cols: int = TILE) -> Intrinsic
         # the narrower calls of in-place rows were measured with int8's write-back only: bf16 keeps
         # the widths its own measurements chose
         staged = pixel is not None or kernel.b != "int8"
-        cols = call_columns(ext["vj"], depth * (GROUP_BYTES // kernel.group), rows_staged=staged)
-        return kernel_group(kernel, depth, cols)
+        rows = call_rows(ext["vi"]) if kernel.any_rows else TILE
+        cols = call_columns(ext["vj"], depth * (GROUP_BYTES // kernel.group), rows_staged=staged, rows=rows)
+        return kernel_group(kernel, depth, cols, rows)
 
-    suffix = (f"_k{k}" if k != TILE_K else "") + (f"_n{cols}" if cols != TILE else "")
+    suffix = (f"_k{k}" if k != TILE_K else "") + (f"_n{cols}" if cols != TILE else "") \
+        + (f"_m{rows}" if rows != TILE else "")
     return IntrinsicGroup(f"gemm_{kernel.types}" + suffix,
-                          compute=gemm(TILE, cols, k, kernel), init=zero_block(kernel, cols), resize=resize,
+                          compute=gemm(rows, cols, k, kernel), init=zero_block(kernel, cols, rows), resize=resize,
                           resize_pads=True)
 
 

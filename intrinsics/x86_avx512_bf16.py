@@ -26,7 +26,7 @@ from .x86_amx import BF16, BF16_EMULATED, Kernel, kernel_template, native_requir
 # Zen 4 / 5 and Sapphire Rapids run every instruction of Cooper Lake (AVX-512 with BF16, no AMX)
 TARGET = {"kind": "llvm", "mcpu": "cooperlake", "num-cores": 2}
 KERNEL = Kernel("x86_avx512_bf16", "tirbyoc_avx512bf16_gemm", "bfloat16", "bfloat16", "float32", "vdpbf16ps",
-                ("avx512f", "avx512bf16"), pads_k=True)
+                ("avx512f", "avx512bf16"), pads_k=True, any_rows=True)
 LIBRARY = ExternLibrary(name="tirbyoc_bf16_shim", sources=[Path(__file__).parent / "csrc" / "bf16_shim.c"],
                         symbols=[KERNEL.symbol])
 assert KERNEL.group == BF16.group  # the same packed weight as AMX-BF16's

@@ -190,3 +190,20 @@ def test_the_command_line_takes_precision_bf16(tmp_path):
     out = json.loads(proc.stdout)
     assert out["precision"] == "bf16" and out["verified"] and out["bf16"]["converted"]["matmul"] >= 1
     assert out["bf16"]["max_rel_err"] is not None
+
+
+def test_avx512_calls_take_rows_dividing_the_block_instead_of_padding_them():
+    from tirbyoc_intrinsics.x86_amx import call_columns, call_rows
+
+    # 32 where it divides; else a divisor from 16 to 64, whole 8-row register blocks first,
+    # nearest 32 (ResNet's 28 x 28 = 784: 16; 14 x 14 = 196: 28); a block up to 64 rows as one
+    # call (7 x 7 = 49); else 32 rows, padded
+    assert [call_rows(m) for m in (128, 3136, 784, 196, 49, 144, 100, 5, 67)] == [32, 32, 16, 28, 49, 24, 25, 5, 32]
+    assert call_columns(1024, 64) == 512 and call_columns(1024, 64, rows=64) == 256  # within 32 x 512 floats
+    runnable("x86_avx512_bf16")
+    out = tirbyoc.offload(conv2d(1, 256, 16, 16, 64, 3, 3, layout="NHWC", dtype="bfloat16", acc="float32"),
+                          "x86_avx512_bf16")
+    (core,) = out.offloaded
+    rows = int(core.intrinsic.split(".gemm_")[1].split("x")[0])
+    assert rows != 32 and 196 % rows == 0, core.intrinsic  # 196 rows in calls of 49 (two cores' 98), none padded
+    assert out.verification.passed, out.verification.describe()
