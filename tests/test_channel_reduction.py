@@ -157,3 +157,18 @@ def test_a_layer_norm_is_a_row_reduction_not_a_channel_wise_one():
         a, relax.const(np.ones(64, "float32")), relax.const(np.zeros(64, "float32")), axes=[-1]), [x]))
     _, nests = schedule_rest(func, AVX512)
     assert nests and not any(n.note or n.packed for n in nests), nests
+
+
+def test_a_float_depthwise_conv_is_left_to_channel_vectors_not_a_vector_core():
+    """x86_fp32's C[16] += A[0] * B[16] matches a depthwise conv with 16 output columns of one
+    channel as its lanes, after copying the input and output into that layout: 15-20x slower
+    than channel vectors in place. A host CPU's vector template leaves it and says why;
+    a library or an accelerator still takes it."""
+    import tirbyoc
+
+    x, w = ((1, 12, 12, 32), "float32"), ((32, 3, 3, 1), "float32")
+    func = prim_func(fused_module(lambda a, b: depthwise(a, b, 32, out_dtype="float32"), [x, w]))
+    out = tirbyoc.offload(func, "x86_fp32_avx2", verify=False)
+    conv = [b for b in out.blocks if b.block.startswith("group_conv2d")]
+    assert len(conv) == 1 and not conv[0].offloaded and "channel-wise reduction" in conv[0].reason, conv
+    assert tirbyoc.offload(func, "blas", verify=False).offloaded  # a library (or an accelerator) still takes it

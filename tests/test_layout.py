@@ -161,3 +161,33 @@ def test_an_image_s_three_channels_are_padded_to_the_core_s_reduction_tile():
     x = np.random.default_rng(3).integers(0, 256, (1, 3, 12, 12)).astype("uint8")
     np.testing.assert_array_equal(run(new, x), run(Stem, x))
     assert channels_last(Stem, channel_multiple=1)[1].padded_channels == 0
+
+
+def test_an_imported_relu6_follows_the_layout_with_the_same_values():
+    """TVM's ONNX importer writes Clip as call_tir of a max and a min against 0-d tensors: no
+    layout rule moves a call_tir, so each ReLU6 sat between two transposes. Written back as
+    Relax's maximum / minimum, it runs NHWC with the convolutions, its values TVM's."""
+    from tvm import topi
+
+    rng = np.random.default_rng(5)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([1, 8, 6, 6], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            w1 = relax.const(rng.standard_normal((8, 8, 3, 3)).astype("float32"))
+            w2 = relax.const(rng.standard_normal((4, 8, 1, 1)).astype("float32"))
+            y = bb.emit(relax.op.nn.conv2d(x, w1, padding=(1, 1)))
+            lo = bb.emit(relax.const(np.float32(0.0)))
+            hi = bb.emit(relax.const(np.float32(6.0)))
+            y = bb.emit_te(topi.maximum, y, lo)
+            y = bb.emit_te(topi.minimum, y, hi)
+            out = bb.emit_output(relax.op.nn.conv2d(y, w2))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    assert count_ops(mod, "relax.call_tir") == 2
+    new, report = channels_last(mod)
+    assert report.transposes_after == 2 and report.decomposed == 2, report.describe()  # the input's and output's
+    assert count_ops(new, "relax.call_tir") == 0
+    data = rng.standard_normal((1, 8, 6, 6)).astype("float32") * 4
+    got, want = run(new, data), run(mod, data)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)  # NHWC convolutions sum in another order

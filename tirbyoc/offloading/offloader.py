@@ -25,6 +25,7 @@ from tirbyoc.ir.pattern import function_blocks
 from tirbyoc.matching.candidates import Candidate
 from tirbyoc.matching.matcher import explain, match_block
 from tirbyoc.matching.results import Match, Mismatch
+from tirbyoc.offloading.channel_wise import left_to_channel_vectors
 from tirbyoc.offloading.table import render
 from tirbyoc.offloading.verification import Verification
 from tirbyoc.offloading.verification import verify as run_verify
@@ -358,10 +359,10 @@ def _apply(plan: _Plan, *, check_each: bool):
                 (Step(StepKind.EPILOGUE, f"epilogue of {core}: on its accumulator tile"),)))
             continue
         compute = [m for m in result.matches if m.intrinsic.role is Role.COMPUTE]
-        if not compute:
-            outcomes.append(BlockOutcome(result.block, result.macs, None,
-                                         result.reason or "no compute intrinsic matches",
-                                         mismatch=result.mismatch))
+        channel_wise = left_to_channel_vectors(current, result.block, template, target) if compute else None
+        if not compute or channel_wise:
+            outcomes.append(BlockOutcome(result.block, result.macs, None, channel_wise or result.reason
+                                         or "no compute intrinsic matches", mismatch=result.mismatch))
             continue
         chosen = plan.choose(compute)
         rw, failures = None, []

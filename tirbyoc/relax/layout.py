@@ -18,6 +18,9 @@ pools and reductions follow) with what it lacks in TVM 0.27 supplied here:
   8-bit dtype: the clipped value is an integer within the dtype's range, so the casts to it,
   to int32 and back to float32 change nothing, and the subtraction of the integer ``z'`` is
   as exact in float32 as in int32 (values below 2^24);
+- an ONNX ``Clip`` (ReLU6) arrives as two ``call_tir`` of a max / min against a 0-d tensor,
+  which no layout rule moves either: written back as ``maximum`` / ``minimum``
+  (`tirbyoc.relax.scalar_bounds`);
 - ``nn.pad`` has none either: ``ConvertLayout`` leaves ``permute_dims(pad(permute_dims(x)))``
   around it, which is rewritten to one pad of ``x`` in its own layout.
 
@@ -40,6 +43,7 @@ from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
 from tirbyoc._tvm import const_value, tvm
+from tirbyoc.relax.scalar_bounds import restore_scalar_bounds
 
 CONV_LAYOUTS = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
 _RANGE = {"uint8": (0, 255), "int8": (-128, 127), "int32": (-2 ** 31, 2 ** 31 - 1), "uint16": (0, 65535),
@@ -54,7 +58,7 @@ class LayoutReport:
     transposes_before: int = 0
     transposes_after: int = 0  # left to run: the weights' own are counted apart
     weight_transposes: int = 0  # computed from weight parameters alone: folded once they are bound
-    decomposed: int = 0  # quantize / dequantize / clip written as elementwise operators
+    decomposed: int = 0  # quantize / dequantize / clip (and imported max / min calls) as elementwise operators
     round_trips: int = 0  # dequantizes of a value just quantized, computed from the float
     padded_channels: int = 0  # convolutions whose input channels were padded to the core's tile
 
@@ -281,6 +285,8 @@ def channels_last(mod, report: LayoutReport | None = None, channel_multiple: int
     if not report.convolutions:
         report.transposes_after = report.transposes_before
         return mod, report
+    mod, restored = restore_scalar_bounds(mod)
+    report.decomposed += restored
     mod = decompose_qdq(mod, report)
     mod = relax.transform.ConvertLayout(CONV_LAYOUTS)(mod)
     mod = relax.transform.FoldConstant()(_each_function(mod, _fold_padding_transposes))

@@ -171,6 +171,20 @@ def _copy_channel_last(sch, block, copies) -> list[str]:
     return packed
 
 
+def is_channel_reduction(sch, block) -> bool:
+    """Whether ``block`` is a channel-wise reduction `schedule_channel_reduction` takes (before
+    its vector width is known): each output channel reduces its own window, the channel last
+    in the output and in the reduced input (a depthwise convolution, an NHWC pooling)."""
+    shape = _shape(sch, block)
+    if shape is None:
+        return False
+    _, order, channel, _ = shape
+    stmt = sch.get(block)
+    reduce_vars = [iv.var for iv in order if int(iv.iter_type) == REDUCE]
+    return bool(reduce_vars) and _channel_reads(stmt, channel.var, list(sch.mod["main"].params),
+                                                 reduce_vars) is not None
+
+
 def schedule_channel_reduction(sch, block, vector_bytes: int, registers: int = 32) -> ChannelReduction | None:
     """Schedule ``block`` as the module's docstring says, or return None (``sch`` untouched)
     when it is not a channel-wise reduction: no init, loops not one per iterator, an output
@@ -230,4 +244,4 @@ def schedule_channel_reduction(sch, block, vector_bytes: int, registers: int = 3
     return ChannelReduction(name, loop_extent(sch, parallel) or 0, lanes, columns, tuple(packed), tuple(fused), stop)
 
 
-__all__ = ["ChannelReduction", "schedule_channel_reduction"]
+__all__ = ["ChannelReduction", "is_channel_reduction", "schedule_channel_reduction"]
