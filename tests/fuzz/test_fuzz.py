@@ -36,7 +36,9 @@ def test_seeded_run_has_no_failures_and_offloads_something():
     for o in summary.outcomes:
         check(o)
     counts = summary.counts()
-    assert counts.get("verified", 0) >= 60, summary.table()  # the generator must reach the rewrites
+    # the generator must reach the rewrites (a depthwise conv drawn for a host CPU's vector
+    # template falls back by design: `tirbyoc.offloading.channel_wise`)
+    assert counts.get("verified", 0) >= 55, summary.table()
     assert len(summary.by("verified")) >= 3, summary.table()
     # the generator draws sizes known only at run time too, and some of them offload
     assert any(o.case.params.get("symbolic") and o.outcome == "verified" for o in summary.outcomes)
