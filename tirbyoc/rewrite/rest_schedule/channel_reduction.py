@@ -173,16 +173,22 @@ def _copy_channel_last(sch, block, copies) -> list[str]:
 
 def is_channel_reduction(sch, block) -> bool:
     """Whether ``block`` is a channel-wise reduction `schedule_channel_reduction` takes (before
-    its vector width is known): each output channel reduces its own window, the channel last
-    in the output and in the reduced input (a depthwise convolution, an NHWC pooling)."""
+    its vector width is known) with nothing shared between channels: each output channel
+    reduces its own window, the channel last in the output and in the reduced input, and every
+    operand the reduction walks is indexed by the channel (a depthwise convolution, an NHWC
+    pooling; not a GEMM, whose rows are a dot product every channel shares)."""
     shape = _shape(sch, block)
     if shape is None:
         return False
     _, order, channel, _ = shape
     stmt = sch.get(block)
     reduce_vars = [iv.var for iv in order if int(iv.iter_type) == REDUCE]
-    return bool(reduce_vars) and _channel_reads(stmt, channel.var, list(sch.mod["main"].params),
-                                                 reduce_vars) is not None
+    if not reduce_vars or _channel_reads(stmt, channel.var, list(sch.mod["main"].params), reduce_vars) is None:
+        return False
+    # no operand shared by the channels along the reduction (a GEMM's A[i, k]: a dot product)
+    walked = [point_indices(r) for r in stmt.reads]
+    return all(any(uses_var(i, channel.var) for i in idx) for idx in walked
+               if any(uses_var(i, r) for i in idx for r in reduce_vars))
 
 
 def schedule_channel_reduction(sch, block, vector_bytes: int, registers: int = 32) -> ChannelReduction | None:
