@@ -29,6 +29,8 @@ WORKLOADS = {
     "rows under a tile, K not a multiple of 32": lambda: matmul(5, 32, 70, **BF),
     "odd K (a 7x7 RGB stem's 147)": lambda: matmul(64, 64, 147, **BF),
     "conv NHWC 3x3": lambda: conv2d(1, 64, 14, 14, 64, 3, 3, layout="NHWC", dtype="bfloat16", acc="float32"),
+    "a 7x7 RGB stem, its rows padded 147 -> 148": lambda: conv2d(1, 3, 37, 37, 64, 7, 7, layout="NHWC", stride=2,
+                                                                 dtype="bfloat16", acc="float32"),
 }
 
 
@@ -207,3 +209,12 @@ def test_avx512_calls_take_rows_dividing_the_block_instead_of_padding_them():
     rows = int(core.intrinsic.split(".gemm_")[1].split("x")[0])
     assert rows != 32 and 196 % rows == 0, core.intrinsic  # 196 rows in calls of 49 (two cores' 98), none padded
     assert out.verification.passed, out.verification.describe()
+
+
+def test_a_padded_row_copy_is_split_at_its_largest_divisor():
+    from tirbyoc.ir.tir_walk import divisor_split, padded_divisor_split
+
+    # a 7 x 7 x 3 window's row (k // 21, k % 21 // 3, k % 3) padded 147 -> 148 for bf16 pairs
+    assert divisor_split(148, {21, 3}) is None and padded_divisor_split(148, {21, 3}) == [8, 21]
+    assert padded_divisor_split(147, {21, 3}) is None  # not padded: divisor_split's [7, 7, 3]
+    assert padded_divisor_split(148, {21, 4}) is None  # no chain

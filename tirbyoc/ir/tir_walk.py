@@ -128,6 +128,21 @@ def divisor_split(extent: int | None, divisors) -> list[int] | None:
     return [extent // chain[-1]] + [b // a for a, b in zip(chain, chain[1:])][::-1] + [chain[0]]
 
 
+def padded_divisor_split(extent: int | None, divisors) -> list[int] | None:
+    """Where `divisor_split` finds no chain dividing ``extent`` because the loop was padded past
+    a multiple of the largest divisor (an im2col row of a 7 x 7 x 3 window, 147 bf16 padded to
+    the 148 a pair needs): the factors ``[ceil(extent / d), d]`` at that largest divisor ``d``,
+    the last piece guarded by the split's predicate. Inside a piece the indices then divide by
+    constants below ``d`` only (``i // 3``, ``i % 3`` of ``i < 21``), which TVM's simplifier
+    folds into one contiguous run of the source (a window row's 7 pixels x 3 channels). None
+    where the divisors form no chain or nothing is padded."""
+    chain = sorted(divisors)
+    if not chain or extent is None or extent % chain[-1] == 0 or extent < chain[-1] \
+            or any(b % a for a, b in zip(chain, chain[1:])):
+        return None
+    return [-(-extent // chain[-1]), chain[-1]]
+
+
 def constant_divisors(node, variables) -> dict:
     """For each of ``variables`` (Vars) that ``node`` divides or takes modulo by constants
     (``v // 9``, ``v % 9 // 3``: an im2col copy's index arithmetic), the set of those
