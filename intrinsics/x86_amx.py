@@ -197,7 +197,7 @@ def call_columns(n: int, k_bytes: int, rows_staged: bool = True, rows: int = TIL
     n16 = -(-n // PANEL) * PANEL
     cap = NARROW_COLS if not rows_staged and k_bytes >= NARROW_MIN_K_BYTES else MAX_COLS
     cap = min(cap, max(PANEL, TILE * MAX_COLS // rows))
-    widths = [c for c in range(PANEL, min(cap, n16) + 1, PANEL) if n16 % c == 0] or [PANEL]
+    widths = [c for c in range(PANEL, min(cap, n16) + 1, PANEL) if n16 % c == 0]
     in_l1 = [c for c in widths if c * k_bytes <= B_PANEL_BYTES]
     if in_l1 and in_l1[-1] >= 2 * TILE:
         return in_l1[-1]

@@ -122,10 +122,16 @@ def divisor_split(extent: int | None, divisors) -> list[int] | None:
     """The factors that split a loop of ``extent`` at the constants its iterator is divided by
     (`constant_divisors`: ``k // 192``, ``k % 192 // 64`` give 576 -> [3, 3, 64]), when they
     form a chain dividing the extent; else None. After such a split no element divides."""
-    chain = sorted(divisors)
-    if not chain or extent is None or extent % chain[-1] or any(b % a for a, b in zip(chain, chain[1:])):
+    chain = _chain(divisors)
+    if chain is None or extent is None or extent % chain[-1]:
         return None
     return [extent // chain[-1]] + [b // a for a, b in zip(chain, chain[1:])][::-1] + [chain[0]]
+
+
+def _chain(divisors) -> list[int] | None:
+    """``divisors`` sorted, when each divides the next; else None."""
+    chain = sorted(divisors)
+    return chain if chain and not any(b % a for a, b in zip(chain, chain[1:])) else None
 
 
 def padded_divisor_split(extent: int | None, divisors) -> list[int] | None:
@@ -136,9 +142,8 @@ def padded_divisor_split(extent: int | None, divisors) -> list[int] | None:
     constants below ``d`` only (``i // 3``, ``i % 3`` of ``i < 21``), which TVM's simplifier
     folds into one contiguous run of the source (a window row's 7 pixels x 3 channels). None
     where the divisors form no chain or nothing is padded."""
-    chain = sorted(divisors)
-    if not chain or extent is None or extent % chain[-1] == 0 or extent < chain[-1] \
-            or any(b % a for a, b in zip(chain, chain[1:])):
+    chain = _chain(divisors)
+    if chain is None or extent is None or extent % chain[-1] == 0 or extent < chain[-1]:
         return None
     return [-(-extent // chain[-1]), chain[-1]]
 
