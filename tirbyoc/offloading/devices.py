@@ -45,6 +45,24 @@ def compile_func(func, target, what: str):
                                 f"{last_line(err)}") from err
 
 
+# LLVM's optimization level for a reference build (TVM's lowering of an untouched function,
+# run once for its outputs): -O3 spends 10-17 s vectorizing an unscheduled int8 matmul's
+# strided reduction (19,000 lines of machine code) that -O2 builds in 0.2 s; the outputs are
+# the same (TVM turns on no fast-math flags, so LLVM may not reorder float arithmetic at any
+# level). A timed baseline keeps TVM's own default.
+REFERENCE_OPT_LEVEL = 2
+
+
+def reference_target(target=None):
+    """``target`` (default: this CPU) as a reference build uses it: an LLVM target built at
+    `REFERENCE_OPT_LEVEL` unless it names its own ``opt-level``."""
+    target = make_target(target) if target is not None else host_target()
+    if str(target.kind.name) != "llvm" or "opt-level" in target.attrs:
+        return target
+    spec = {k: v for k, v in target.export().items() if k not in ("tag", "keys")}
+    return make_target({**spec, "opt-level": REFERENCE_OPT_LEVEL})
+
+
 def run_executable(executable, arrays, device=None):
     """Run a built function once on copies of ``arrays`` (on ``device``, default the CPU);
     return them all afterwards (outputs included)."""

@@ -25,6 +25,7 @@ from tirbyoc.errors import VerificationError
 from tirbyoc.ir.domains import buffer_domains, draw
 from tirbyoc.ir.tir_walk import iter_exprs
 from tirbyoc.offloading.devices import EmulatedRunError, compile_func, device_of, run_executable
+from tirbyoc.offloading.devices import reference_target as reference_build_target
 
 # Relative tolerance per float dtype, scaled by sqrt(reduction length) in `tolerance`.
 _FLOAT_RTOL = {"float16": 2e-3, "float32": 2e-6, "float64": 1e-13}
@@ -322,7 +323,7 @@ def _verify_once(original, rewritten, target, inputs, seed, reference_target, ca
             f"signatures differ: original {params} vs rewritten {other}; a rewrite must keep "
             "the function's parameters")
     target = make_target(target) if target is not None else host_target()
-    reference_target = make_target(reference_target) if reference_target is not None else host_target()
+    reference_target = reference_build_target(reference_target)
     device = device_of(target)
     cannot_run = device.cannot_run(rewritten, target)
     if cannot_run is not None:

@@ -16,10 +16,10 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from tirbyoc._tvm import is_buffer, iter_blocks, prim_expr, root_block, tirx, to_tensor, tvm
-from tirbyoc.decl.host import host_target
 from tirbyoc.decl.extern import PackedFunction
 from tirbyoc.ir.pattern import static_int
 from tirbyoc.matching.results import Match, Staging
+from tirbyoc.offloading.devices import reference_target
 from tirbyoc.offloading.verification import (
     Verification,
     at_symbolic_sizes,
@@ -153,7 +153,7 @@ def verify_whole_call(func, call: WholeCall, *, seed: int = 0):
 def _verify_whole_once(func, call: WholeCall, seed: int):
     params = concrete_params(func)
     arrays = make_inputs(func, params, None, seed)
-    ref = run_executable(compile_func(func, host_target(), "original"), [a.copy() for a in arrays], tvm.cpu())
+    ref = run_executable(compile_func(func, reference_target(), "original"), [a.copy() for a in arrays], tvm.cpu())
     tensors = [to_tensor(a.copy(), tvm.cpu()) for a in arrays]
     try:
         call.packed.function()(*[tensors[i] for i in call.inputs], tensors[call.output])
