@@ -121,3 +121,23 @@ def test_a_reference_build_is_quicker_and_gives_the_same_bits():
         outs = [run_executable(compile_func(func, t, "original"), [x.copy() for x in arrays], tvm.cpu())[-1]
                 for t in (host_target(), devices.reference_target())]
         assert np.array_equal(*outs) and np.abs(outs[0]).max() > 0
+
+
+def test_cheap_frames_are_the_frames_inspect_gives():
+    """TVM's CUDA intrinsics are parsed under `cheap_frames` (its import 21 -> 2 s): the frames
+    TVMScript reads are inspect's own, and inspect is itself again afterwards."""
+    import inspect
+
+    from tirbyoc._tvm import cheap_frames
+
+    def fields(frames):
+        return [(f.filename, f.lineno, f.function, f.code_context) for f in frames[:4]]
+
+    real = inspect.stack
+    expected = fields(inspect.stack()[0:])
+    with cheap_frames():
+        got = fields(inspect.stack())
+        assert inspect.stack is not real
+    assert inspect.stack is real
+    assert [g[0] for g in got] == [e[0] for e in expected] and got[1:] == expected[1:]
+    assert got[0][2] == expected[0][2] == "test_cheap_frames_are_the_frames_inspect_gives"

@@ -4,16 +4,20 @@ TVM renamed its TIR namespaces (``tvm.tir`` -> ``tvm.tirx`` / ``tvm.s_tir``), it
 syntax and its runtime tensors within a year; everything else in tirbyoc imports TVM names
 from here so that the next rename is a one-file change.
 
-Never import ``tvm.s_tir.tensor_intrin`` from here or anywhere in tirbyoc: it parses ~130
-TVMScript intrinsics and costs ~40 s.
+Never import ``tvm.s_tir.tensor_intrin`` whole: it parses every built-in TVMScript intrinsic
+(~40 s); `cuda_intrinsics` imports its CUDA module alone, quickly.
 """
 
 from __future__ import annotations
 
 
+import contextlib
+import inspect
+import linecache
 import os
 import platform
 import shutil
+import sys
 from typing import Iterator
 
 import tvm  # noqa: E402
@@ -170,10 +174,38 @@ def gpu_default_schedule(func, target):
     return mod["main"]
 
 
+@contextlib.contextmanager
+def cheap_frames():
+    """``inspect.stack`` without its module lookups, while TVMScript functions are parsed in
+    bulk: each ``@T.prim_func`` takes the stack to read its callers' source lines, and
+    ``inspect`` looks each frame's module up among all loaded ones (importing TVM's CUDA
+    intrinsics: 21 s in a plain process, 80 s under pytest). Same file, line, function and
+    source line (``linecache``) per frame."""
+    real = inspect.stack
+
+    def stack(context: int = 1):
+        frames, frame = [], sys._getframe(1)
+        while frame is not None:
+            code = frame.f_code
+            line = linecache.getline(code.co_filename, frame.f_lineno) if context else ""
+            frames.append(inspect.FrameInfo(frame, code.co_filename, frame.f_lineno, code.co_name,
+                                            [line] if line else None, 0 if line else None))
+            frame = frame.f_back
+        return frames
+
+    inspect.stack = stack
+    try:
+        yield
+    finally:
+        inspect.stack = real
+
+
 def cuda_intrinsics():
     """``tvm.s_tir.tensor_intrin.cuda``: TVM's ldmatrix / mma.sync intrinsics and their layouts."""
-    # deferred: importing it parses ~90 TVMScript functions (~15 s); only a tensor-core rewrite pays
-    from tvm.s_tir.tensor_intrin import cuda
+    with cheap_frames():
+        # only a tensor-core rewrite pays for it:
+        # deferred: it parses ~500 TVMScript functions (2 s here, 21 s without cheap_frames)
+        from tvm.s_tir.tensor_intrin import cuda
 
     return cuda
 
