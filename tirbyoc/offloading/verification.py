@@ -25,7 +25,7 @@ from tirbyoc.errors import VerificationError
 from tirbyoc.ir.domains import buffer_domains, draw
 from tirbyoc.ir.tir_walk import iter_exprs
 from tirbyoc.offloading.devices import EmulatedRunError, compile_func, device_of, run_executable
-from tirbyoc.offloading.devices import reference_target as reference_build_target
+from tirbyoc.offloading.devices import reference_target as reference_build_target  # a parameter has its name
 
 # Relative tolerance per float dtype, scaled by sqrt(reduction length) in `tolerance`.
 _FLOAT_RTOL = {"float16": 2e-3, "float32": 2e-6, "float64": 1e-13}

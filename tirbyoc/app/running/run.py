@@ -172,8 +172,8 @@ def build_and_time(call: ModelCall, repeat: int, simulators=(), *, twice: bool =
 
 def build_reference(call: ModelCall, repeat: int, baseline: str, timed: bool = True, builds: dict | None = None):
     """TVM's build of the untouched model of ``call``, run (twice: it must agree with itself)
-    and timed (untimed: built as `reference_target` says, its outputs the same). A failure here is TVM's own, before any offload: `ModelError`, with its last
-    line."""
+    and timed (untimed: built as `reference_target` says, its outputs the same). A failure
+    here is TVM's own, before any offload: `ModelError`, with its last line."""
 
     if not timed and is_host_target(call.target):  # only its outputs are used: built quickly
         call = replace(call, target=reference_target(call.target))
