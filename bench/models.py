@@ -281,8 +281,7 @@ def profile(packed, tgt, repeat: int, model=None, sizes: dict | None = None) -> 
     (``in_model_ms``, the row's ``model_ms`` beside it); most time first. ``sizes``: a dynamic
     model's run sizes, each function of symbolic extents timed at them."""
     from tirbyoc._tvm import tirx  # deferred: after the thread count is set
-    from tirbyoc.app.running.profiling import time_function
-    from tirbyoc.offloading.verification import specialize_symbolic, symbolic_names
+    from tirbyoc.app.running.profiling import at_sizes, time_function
     from tirbyoc.relax.bridge import OFFLOADED_ATTR, call_counts
 
     calls = call_counts(packed)  # from the module: fusion renames what the report named
@@ -290,9 +289,7 @@ def profile(packed, tgt, repeat: int, model=None, sizes: dict | None = None) -> 
     rows = []
     for gv, func in packed.functions.items():
         if isinstance(func, tirx.PrimFunc):
-            if sizes and symbolic_names([func]):
-                func = specialize_symbolic([func], sizes)[0]
-            ms = time_function(func.with_attr("global_symbol", gv.name_hint), tgt, repeat)
+            ms = time_function(at_sizes(func, sizes).with_attr("global_symbol", gv.name_hint), tgt, repeat)
             n = calls.get(gv.name_hint, 1)
             rows.append({"function": gv.name_hint, "calls": n, "ms_per_call": ms, "ms": ms * n,
                          "in_model_ms": inside.get(gv.name_hint), "model_ms": model_ms,

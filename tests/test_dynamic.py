@@ -255,6 +255,21 @@ def test_run_binds_a_named_size_to_several_values_from_one_build(tmp_path, capsy
     assert "n=17   208,896  100.0%     match" in table
 
 
+def test_profile_times_each_function_of_a_dynamic_model_at_its_first_size(tmp_path, capsys):
+    import json
+
+    from tirbyoc.app.commands.cli import main
+
+    path = tmp_path / "mlp.py"
+    path.write_text(MODEL)
+    assert main(["run", "-q", "-m", str(path), "-t", "x86_fp32_avx2", "--size", "n=17,128", "--repeat", "2",
+                 "--profile", "--json"]) == 0
+    functions = [f for f in json.loads(capsys.readouterr().out)["functions"] if f["ms_per_call"]]
+    assert functions  # every offloaded function timed alone at n=17, none left with an error
+    assert all(f["ms_per_call"].get("tvm", 0) > 0 and f["ms_per_call"].get("offloaded", 0) > 0
+               for f in functions), functions
+
+
 def test_a_named_size_without_values_says_how_to_give_them(tmp_path, capsys):
     from tirbyoc.app.commands.cli import main
 

@@ -8,7 +8,8 @@ import numpy as np
 from tirbyoc._tvm import tirx, tvm
 from tirbyoc.errors import TirbyocError
 from tirbyoc.offloading.devices import device_of
-from tirbyoc.offloading.verification import compile_func, concrete_params, make_inputs
+from tirbyoc.offloading.verification import (compile_func, concrete_params, make_inputs, specialize_symbolic,
+                                             symbolic_names)
 
 
 def time_function(func, target, repeat: int, seed: int = 0) -> float:
@@ -25,11 +26,20 @@ def time_function(func, target, repeat: int, seed: int = 0) -> float:
     return float(np.min(timer(*[tvm.runtime.tensor(a, dev) for a in arrays]).results)) * 1e3
 
 
-def profile_functions(mod, offloaded, report, target, repeat: int, progress=None) -> None:
+def at_sizes(func, sizes: dict | None):
+    """``func`` with its symbolic extents bound to ``sizes`` (a dynamic model's run sizes), so
+    that it can be timed alone; as it is when it has none or no sizes are given."""
+    if sizes and symbolic_names([func]):
+        return specialize_symbolic([func], sizes)[0]
+    return func
+
+
+def profile_functions(mod, offloaded, report, target, repeat: int, progress=None, sizes: dict | None = None) -> None:
     """Per offloaded PrimFunc of ``report``: milliseconds per call of TVM's build of the
     untouched function (in ``mod``) and of the offloaded one (in ``offloaded``), each built and
     timed alone (``FunctionReport.ms``). A function that became a library call
-    (``call_dps_packed``) has no PrimFunc left to time alone."""
+    (``call_dps_packed``) has no PrimFunc left to time alone. ``sizes``: a dynamic model's
+    first run sizes (``{name: size}``), each function of symbolic extents timed at them."""
     names = {g.name_hint for g in offloaded.get_global_vars()}
     todo = [f for f in report.functions if f.offloaded and not f.extern]
     for n, f in enumerate(todo):
@@ -39,12 +49,12 @@ def profile_functions(mod, offloaded, report, target, repeat: int, progress=None
         if not isinstance(new, tirx.PrimFunc):
             continue
         try:
-            f.ms = {"tvm": time_function(mod[f.name], target, repeat),
-                    "offloaded": time_function(new, target, repeat)}
+            f.ms = {"tvm": time_function(at_sizes(mod[f.name], sizes), target, repeat),
+                    "offloaded": time_function(at_sizes(new, sizes), target, repeat)}
         except TirbyocError as err:
             f.ms = {"error": str(err)}
     if progress is not None:
         progress(len(todo), len(todo), "")
 
 
-__all__ = ["profile_functions", "time_function"]
+__all__ = ["at_sizes", "profile_functions", "time_function"]

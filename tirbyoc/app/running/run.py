@@ -250,7 +250,8 @@ def run_offloaded(call: ModelCall, tmpls, ref_out, opts: RunOptions = RunOptions
     new_out, ms, stats = build_and_time(call.offloaded(offloaded), opts.repeat, list(sims.values()), timed=timed,
                                         builds=builds)
     if opts.profile and timed:
-        profile_functions(mod, offloaded, report, target, opts.repeat, progress=progress)
+        profile_functions(mod, offloaded, report, target, opts.repeat, progress=progress,
+                          sizes=size_bindings(opts.sizes)[0])
     return OffloadRun(report, compare(new_out, ref_out, rounding), ms, dict(zip(sims, stats)), missing,
                       new_out, emulated, offloaded)
 
