@@ -41,11 +41,12 @@ unlucky minute. Every row is checked: the offloaded build against TVM's build of
 same model, and against ONNX Runtime (one output quantization step for a QDQ model, a relative
 tolerance for a float one). Every model and precision also gets a per-PrimFunc profile at the
 first thread count (each built and timed alone, times its call sites), and the model slowest
-against ONNX Runtime a plot of it.
+against ONNX Runtime a plot of it (``--no-profile``: neither).
 
     python bench/models.py [--models resnet18,resnet50,mobilenet_v2,bert_base,bert_base_dynamic] [--threads 1,2]
                            [--int8 | --precisions fp32,int8,bf16] [--int8-template NAME] [--fp32-template NAME]
                            [--rounds 5] [--max-rounds 15] [--spread 0.10] [--fast-math] [--size NAME=V]
+                           [--no-profile]
                            [--out bench/results/models.json]
 """
 
@@ -638,6 +639,8 @@ def main() -> None:
                                  f"{name} {', '.join(f'{k}={v}' for k, v in sizes.items())}"
                                  for name, (_, sizes) in DYNAMIC.items()) + ")")
     parser.add_argument("--out", help="the JSON written (default bench/results/models.json)")
+    parser.add_argument("--no-profile", action="store_true",
+                        help="skip the per-PrimFunc profile and its plot (BERT-base's: about 25 minutes)")
     for hidden in ("--worker", "--profile", "--lockstep"):
         parser.add_argument(hidden, action="store_true", help=argparse.SUPPRESS)
     for hidden in ("--worker-threads", "--precision", "--group", "--outputs"):
@@ -658,12 +661,12 @@ def main() -> None:
                     rows.append(measure(args, n, name, precision))
         measured = [r for r in rows if "latency_ms" in r]
         first = args.threads.split(",")[0]
-        for row in measured:
+        for row in measured if not args.no_profile else []:
             if str(row["threads"]) == first:
                 with tempfile.TemporaryDirectory() as outputs:
                     row["profile"] = _spawn(args, first, row["model"], row["precision"], "tirbyoc", outputs,
                                             profile=True)["profile"]
-        if measured:
+        if measured and not args.no_profile:
             slowest = min((r for r in measured if "profile" in r), key=lambda r: r["speedup_vs_onnxruntime"])
     print(table(rows))
     for row in measured:
@@ -673,7 +676,7 @@ def main() -> None:
                   + ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in row["profile_summary"].items()))
     out = Path(args.out or HERE / "results" / ("models_fast_math.json" if args.fast_math else "models.json"))
     out.write_text(json.dumps({"benchmark": "models", "cpu": _cpu(), "rows": rows}, indent=1) + "\n")
-    if measured:
+    if measured and not args.no_profile:
         plot(slowest, out.with_name(out.stem + "_layers.png"))
     print(f"\nwritten to {out}")
 
