@@ -97,7 +97,7 @@ def blocks_of(func) -> list:
     return [b.name_hint for b in iter_blocks(func.body) if b.name_hint != "root"]
 
 
-def test_an_elementwise_chain_is_one_pass_a_product_feeding_a_sum_behind_a_fence():
+def test_an_elementwise_chain_is_one_pass_a_product_feeding_a_sum_stays_apart():
     func = fused(_quantized_image, (1, 3, 32, 32))
     new, nests = schedule_rest(func, AVX2)
     assert [n.inlined for n in nests if n.inlined] == [4], nests
@@ -111,24 +111,17 @@ def test_an_elementwise_chain_is_one_pass_a_product_feeding_a_sum_behind_a_fence
     scaled = fused(lambda x: relax.op.add(relax.op.multiply(x, relax.const(0.37, "float32")),
                                               relax.const(1.5, "float32")), (64, 64))
     kept, _ = schedule_rest(scaled, AVX2)
-    # one pass, the product rounded before the sum as TVM's build of two nests rounds it
-    assert len(blocks_of(kept)) == 1 and "llvm.arithmetic.fence" in kept.script()
+    assert len(blocks_of(kept)) == 2  # an FMA would round once where TVM's build rounds twice
     same_values(scaled, kept, (64, 64))
-    x = np.random.default_rng(0).uniform(-4.0, 4.0, (64, 64)).astype("float32")
-    fma = (x.astype("float64") * np.float32(0.37) + 1.5).astype("float32")  # one rounding
-    assert not np.array_equal(fma, x * np.float32(0.37) + np.float32(1.5))  # the fence matters here
 
 
 def test_a_reduction_runs_its_rows_in_parallel_its_max_in_lanes_and_its_float_sum_in_order():
     func = legalized(lambda x: relax.op.nn.softmax(x), (2, 4, 32, 48))
     new, nests = schedule_rest(func, AVX2)
-    by_block = {n.block: n for n in nests}
-    assert len(nests) == 4 and all(n.parallel == 2 * 4 * 32 for b, n in by_block.items() if b != "T_softmax_expsum")
-    # the float sum: each row in order, a vector of 8 rows at a time (256 rows: 32 vectors in parallel)
-    assert by_block["T_softmax_expsum"].parallel == 2 * 4 * 32 // 8
-    assert loops(new).count((SERIAL, 48)) == 1  # the sum's steps along the rows: in order
+    assert len(nests) == 4 and all(n.parallel == 2 * 4 * 32 for n in nests)
+    assert loops(new).count((SERIAL, 48)) == 1  # the sum along each row: in order
     assert {n.block: n.lanes for n in nests} == {"T_softmax_maxelem": 8, "T_softmax_exp": 8,
-                                                 "T_softmax_expsum": 8, "T_softmax_norm": 8}
+                                                 "T_softmax_expsum": 0, "T_softmax_norm": 8}
     assert "T.exp(" in new.script()  # libm's, as TVM's build
     same_values(func, new, (2, 4, 32, 48))
 
@@ -149,58 +142,17 @@ def test_inexact_sums_in_lanes_and_exp_as_vector_arithmetic_within_rounding(laye
     same_values(func, new, shape, rtol=1e-6)
 
 
-def test_a_row_under_two_vectors_is_reduced_a_vector_of_rows_at_a_time_and_across_rows_in_channel_vectors():
-    """A row of 12 (under two vectors of 8) is not split into lanes: its rows are, 8 at a
-    time, each reduced in TVM's order (``exact=False``: its exp as vector arithmetic, within
-    rounding); a softmax along a non-innermost axis (a lane per row would gather across rows)
-    takes the channel-wise reduction's schedule, vectors across the rows."""
+def test_a_row_under_two_vectors_stays_in_order_and_a_reduction_across_rows_in_channel_vectors():
+    """A row of 12 (under two vectors of 8) keeps TVM's serial reduction; a softmax along a
+    non-innermost axis (a lane per row would gather across rows) takes the channel-wise
+    reduction's schedule, vectors across the rows."""
     func = legalized(lambda x: relax.op.nn.softmax(x), (64, 12))
     new, nests = schedule_rest(func, AVX2, exact=False)
-    assert {(n.block, n.lanes) for n in nests} == {("T_softmax_maxelem", 8), ("T_softmax_expsum", 8)}
-    # per reduction: 8 vectors of rows, each an init vector and 12 steps in order over 8 lanes
-    assert loops(new)[:4] == [(SERIAL, 8), (VECTORIZED, 8), (SERIAL, 12), (VECTORIZED, 8)]
-    assert loops(new).count((VECTORIZED, 8)) == 4
-    same_values(func, new, (64, 12), rtol=1e-6)
-    exact, _ = schedule_rest(func, AVX2)
-    same_values(func, exact, (64, 12))
+    assert nests == () and new.same_as(func)
     func = legalized(lambda x: relax.op.nn.softmax(x, axis=1), (4, 32, 64))
     new, nests = schedule_rest(func, AVX2, exact=False)
     assert "channel vectors" in {n.block: n.note for n in nests}["T_softmax_maxelem"]
     same_values(func, new, (4, 32, 64), rtol=1e-6)
-
-
-def symbolic(build, shape):
-    """The PrimFunc LegalizeOps makes of ``build(x)`` with ``x``'s leading dimensions named
-    (``("n", 48)``: ``n`` known only at run time)."""
-    dims = [tirx.Var(d, "int64") if isinstance(d, str) else d for d in shape]
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType(dims, "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            out = bb.emit_output(build(x))
-        bb.emit_func_output(out)
-    mod = relax.transform.LegalizeOps()(bb.get())
-    return next(f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc))
-
-
-@pytest.mark.parametrize("layer", ["softmax", "layer_norm"])
-def test_a_run_time_row_count_gets_parallel_rows_vectors_and_rows_in_lanes_with_the_same_bits(layer):
-    """Rows known only at run time (a served model's tokens): the elementwise nests run in
-    parallel vectors and each row reduction a vector of rows at a time, in TVM's order; at a
-    row count no vector divides the values are TVM's, bit for bit."""
-    from tirbyoc.offloading.verification import specialize_symbolic
-
-    build = {"softmax": lambda x: relax.op.nn.softmax(x),
-             "layer_norm": lambda x: relax.op.nn.layer_norm(x, relax.const(np.ones(48, "float32")),
-                                                            relax.const(np.zeros(48, "float32")), axes=[-1])}[layer]
-    func = symbolic(build, ("n", 48))
-    new, nests = schedule_rest(func, AVX2)
-    reductions = [n for n in nests if n.block in ("T_softmax_maxelem", "T_softmax_expsum", "x_sum", "x_var_sum")]
-    assert len(reductions) == 2 and all(n.lanes == 8 and n.parallel and n.run_time for n in reductions), nests
-    assert all(n.parallel and n.run_time for n in nests if n not in reductions and n.lanes)
-    for rows in (1, 37):
-        a, b = specialize_symbolic([func, new], {"n": rows})
-        same_values(a, b, (rows, 48))
 
 
 def model(m=64, k=96, n=128):
@@ -319,4 +271,3 @@ def test_the_loops_an_offloaded_function_left_serial_run_in_parallel_vectors():
     a = [t.numpy() for t in vm_new["main"](tvm.runtime.tensor(xs))]
     b = [t.numpy() for t in vm_old["main"](tvm.runtime.tensor(xs))]
     assert len(a) == 2 and all(np.array_equal(p, q) for p, q in zip(a, b))
-

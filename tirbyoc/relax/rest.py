@@ -86,7 +86,6 @@ class RestSchedule:
                 "vector_bits": self.vector_bytes * 8,
                 "packed_weights": self.packed.tensors, "offloaded_functions": len(self.offloaded),
                 "functions": {name: [{"block": n.block, "parallel": n.parallel, "lanes": n.lanes,
-                                      **({"parallel_at_run_time": True} if n.run_time else {}),
                                       **({"schedule": n.note} if n.note else {}),
                                       **({"inlined": n.inlined} if n.inlined else {})}
                                      for n in nests] for name, nests in self.functions.items()}}

@@ -9,19 +9,15 @@ the last (``compute_inline``), the chain is one pass computing each element from
 Bit for bit: each operator still rounds as it did; what could differ is LLVM contracting a
 product into a later sum (an FMA rounds once). Within one of ``LegalizeOps``'s nests that
 is as TVM builds it; across two it never happens there (the product is stored first). So a
-producer whose value holds a float product is inlined behind an arithmetic fence
-(`tirbyoc.rewrite.cpu.exact_division.fenced`: LLVM keeps its rounding, no instruction), as
-if it were still stored: a dequantization's ``(q - z) * s`` feeding a requantization's
-``+ b`` stays two roundings. Only a producer read by one consumer at the very indices it
-writes, over the same shape (an elementwise step, not a broadcast, a pad or a transpose), is
-inlined; TVM's ``compute_inline`` checks the rest.
+producer whose value holds a float product is not inlined. Only a producer read by one
+consumer at the very indices it writes, over the same shape (an elementwise step, not a
+broadcast, a pad or a transpose), is inlined; TVM's ``compute_inline`` checks the rest.
 """
 
 from __future__ import annotations
 
 from tirbyoc._tvm import SPATIAL, TensorLoad, expr_dtype, s_tir, tirx, tvm_ffi
 from tirbyoc.ir.tir_walk import at_iterators
-from tirbyoc.rewrite.cpu.exact_division import fence_argument, fenced
 
 
 def inline_elementwise_chains(sch) -> int:
@@ -33,27 +29,11 @@ def inline_elementwise_chains(sch) -> int:
         if len(consumers) != 1 or not _inlinable(sch.get(block), sch.get(consumers[0])):
             continue
         try:
-            _fence_value(sch, block)  # where TVM then refuses, a fence left costs nothing
             sch.compute_inline(block)
         except s_tir.ScheduleError:  # TVM's own checks: the block stays
             continue
         inlined += 1
     return inlined
-
-
-def _fence_value(sch, block) -> None:
-    """``block``'s stored value behind an arithmetic fence where it holds a float product
-    (see the module's docstring)."""
-    stmt = sch.get(block)
-    store = stmt.body
-    # an integer value (a requantization's cast) keeps its products inside: nothing to contract into
-    if not expr_dtype(store.value).startswith("float") or not _has_float_product(store.value) \
-            or fence_argument(store.value) is not None:
-        return
-    body = tirx.BufferStore(store.buffer, fenced(store.value), store.indices)
-    new = s_tir.SBlock(stmt.iter_vars, stmt.reads, stmt.writes, stmt.name_hint, body, stmt.init,
-                       stmt.alloc_buffers, stmt.match_buffers, stmt.annotations)
-    sch.state.replace(sch.get_sref(block), new, {stmt: new})
 
 
 def _elementwise(block) -> tirx.BufferStore | None:
@@ -68,7 +48,7 @@ def _elementwise(block) -> tirx.BufferStore | None:
 
 def _inlinable(producer, consumer) -> bool:
     made, used = _elementwise(producer), _elementwise(consumer)
-    if made is None or used is None:
+    if made is None or used is None or _has_float_product(made.value):
         return False
     buf = made.buffer
     if not _same_shape(buf.shape, used.buffer.shape):

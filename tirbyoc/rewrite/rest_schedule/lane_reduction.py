@@ -31,7 +31,6 @@ class LaneReduction:
     block: str
     parallel: int
     lanes: int
-    run_time: bool = False  # the parallel rows' count is known only at run time
 
 
 def combiner(block) -> str | None:
@@ -81,7 +80,7 @@ def lane_reduction(sch, block, vector_bytes: int, exact: bool = True,
     """Split ``block``'s row reduction into vectors of ``vector_bytes`` (the module docstring's
     schedule) and return what was done; None, with ``sch`` unchanged, where it does not
     apply. ``parallel_rows(sch, loops, work) -> iterations`` runs the rows ``loops`` (``work``
-    elements in all, None: known only at run time) in parallel where worth it (iterations run in parallel, 0: none); it is
+    elements in all) in parallel where worth it (iterations run in parallel, 0: none); it is
     called before the partial results' init is split off, while TVM still sees the nest as
     one reduction (it will not put a loop around a bare update in parallel)."""
     stmt = sch.get(block)
@@ -96,15 +95,14 @@ def lane_reduction(sch, block, vector_bytes: int, exact: bool = True,
     _, inner = sch.split(axis, [None, lanes])
     partial = sch.rfactor(inner, factor_axis=rows)  # partial[rows..., lane]
     sch.vectorize(sch.get_loops(partial)[-1])
-    # None: a row count known only at run time (a served model's tokens)
-    extents = [loop_extent(sch, l) for l in sch.get_loops(partial)[:rows]]
-    work = None if None in extents else length * prod(extents)
+    # a row count known only at run time counts as one row (as `rest` counts it)
+    work = length * prod(loop_extent(sch, l) or 1 for l in sch.get_loops(partial)[:rows])
     parallel = parallel_rows(sch, sch.get_loops(partial)[:rows], work) if parallel_rows and rows else 0
     steps = sch.get_loops(partial)[-2]
     init = sch.decompose_reduction(partial, steps)
     if int(sch.get(sch.get_loops(init)[-1]).kind) != int(tirx.ForKind.VECTORIZED):
         sch.vectorize(sch.get_loops(init)[-1])
-    return LaneReduction(name, parallel, lanes, run_time=parallel > 0 and None in extents)
+    return LaneReduction(name, parallel, lanes)
 
 
 __all__ = ["LaneReduction", "combiner", "lane_reduction", "order_free"]

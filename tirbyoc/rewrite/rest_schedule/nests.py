@@ -15,10 +15,6 @@ bit for bit:
   as vectors of its output's dtype, where the lanes divide that loop's extent (vectorizing
   a fused loop would index every lane through divisions: gathers);
 * a nest of fewer than `MIN_PARALLEL` iterations is not worth waking the thread pool for;
-  one whose extents are known only at run time (a served model's ``batch`` and ``seq``) is
-  given the same steps: its rows run in parallel, its innermost loop in vectors with a
-  predicated last one (`tirbyoc.rewrite.cpu.vector_tails` makes every whole vector
-  unpredicated when it runs);
 * first, a chain of elementwise nests is inlined into its last one
   (`tirbyoc.rewrite.rest_schedule.elementwise_chain`): one pass over the data, not one per operator.
 
@@ -27,9 +23,7 @@ reduces its own window) gets `tirbyoc.rewrite.rest_schedule.channel_reduction`'s
 across channels, register blocks of output columns, its epilogue fused into the write-back.
 
 A row reduction (a softmax's max and sum, a layer norm's sums) runs each row in vector lanes
-(`tirbyoc.rewrite.rest_schedule.lane_reduction`) where that keeps every bit: a max, a min, an integer sum;
-any other (a float sum where values must stay TVM's, a row of run-time length) runs a vector
-of rows at a time, each row in order (`tirbyoc.rewrite.rest_schedule.row_lanes`).
+(`tirbyoc.rewrite.rest_schedule.lane_reduction`) where that keeps every bit: a max, a min, an integer sum.
 A float sum moves its last bits in another order, and a float ``exp`` or ``erf`` as vector
 arithmetic (`tirbyoc.rewrite.rest_schedule.vector_math`, within 2 units in the last place, instead of one
 libm call per element) moves them too: both only with ``exact=False``, which
@@ -49,7 +43,6 @@ from tirbyoc.ir.tir_walk import loop_extent, perfect_nest, spatial_prefix
 from tirbyoc.rewrite.rest_schedule.channel_reduction import schedule_channel_reduction
 from tirbyoc.rewrite.rest_schedule.elementwise_chain import inline_elementwise_chains
 from tirbyoc.rewrite.rest_schedule.lane_reduction import lane_reduction
-from tirbyoc.rewrite.rest_schedule.row_lanes import row_lanes
 from tirbyoc.rewrite.rest_schedule.vector_math import vectorizable_math
 
 SCHEDULED_ATTR = "tirbyoc.rest"  # set on a function this schedule changed: what it did
@@ -68,7 +61,6 @@ class NestSchedule:
     note: str = ""
     packed: tuple = ()  # weights (parameter names) given a layout-changing copy
     inlined: int = 0  # elementwise steps inlined into the next (`elementwise_chain`; no nest of its own)
-    run_time: bool = False  # the parallel extent is known only at run time (``parallel``: its constant factors)
 
 
 def _lanes(sch, block, vector_bytes: int) -> int:
@@ -86,31 +78,26 @@ def _schedule_nest(sch, block, vector_bytes: int) -> NestSchedule | None:
     if any(int(sch.get(l).kind) != 0 for l in loops):  # 0: ForKind.SERIAL; scheduled already
         return None
     prefix = spatial_prefix(sch, loops, nest[1])
-    if not prefix:
+    if not prefix or any(loop_extent(sch, l) is None for l in prefix):
         return None
-    work = _work(sch, loops)
+    work = _iterations(sch, loops)
     elementwise = len(prefix) == len(loops) and all(int(iv.iter_type) == SPATIAL for iv in sch.get(block).iter_vars)
-    inner = loop_extent(sch, loops[-1])
-    # an innermost extent known only at run time is split with a predicate on the last
-    # vector's lanes; `vector_tails` gives every vector of real lanes a whole-vector version
-    vector = lanes if elementwise and lanes > 1 and (inner is None or inner % lanes == 0) else 0
+    vector = lanes if elementwise and lanes > 1 and _iterations(sch, loops[-1:]) % lanes == 0 else 0
     if vector:  # indices stay a ramp over the lanes, outer operands a broadcast
-        outer, inner_loop = sch.split(loops[-1], [None, vector])
-        sch.vectorize(inner_loop)
+        outer, inner = sch.split(loops[-1], [None, vector])
+        sch.vectorize(inner)
         prefix = [outer] if len(prefix) == 1 else prefix[:-1]
     elif len(prefix) == len(loops) > 1:
         prefix = prefix[:-1]  # the innermost loop stays whole, for LLVM's vectorizer
-    parallel = _parallel_rows(sch, prefix, work)
+    rows = _rows(sch, prefix)
+    fused = sch.fuse(*rows) if len(rows) > 1 else rows[0]
+    parallel = _iterations(sch, [fused]) if work >= MIN_PARALLEL else 0
+    if parallel > 1:
+        sch.parallel(fused)
+    else:
+        parallel = 0
     name = str(sch.get(block).name_hint)
-    # the parallel loop is the block's first: the rows fused were its leading loops
-    run_time = parallel > 0 and loop_extent(sch, sch.get_loops(block)[0]) is None
-    return NestSchedule(name, parallel, vector, run_time=run_time) if parallel or vector else None
-
-
-def _work(sch, loops) -> int | None:
-    """The iterations of ``loops``; None where an extent is known only at run time."""
-    extents = [loop_extent(sch, l) for l in loops]
-    return None if None in extents else prod(extents)
+    return NestSchedule(name, parallel, vector) if parallel or vector else None
 
 
 def _iterations(sch, loops) -> int:
@@ -128,17 +115,14 @@ def _rows(sch, prefix) -> list:
     return prefix
 
 
-def _parallel_rows(sch, loops, work: int | None) -> int:
+def _parallel_rows(sch, loops, work: int) -> int:
     """Fuse the fewest of the rows ``loops`` that give `ROWS` iterations and run them in
-    parallel when the nest does ``work`` >= `MIN_PARALLEL` (None: known only at run time, a
-    served model's tokens: run in parallel, at a microsecond's cost where they are few); the
-    parallel iterations (0: none; a count known only at run time: its constant factors)."""
+    parallel when the nest does ``work`` >= `MIN_PARALLEL`; the parallel iterations (0: none)."""
     rows = _rows(sch, loops)
-    if not rows or (work is not None and work < MIN_PARALLEL):
+    if not rows or work < MIN_PARALLEL:
         return 0
     fused = sch.fuse(*rows) if len(rows) > 1 else rows[0]
-    extent = loop_extent(sch, fused)
-    if extent is not None and extent < 2:
+    if _iterations(sch, [fused]) < 2:
         return 0
     sch.parallel(fused)
     return _iterations(sch, [fused])
@@ -158,25 +142,7 @@ def _in_lanes(sch, vector_bytes: int, exact: bool, taken: set) -> tuple:
             continue
         if found is not None:
             sch = trial
-            done.append(NestSchedule(found.block, found.parallel, found.lanes, run_time=found.run_time))
-    return sch, done
-
-
-def _rows_in_lanes(sch, vector_bytes: int, taken: set) -> tuple:
-    """(the schedule with the row reductions not in ``taken`` run a vector of rows at a time,
-    each row in order (`row_lanes`); the nests so scheduled)."""
-    done = []
-    for block in sch.get_child_blocks(sch.get_sblock("root")):
-        if str(sch.get(block).name_hint) in taken or sch.get(block).init is None:
-            continue
-        trial = sch.copy()
-        try:
-            found = row_lanes(trial, block, vector_bytes, _parallel_rows)
-        except s_tir.ScheduleError:  # a primitive refused: the block is scheduled as any other
-            continue
-        if found is not None:
-            sch = trial
-            done.append(NestSchedule(found.block, found.parallel, found.lanes, run_time=found.run_time))
+            done.append(NestSchedule(found.block, found.parallel, found.lanes))
     return sch, done
 
 
@@ -223,8 +189,6 @@ def schedule_rest(func, vector_bytes: int, registers: int = 32, channel_reductio
     if channel_reductions:
         sch, lanes = _in_lanes(sch, vector_bytes, exact, {n.block for n in done})
         done += lanes
-        sch, rows = _rows_in_lanes(sch, vector_bytes, {n.block for n in done})
-        done += rows
     taken = {n.block for n in done}
     for block in sch.get_child_blocks(sch.get_sblock("root")):
         if str(sch.get(block).name_hint) in taken:
