@@ -661,13 +661,14 @@ def main() -> None:
                     rows.append(measure(args, n, name, precision))
         measured = [r for r in rows if "latency_ms" in r]
         first = args.threads.split(",")[0]
-        for row in measured if not args.no_profile else []:
+        profiled = measured if not args.no_profile else []
+        for row in profiled:
             if str(row["threads"]) == first:
                 with tempfile.TemporaryDirectory() as outputs:
                     row["profile"] = _spawn(args, first, row["model"], row["precision"], "tirbyoc", outputs,
                                             profile=True)["profile"]
-        if measured and not args.no_profile:
-            slowest = min((r for r in measured if "profile" in r), key=lambda r: r["speedup_vs_onnxruntime"])
+        if profiled:
+            slowest = min((r for r in profiled if "profile" in r), key=lambda r: r["speedup_vs_onnxruntime"])
     print(table(rows))
     for row in measured:
         if "profile" in row:
@@ -676,7 +677,7 @@ def main() -> None:
                   + ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in row["profile_summary"].items()))
     out = Path(args.out or HERE / "results" / ("models_fast_math.json" if args.fast_math else "models.json"))
     out.write_text(json.dumps({"benchmark": "models", "cpu": _cpu(), "rows": rows}, indent=1) + "\n")
-    if measured and not args.no_profile:
+    if profiled:
         plot(slowest, out.with_name(out.stem + "_layers.png"))
     print(f"\nwritten to {out}")
 

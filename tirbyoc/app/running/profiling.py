@@ -8,8 +8,7 @@ import numpy as np
 from tirbyoc._tvm import tirx, tvm
 from tirbyoc.errors import TirbyocError
 from tirbyoc.offloading.devices import device_of
-from tirbyoc.offloading.verification import (compile_func, concrete_params, make_inputs, specialize_symbolic,
-                                             symbolic_names)
+from tirbyoc.offloading.verification import compile_func, concrete_params, make_inputs, specialize_symbolic
 
 
 def time_function(func, target, repeat: int, seed: int = 0) -> float:
@@ -29,9 +28,7 @@ def time_function(func, target, repeat: int, seed: int = 0) -> float:
 def at_sizes(func, sizes: dict | None):
     """``func`` with its symbolic extents bound to ``sizes`` (a dynamic model's run sizes), so
     that it can be timed alone; as it is when it has none or no sizes are given."""
-    if sizes and symbolic_names([func]):
-        return specialize_symbolic([func], sizes)[0]
-    return func
+    return specialize_symbolic([func], sizes)[0] if sizes else func  # unchanged without symbolic extents
 
 
 def profile_functions(mod, offloaded, report, target, repeat: int, progress=None, sizes: dict | None = None) -> None:
