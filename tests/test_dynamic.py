@@ -527,6 +527,10 @@ def test_an_int8_encoder_with_batch_and_seq_both_dynamic_runs_integer_at_every_s
     assert [(r["sizes"], r["coverage"], r["verified"]) for r in result["sizes"]] == [
         ({"batch": 1, "seq": 5}, 1.0, True), ({"batch": 2, "seq": 16}, 1.0, True)]
     assert result["quantized"]["integer"] and not result["quantized"]["kept"]
+    # the GELU's fourteen requantized steps are one byte table, looked up in FFN1's write-back
+    assert [c.split(":")[0] for c in result["byte_tables"]["chains"]] == ["lv85 -> lv103"]
+    ffn1 = [f for f in result["functions"] if f["name"].endswith("byte_lookup")]
+    assert len(ffn1) == 1 and ffn1[0]["template"] == "x86_avx2" and "byte_lookup" in ffn1[0]["epilogue"]
 
 
 def test_a_decoder_layer_with_its_kv_cache_offloads_every_mac_at_each_size(tmp_path, capsys):

@@ -40,6 +40,7 @@ from tirbyoc.matching.matcher import match
 from tirbyoc.offloading.offloader import offload
 from tirbyoc.offloading.whole_function import find_whole_call, verify_whole_call
 from tirbyoc.rewrite.cpu.weight_layout import LAYOUT_FREE_ATTR
+from tirbyoc.relax.byte_tables import elementwise_lookups
 from tirbyoc.relax.call_sites import call_counts, constant_argument_values, constant_arguments
 from tirbyoc.relax.mutation import mutate_functions
 from tirbyoc.rewrite.foundation.steps import StepKind
@@ -149,8 +150,9 @@ mac_blocks = block_macs
 
 def fuse(mod):
     """TVM's operator fusion of a legalized module (``AnnotateTIROpPattern``, ``FuseOps``,
-    ``FuseTIR``), as its default pipeline does before building."""
-    mod = relax.transform.AnnotateTIROpPattern()(mod)
+    ``FuseTIR``), as its default pipeline does before building. A byte table's lookup
+    (`tirbyoc.relax.byte_tables`) counts as elementwise, so that it joins its producer."""
+    mod = elementwise_lookups(relax.transform.AnnotateTIROpPattern()(mod))
     mod = relax.transform.FuseOps()(mod)
     return relax.transform.FuseTIR()(mod)
 

@@ -24,7 +24,10 @@ from tirbyoc.app.model_in.preparation import (
 )
 from tirbyoc.app.model_in.sizes import bindings as size_bindings
 from tirbyoc.errors import TirbyocError
+from tirbyoc.app.run_target import run_target
+from tirbyoc.decl.registry import as_template
 from tirbyoc.relax.bf16 import Bf16Report, bf16_of
+from tirbyoc.relax.byte_tables import ByteTableReport, byte_tables
 from tirbyoc.relax.bridge import fuse
 from tirbyoc.relax.fast_math import FastMathReport, fast_math_of
 from tirbyoc.relax.layout import LayoutReport, channels_last
@@ -54,6 +57,7 @@ class LegalizedModel:
     layout: LayoutReport  # the convolutions converted to NHWC
     fast_math: FastMathReport | None = None  # filled in when the options ask for fast math
     bf16: Bf16Report | None = None  # filled in when the options' precision is bf16
+    tables: ByteTableReport | None = None  # the 8-bit chains computed as tables (`byte_tables`)
     as_given: object = None  # with ``as_given=True``: the model legalized as it was given
 
 
@@ -93,6 +97,7 @@ def legalized_model(model: str | None, templates, options: RunOptions | None = N
         done.bf16.add(changed)
     laid = (channels_last(converted, done.layout, reduction_tile(templates))[0] if wants_channels_last(templates)
             else converted)
+    laid = _with_byte_tables(laid, templates, opts, done)
     mod = relax.transform.LegalizeOps()(laid)
     given = (mod if laid is loaded else relax.transform.LegalizeOps()(loaded)) if as_given else None
     if fuses_epilogues(templates):
@@ -107,6 +112,16 @@ def legalized_model(model: str | None, templates, options: RunOptions | None = N
         mod = bound
     done.spec, done.mod, done.as_given = spec, mod, given
     return done
+
+
+def _with_byte_tables(mod, templates, opts: RunOptions, done: LegalizedModel):
+    """``mod`` with its 8-bit elementwise chains as tables computed for the run's target
+    (`tirbyoc.relax.byte_tables`), named in ``done.tables`` when there were any."""
+    if not templates:
+        return mod
+    new, report = byte_tables(mod, run_target(as_template(templates[0]), opts.target))
+    done.tables = report if report.chains else None
+    return new
 
 
 def entry_function(mod) -> str:

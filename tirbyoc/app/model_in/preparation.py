@@ -11,6 +11,7 @@ from math import prod
 import tvm
 from tvm import relax
 
+from tirbyoc.app.run_target import run_target
 from tirbyoc.decl.registry import as_template
 from tirbyoc.relax.quantized import QuantizedReport, QuantizedToInteger, has_quantize_ops
 
@@ -55,11 +56,14 @@ def reduction_tile(templates) -> int:
     return 1
 
 
-def preparation(templates) -> tuple:
-    """What the model a run offloads depends on in ``templates``: two template lists with the
-    same preparation offload the same legalized model (a sweep builds it once)."""
+def preparation(templates, target=None) -> tuple:
+    """What the model a run offloads depends on in ``templates`` (and ``target``, the run's
+    own if given): two template lists with the same preparation offload the same legalized
+    model (a sweep builds it once). The target is part of it: a QDQ model's byte tables are
+    computed by a build for it (`tirbyoc.relax.byte_tables`)."""
+    built_for = str(run_target(as_template(templates[0]), target)) if templates else None
     return (activation_dtype(templates), requantize_mode(templates), fuses_epilogues(templates),
-            wants_channels_last(templates))
+            wants_channels_last(templates), built_for)
 
 
 def activation_dtype(templates) -> str | None:

@@ -11,6 +11,7 @@ from tirbyoc.offloading.table import group_repeats, render
 from tirbyoc.relax.bridge import OffloadReport
 from tirbyoc.relax.emulated import EmulatedRuns
 from tirbyoc.relax.bf16 import Bf16Report
+from tirbyoc.relax.byte_tables import ByteTableReport
 from tirbyoc.relax.fast_math import FastMathReport
 from tirbyoc.relax.layout import LayoutReport
 from tirbyoc.relax.quantized import QuantizedReport
@@ -39,6 +40,7 @@ class RunResult:
     sizes: list | None = None  # --size: the model at each binding of its named dimensions (SizeRun)
     size_origin: str | None = None  # where the sizes came from, when --size did not give them
     bf16: Bf16Report | None = None  # --precision bf16: what was converted, its accuracy against fp32
+    tables: ByteTableReport | None = None  # a QDQ model's 8-bit elementwise chains as 256-entry tables
 
     def to_json(self) -> dict:
         r = self.report
@@ -68,6 +70,7 @@ class RunResult:
             "size_origin": self.size_origin,
             "precision": "bf16" if self.bf16 is not None else None,
             "bf16": self.bf16.to_json() if self.bf16 is not None else None,
+            "byte_tables": self.tables.to_json() if self.tables is not None else None,
         }
 
     def outcome(self) -> str:
@@ -106,6 +109,8 @@ class RunResult:
             text += f"\nlayout: {self.layout.describe()}"
         if self.quantized is not None:
             text += f"\nquantized model: {self.quantized.describe()}"
+        if self.tables is not None:
+            text += f"\n{self.tables.describe()}"
         if self.fast_math is not None:
             text += f"\n{self.fast_math.describe()}"
         if self.bf16 is not None:

@@ -391,7 +391,7 @@ def run_model(model: str | None = None, templates: list | None = None, options: 
                      latency_ms=latency, seconds=seconds, not_run="; ".join(missing) or None,
                      simulation=done.simulation, comparison=comparison, baseline=opts.baseline,
                      quantized=quantized if quantized.integer or quantized.kept else None, reference=ref,
-                     emulated=done.emulated, fast_math=fast, bf16=bf16,
+                     emulated=done.emulated, fast_math=fast, bf16=bf16, tables=prepared.tables,
                      emulates={t.name: t.emulates for t in tmpls if t.emulates},
                      layout=layout if layout.convolutions else None, sizes=sized, size_origin=origin)
 

@@ -118,7 +118,7 @@ def run_point(model, base, params, options: RunOptions, references: dict) -> Swe
         # its ALU runs the same requantized model, its epilogues on the host), unless the
         # variant's cores take other activations
         prep = [base] if activation_dtype([base]) == activation_dtype([variant]) else [variant]
-        key = preparation(prep)
+        key = preparation(prep, options.target)
         if key not in references:
             prepared = legalized_model(model, prep, options, constant_weights=True)
             untouched = ModelCall(prepared.mod, model_target(tgt), prepared.entry, prepared.arrays)
