@@ -9,6 +9,10 @@ out as TVM's default pipeline leaves it.
 * `tirbyoc.rewrite.cpu.stack.keep_register_blocks_on_stack`: the register blocks of accumulators
   left on the stack (in registers) where TVM would move a buffer of 1 KiB or more to the heap.
 
+* `tirbyoc.rewrite.cpu.byte_lookup.vector_byte_lookups`: a vector of lookups into a 256-entry
+  byte table (`tirbyoc.relax.byte_tables`) as two ``vpermi2b`` and a blend, not a byte at a time
+  (AVX-512 VBMI targets);
+
 * `tirbyoc.rewrite.cpu.cpu_epilogue.fence_products`: the float products of an epilogue fused
   into a write-back rounded before they are added (no fused multiply-add that TVM's own
   build of the unfused blocks would not make), in the loop nests that
@@ -31,6 +35,7 @@ and, before TVM's lowering, on the scheduled functions:
 from __future__ import annotations
 
 from tirbyoc._tvm import register_tir_pipeline, tirx
+from tirbyoc.rewrite.cpu.byte_lookup import vector_byte_lookups
 from tirbyoc.rewrite.cpu.cpu_epilogue import fence_products, mark_writebacks
 from tirbyoc.rewrite.functions.double_buffer import version_tiles
 from tirbyoc.rewrite.cpu.prefetch import insert_weight_prefetches
@@ -55,6 +60,7 @@ AFTER_LOWERING = (
     Stage("version tiles", version_tiles, "two versions of each scratchpad tile marked for double buffering"),
     Stage("register blocks on stack", keep_register_blocks_on_stack, "register blocks kept off the heap"),
     Stage("fence products", fence_products, "a fused epilogue's float products rounded before they are added"),
+    Stage("byte lookups", vector_byte_lookups, "vector lookups into 256-entry byte tables as vpermi2b"),
 )
 
 
