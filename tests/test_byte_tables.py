@@ -13,7 +13,8 @@ from tirbyoc._tvm import relax_vm, tvm
 from tirbyoc.app.running.targets import complete_target
 from tirbyoc.relax.bridge import fuse
 from tirbyoc.relax.byte_chains import byte_chains
-from tirbyoc.relax.byte_tables import LOOKUP_ATTR, byte_tables, table_inputs
+from tirbyoc.relax.byte_tables import byte_tables, table_inputs
+from tirbyoc.relax.lookups import LOOKUP_ATTR
 
 HOST = complete_target({"kind": "llvm"})
 
@@ -115,3 +116,46 @@ def test_a_target_of_another_machine_leaves_the_model_as_it_is():
     mod = gelu_module("uint8", 128)
     new, report = byte_tables(mod, {"kind": "llvm", "mtriple": "hexagon", "mcpu": "hexagonv66"})
     assert new is mod and "not this machine's" in report.describe()
+
+
+def softmax_module(dtype: str, zero: int, scale: float = 0.05, axis: int = -1):
+    """ONNX Runtime's QDQ softmax over attention scores ``[heads, n, n]`` in ``dtype``."""
+    z = R.const(zero, dtype)
+
+    @I.ir_module
+    class Softmax:
+        @R.function
+        def main(x: R.Tensor((2, "n", "n"), "float32")):
+            with R.dataflow():
+                q = R.quantize(x, R.const(scale, "float32"), z, out_dtype=dtype, axis=1)
+                d = R.dequantize(q, R.const(scale, "float32"), z, out_dtype="float32", axis=1)
+                p = R.nn.softmax(d, axis=axis)
+                y = R.quantize(p, R.const(1 / 255, "float32"), R.const(0, "uint8"), out_dtype="uint8", axis=1)
+                R.output(y)
+            return y
+
+    return Softmax
+
+
+@pytest.mark.parametrize("dtype,zero", [("uint8", 131), ("int8", 5)])
+def test_a_softmax_of_dequantized_bytes_takes_its_exponentials_from_a_pair_table(dtype, zero):
+    """exp(x_j - max x) of bytes is a function of two bytes: the rewritten softmax has no exp
+    and computes TVM's values bit for bit, over scores reaching every byte (both clips too),
+    rows of one value included."""
+    mod = softmax_module(dtype, zero)
+    new, report = byte_tables(mod, HOST)
+    assert report.softmaxes == ["q -> y"] and not report.chains
+    assert "R.exp" not in new["main"].script() and "softmax" not in new["main"].script()
+    rng = np.random.default_rng(1)
+    x = rng.normal(0, 4, (2, 200, 200)).astype("float32")
+    x[0, :3] = np.linspace(-20, 20, 600).reshape(3, 200)
+    x[1, 7] = 1.25  # one value: every exponential is 1
+    np.testing.assert_array_equal(_run(new, x), _run(mod, x))
+
+
+@pytest.mark.parametrize("scale,axis,why", [(-0.05, -1, "a negative scale: the largest byte is the smallest value"),
+                                            (0.05, 1, "another axis than the last")])
+def test_a_softmax_the_pair_table_does_not_cover_stays(scale, axis, why):
+    mod = softmax_module("uint8", 0, scale, axis)
+    new, report = byte_tables(mod, HOST)
+    assert not report.softmaxes and new is mod, why

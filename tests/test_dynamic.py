@@ -529,6 +529,7 @@ def test_an_int8_encoder_with_batch_and_seq_both_dynamic_runs_integer_at_every_s
     assert result["quantized"]["integer"] and not result["quantized"]["kept"]
     # the GELU's fourteen requantized steps are one byte table, looked up in FFN1's write-back
     assert [c.split(":")[0] for c in result["byte_tables"]["chains"]] == ["lv85 -> lv103"]
+    assert len(result["byte_tables"]["softmaxes"]) == 1  # the attention's, its exp from a pair table
     ffn1 = [f for f in result["functions"] if f["name"].endswith("byte_lookup")]
     assert len(ffn1) == 1 and ffn1[0]["template"] == "x86_avx2" and "byte_lookup" in ffn1[0]["epilogue"]
 

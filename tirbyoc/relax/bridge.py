@@ -40,7 +40,7 @@ from tirbyoc.matching.matcher import match
 from tirbyoc.offloading.offloader import offload
 from tirbyoc.offloading.whole_function import find_whole_call, verify_whole_call
 from tirbyoc.rewrite.cpu.weight_layout import LAYOUT_FREE_ATTR
-from tirbyoc.relax.byte_tables import elementwise_lookups
+from tirbyoc.relax.lookups import elementwise_lookups
 from tirbyoc.relax.call_sites import call_counts, constant_argument_values, constant_arguments
 from tirbyoc.relax.mutation import mutate_functions
 from tirbyoc.rewrite.foundation.steps import StepKind

@@ -31,40 +31,51 @@ import numpy as np
 from tvm import relax, te
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from tirbyoc._tvm import is_host_target, make_target, relax_vm, tirx, tvm
+from tirbyoc._tvm import is_host_target
 from tirbyoc.relax.byte_chains import ByteChain, byte_chains
+from tirbyoc.relax.byte_softmax import byte_softmaxes, pair_function, pair_inputs, softmax_of_bytes
+from tirbyoc.relax.lookups import all_bytes, as_lookup, bits, run_with_tvm
 from tirbyoc.relax.mutation import mutate_functions, reporting_pass
 
 
 @dataclass
 class ByteTableReport:
-    """The chains `ByteTables` replaced, each as ``"source -> root: op, op, ..."``, and why
-    it replaced none where it did not run."""
+    """The chains `ByteTables` replaced, each as ``"source -> root: op, op, ..."``, the
+    softmaxes whose exponentials became pair tables (``"source -> root"``), and why it
+    replaced none where it did not run."""
 
     chains: list = field(default_factory=list)
+    softmaxes: list = field(default_factory=list)
     skipped: str | None = None
+
+    @property
+    def replaced(self) -> bool:
+        return bool(self.chains or self.softmaxes)
 
     def add(self, other: "ByteTableReport") -> None:
         self.chains += other.chains
+        self.softmaxes += other.softmaxes
         self.skipped = self.skipped or other.skipped
 
     def describe(self) -> str:
-        """One line: how many chains became tables, and the longest one's operators."""
+        """One line: how many chains and softmaxes became tables, the longest chain's operators."""
         if self.skipped:
             return f"byte tables: none ({self.skipped})"
         longest = max(self.chains, key=len).split(": ", 1)[-1] if self.chains else ""
-        return (f"byte tables: {len(self.chains)} elementwise chain(s) from one 8-bit tensor to another "
-                f"computed once as 256-entry tables by TVM's build of the chain (the longest: {longest})")
+        return (f"byte tables, computed once by TVM's build of the same operators: {len(self.chains)} "
+                f"elementwise chain(s) from one 8-bit tensor to another as 256 entries"
+                + (f" (the longest: {longest})" if longest else "")
+                + f"; {len(self.softmaxes)} softmax(es) of dequantized bytes with exp as 256 x 256 entries")
 
     def to_json(self) -> dict:
-        return {"chains": list(self.chains), "skipped": self.skipped}
+        return {"chains": list(self.chains), "softmaxes": list(self.softmaxes), "skipped": self.skipped}
 
 
 def table_inputs(dtype: str, ndim: int) -> np.ndarray:
-    """The 256 values of 8-bit ``dtype`` in the order `take` indexes the table: by the
-    value's bits read as uint8 (so an int8 -1 is entry 255), shaped ``[1, ..., 1, 256]`` to
-    keep the chain's ``axis`` attributes valid."""
-    return np.arange(256, dtype=np.uint8).view(dtype).reshape((1,) * (ndim - 1) + (256,))
+    """The 256 values of 8-bit ``dtype`` in the order the lookup indexes the table (by their
+    bits: an int8 -1 is entry 255), shaped ``[1, ..., 1, 256]`` to keep the chain's ``axis``
+    attributes valid."""
+    return all_bytes(dtype).reshape((1,) * (ndim - 1) + (256,))
 
 
 def _table_function(chain: ByteChain, ndim: int) -> relax.Function:
@@ -83,65 +94,52 @@ def _table_function(chain: ByteChain, ndim: int) -> relax.Function:
     return bb.get()["table"]
 
 
-def compute_tables(chains: list[ByteChain], target) -> list[np.ndarray]:
-    """Each chain's 256 outputs, computed by TVM's default build for ``target`` of the chain's
-    own operators (one build for all chains)."""
-    if not chains:
-        return []
-    ndims = [len(chain.source.ty.shape) for chain in chains]
-    mod = tvm.IRModule({f"table{i}": _table_function(c, n).with_attr("global_symbol", f"table{i}")
-                        for i, (c, n) in enumerate(zip(chains, ndims))})
-    vm = relax_vm(tvm.compile(mod, target=make_target(target)), tvm.cpu())
-    return [vm[f"table{i}"](tvm.runtime.tensor(table_inputs(str(c.source.ty.dtype), n))).numpy()
-            for i, (c, n) in enumerate(zip(chains, ndims))]
-
-
-LOOKUP_ATTR = "tirbyoc.byte_lookup"  # a lookup PrimFunc's attribute: `fuse` takes it as elementwise
+def compute_tables(chains: list[ByteChain], softmaxes: list, target) -> tuple[list, list]:
+    """(each chain's 256 outputs, each softmax's 256 x 256 exponentials), computed together by
+    TVM's default build for ``target`` of the model's own operators."""
+    funcs, inputs = {}, {}
+    for i, c in enumerate(chains):
+        n = len(c.source.ty.shape)
+        funcs[f"table{i}"], inputs[f"table{i}"] = _table_function(c, n), [table_inputs(str(c.source.ty.dtype), n)]
+    for i, sm in enumerate(softmaxes):
+        funcs[f"pairs{i}"], inputs[f"pairs{i}"] = pair_function(sm), pair_inputs(sm)
+    out = run_with_tvm(funcs, inputs, target) if funcs else {}
+    return [out[f"table{i}"] for i in range(len(chains))], [out[f"pairs{i}"] for i in range(len(softmaxes))]
 
 
 def _lookup_compute(table, q):
-    """``out[i...] = table[q[i...]]``, an int8 ``q`` read by its bits as uint8 (`table_inputs`)."""
-    def at(*i):
-        v = q(*i)
-        return table(v if q.dtype == "uint8" else v.astype("uint8"))
-    return te.compute(q.shape, at, name="byte_lookup")
+    """``out[i...] = table[q[i...]]``, ``q`` read by its bits (`table_inputs`)."""
+    return te.compute(q.shape, lambda *i: table(bits(q(*i))), name="byte_lookup")
 
 
 def lookup(builder, table: np.ndarray, source) -> relax.Expr:
-    """A call of a `LOOKUP_ATTR` PrimFunc (added to ``builder``'s module) computing
-    ``table[source]``. Its own function, not Relax's ``take``: TVM's fusion takes a gather for
-    opaque, and the lookup is elementwise in ``source`` (the table is one constant, read whole),
-    so `tirbyoc.relax.bridge.fuse` lets it join its producer's function."""
+    """A call of a lookup PrimFunc (added to ``builder``'s module) computing
+    ``table[source]``: its own function, not Relax's ``take`` (a gather, opaque to TVM's
+    fusion), marked elementwise in ``source`` so that it joins its producer's function."""
     call = builder.call_te(_lookup_compute, relax.const(table), source, primfunc_name_hint="byte_lookup")
-    gv = call.args[0]
-    builder.update_func(gv, builder.get()[gv].with_attr(LOOKUP_ATTR, True))
-    return call
-
-
-def elementwise_lookups(mod):
-    """``mod`` (op patterns annotated) with each lookup PrimFunc's ``op_pattern`` elementwise
-    (0): TVM's analysis takes its data-dependent index for opaque, which would keep it out of
-    its producer's fused function."""
-    for gv, func in list(mod.functions_items()):
-        if isinstance(func, tirx.PrimFunc) and func.attrs is not None and LOOKUP_ATTR in func.attrs:
-            mod[gv] = func.with_attr("op_pattern", 0)
-    return mod
+    return as_lookup(builder, call, 0)
 
 
 @mutator
 class _Lookups(PyExprMutator):
-    """Rebinds each chain's root to a table lookup of its source."""
+    """Rebinds each chain's root to a table lookup of its source, each softmax's to its pair
+    table's lookups."""
 
-    def __init__(self, mod, roots: dict):
+    def __init__(self, mod, roots: dict, softmaxes: dict):
         super().__init__(mod)
         self.roots = roots  # root var -> (table, source var)
+        self.softmaxes = softmaxes  # root var -> (table, _Softmax)
 
     def visit_var_binding_(self, binding):
-        if binding.var not in self.roots:
+        if binding.var in self.roots:
+            table, source = self.roots[binding.var]
+            value = lookup(self.builder_, table, self.visit_expr(source))
+        elif binding.var in self.softmaxes:
+            table, sm = self.softmaxes[binding.var]
+            value = softmax_of_bytes(self.builder_, sm, table, self.visit_expr(sm.source))
+        else:
             return super().visit_var_binding_(binding)
-        table, source = self.roots[binding.var]
-        value = self.builder_.normalize(lookup(self.builder_, table, self.visit_expr(source)))
-        self.builder_.emit_normalized(relax.VarBinding(binding.var, value))
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(value)))
 
 
 def byte_tables(mod, target) -> tuple[object, ByteTableReport]:
@@ -152,13 +150,16 @@ def byte_tables(mod, target) -> tuple[object, ByteTableReport]:
     if not is_host_target(target):
         report.skipped = "the target is not this machine's: its tables cannot be computed here"
         return mod, report
-    chains = [c for _, f in mod.functions_items() if isinstance(f, relax.Function) for c in byte_chains(f)]
-    if not chains:
+    funcs = [f for _, f in mod.functions_items() if isinstance(f, relax.Function)]
+    chains = [c for f in funcs for c in byte_chains(f)]
+    softmaxes = [sm for f in funcs for sm in byte_softmaxes(f)]
+    if not chains and not softmaxes:
         return mod, report
-    tables = compute_tables(chains, target)
-    roots = {c.root: (t, c.source) for c, t in zip(chains, tables)}
+    tables, pairs = compute_tables(chains, softmaxes, target)
     report.chains = [f"{c.source.name} -> {c.root.name}: {', '.join(c.ops)}" for c in chains]
-    new = mutate_functions(mod, _Lookups(mod, roots))
+    report.softmaxes = [f"{sm.source.name} -> {sm.root.name}" for sm in softmaxes]
+    new = mutate_functions(mod, _Lookups(mod, {c.root: (t, c.source) for c, t in zip(chains, tables)},
+                                         {sm.root: (t, sm) for sm, t in zip(softmaxes, pairs)}))
     return relax.transform.DeadCodeElimination()(new), report
 
 
@@ -167,4 +168,4 @@ def ByteTables(target, report: ByteTableReport | None = None):  # noqa: N802 - a
     return reporting_pass(lambda mod: byte_tables(mod, target), report, "tirbyoc.ByteTables")
 
 
-__all__ = ["ByteTableReport", "LOOKUP_ATTR", "ByteTables", "elementwise_lookups", "byte_tables", "compute_tables", "lookup", "table_inputs"]
+__all__ = ["ByteTableReport", "ByteTables", "byte_tables", "compute_tables", "lookup", "table_inputs"]
