@@ -10,6 +10,7 @@ two bytes:
     exp(x_j - max x) = E[max q][q_j],    E[b][a] = exp(dequantize(a) - dequantize(b))
 
 This module rewrites ``quantize(softmax(dequantize(q)))`` (Relax, before legalization) into
+one function of ``q`` (fused with the quantize after it, as TVM fuses a softmax)
 
     m = max(q, axis=-1)                  # over the bytes
     e = E[m][q]                          # one lookup a score
@@ -32,7 +33,7 @@ from tirbyoc._tvm import const_value
 from tirbyoc.relax.byte_chains import is_byte
 from tirbyoc.relax.lookups import all_bytes, as_lookup, bits
 
-BROADCAST = 1  # TVM's operator pattern for the lookup: its row's byte is broadcast along the axis
+OUT_ELEMWISE_FUSABLE = 4  # TVM's operator pattern for the softmax (as for its own): the quantize joins it
 
 
 def _call_named(expr, name: str):
@@ -103,19 +104,25 @@ def pair_inputs(sm: _Softmax) -> list[np.ndarray]:
     return [values.reshape((1,) * (rank - 1) + (256,)), values.reshape((1,) * (rank - 2) + (256, 1))]
 
 
-def _pair_lookup(table, m, q):
-    """``e[..., j] = table[m[..., 0], q[..., j]]``, bytes read by their bits."""
-    return te.compute(q.shape, lambda *i: table(bits(m(*i[:-1], 0)), bits(q(*i))), name="byte_pair_lookup")
+def _softmax_compute(table, q):
+    """The softmax of ``q``'s dequantized bytes along the last axis, its exponentials from
+    ``table``: the largest byte of each row, each score's ``table[largest][byte]``, their sum
+    in TVM's order (a ``te.sum`` as topi's softmax has), each exponential divided by it."""
+    *lead, n = q.shape
+    k = te.reduce_axis((0, n), name="k")
+    largest = te.compute(lead, lambda *i: te.max(q(*i, k), axis=k), name="byte_softmax_max")
+    e = te.compute(q.shape, lambda *i: table(bits(largest(*i[:-1])), bits(q(*i))), name="byte_softmax_exp")
+    j = te.reduce_axis((0, n), name="j")
+    total = te.compute(lead, lambda *i: te.sum(e(*i, j), axis=j), name="byte_softmax_expsum")
+    return te.compute(q.shape, lambda *i: e(*i) / total(*i[:-1]), name="byte_softmax")
 
 
 def softmax_of_bytes(builder, sm: _Softmax, table: np.ndarray, q) -> relax.Expr:
-    """``sm``'s output from ``q`` (the dequantized bytes) and its pair ``table``, as the
-    module's docstring computes it; emitted into ``builder``."""
-    m = builder.emit(relax.op.max(q, axis=[-1], keepdims=True))
-    e = builder.emit(as_lookup(builder, builder.call_te(_pair_lookup, relax.const(table), m, q,
-                                                        primfunc_name_hint="byte_pair_lookup"), BROADCAST))
-    total = builder.emit(relax.op.sum(e, axis=[-1], keepdims=True))
-    p = builder.emit(relax.op.divide(e, total))
+    """``sm``'s output from ``q`` (the dequantized bytes) and its pair ``table``: one function
+    (`_softmax_compute`, fused as TVM fuses a softmax: with the quantize after it), then the
+    model's own quantize; emitted into ``builder``."""
+    call = builder.call_te(_softmax_compute, relax.const(table), q, primfunc_name_hint="byte_softmax")
+    p = builder.emit(as_lookup(builder, call, OUT_ELEMWISE_FUSABLE))
     return relax.Call(sm.quantize.op, [p, *sm.quantize.args[1:]], sm.quantize.attrs)
 
 
