@@ -63,7 +63,7 @@ def template_target(name: str):
     x86_avx512bw skylake-avx512, x86_avx2 haswell), so that each row runs that template's
     instructions only - built for this CPU, LLVM would turn x86_avx2's vpmaddwd + vpaddd into
     AVX-512 VNNI's vpdpwssd where this CPU has it."""
-    from tirbyoc.app.running.targets import complete_target
+    from tirbyoc.app.run_target import complete_target
 
     return complete_target(dict(tirbyoc.get_template(name).target))
 

@@ -46,7 +46,7 @@ def measure(c: int, hw: int, oc: int, k: int, repeat: int) -> dict:
     import tvm
 
     import tirbyoc
-    from tirbyoc.app.running.targets import complete_target
+    from tirbyoc.app.run_target import complete_target
     from tirbyoc.offloading.offloader import exact_size
     from tirbyoc.offloading.verification import compile_func, verify
     from tirbyoc.rewrite.functions.in_place import read_in_place

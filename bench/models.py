@@ -153,7 +153,7 @@ def tvm_engines(path: Path, template: str, group: str, repeat: int, fast_math: b
     from tirbyoc import RunOptions, legalized_model
     from tirbyoc.app.running.run import model_output
     from tirbyoc.app.model_in.sizes import coverage_at
-    from tirbyoc.app.running.targets import complete_target
+    from tirbyoc.app.run_target import complete_target
     from tirbyoc.offloading.lowering import PIPELINE
     from tirbyoc.relax.bridge import offload_module
     from tirbyoc.relax.prepack import pack_constant_weights

@@ -10,7 +10,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 from tirbyoc._tvm import relax_vm, tvm
-from tirbyoc.app.running.targets import complete_target
+from tirbyoc.app.run_target import complete_target
 from tirbyoc.relax.bridge import fuse
 from tirbyoc.relax.byte_chains import byte_chains
 from tirbyoc.relax.byte_tables import byte_tables, table_inputs

@@ -326,7 +326,8 @@ def test_both_builds_use_this_cpu_and_the_json_says_which_target():
     """blas's template names no CPU: the baseline was built for generic x86-64 while the
     offload called OpenBLAS. Both now build for this CPU, and the JSON says so."""
     from tirbyoc.decl.host import host_target_spec
-    from tirbyoc.app.running.run import complete_target, run_model
+    from tirbyoc.app.run_target import complete_target
+    from tirbyoc.app.running.run import run_model
 
     spec = host_target_spec()
     host = spec["mcpu"]
@@ -345,7 +346,7 @@ def test_a_template_naming_a_cpu_builds_for_this_one_where_it_has_its_features()
     lacking any (or a target for another machine) keeps the named CPU."""
     from tirbyoc._tvm import isa_features, make_target
     from tirbyoc.decl.host import host_target, host_target_spec
-    from tirbyoc.app.running.targets import for_this_cpu
+    from tirbyoc.app.run_target import for_this_cpu
 
     host = host_target()
     declared = {"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2}

@@ -33,10 +33,9 @@ from tirbyoc.app.running.targets import (
     baseline_module,
     check_target,
     check_templates_on_target,
-    complete_target,
     model_target,
-    run_target,
 )
+from tirbyoc.app.run_target import complete_target, run_target
 from tirbyoc.decl.extern import check_loaded
 from tirbyoc.decl.registry import as_template, get_template
 from tirbyoc.errors import ModelError, TirbyocError, last_line
@@ -397,4 +396,4 @@ def run_model(model: str | None = None, templates: list | None = None, options: 
 
 
 __all__ = ["BASELINES", "OffloadRun", "Progress", "RunResult", "baseline_module", "check_target", "compare",
-           "complete_target", "run_model", "run_offloaded"]
+           "run_model", "run_offloaded"]

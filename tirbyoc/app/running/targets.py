@@ -13,7 +13,7 @@ from __future__ import annotations
 from tvm.s_tir import dlight as dl
 
 from tirbyoc._tvm import isa_features, make_target
-from tirbyoc.app.run_target import complete_target, for_this_cpu, run_target
+from tirbyoc.app.run_target import complete_target
 from tirbyoc.decl.template import Runtime
 from tirbyoc.errors import TirbyocError, last_line
 from tirbyoc.offloading.devices import device_of
@@ -78,5 +78,4 @@ def check_target(target):
         raise TirbyocError(f"target {target!r} is not a TVM target: {last_line(err)}") from None
 
 
-__all__ = ["BASELINES", "baseline_module", "check_target", "check_templates_on_target",
-           "complete_target", "for_this_cpu", "run_target"]
+__all__ = ["BASELINES", "baseline_module", "check_target", "check_templates_on_target", "model_target"]

@@ -36,7 +36,8 @@ from tirbyoc.app.sweeping.search import SearchPlan, SearchResult, Workers, searc
 from tirbyoc.app.sweeping.search_space import SearchSpace, point_key
 from tirbyoc.app.sweeping.sweep_point import SweepPoint
 from tirbyoc.app.sweeping.sweep_results import ResultsFile
-from tirbyoc.app.running.targets import model_target, run_target
+from tirbyoc.app.run_target import run_target
+from tirbyoc.app.running.targets import model_target
 from tirbyoc.decl.registry import as_template, get_template, template_names
 from tirbyoc.errors import TirbyocError
 from tirbyoc.offloading.table import render
