@@ -271,3 +271,37 @@ def test_the_loops_an_offloaded_function_left_serial_run_in_parallel_vectors():
     a = [t.numpy() for t in vm_new["main"](tvm.runtime.tensor(xs))]
     b = [t.numpy() for t in vm_old["main"](tvm.runtime.tensor(xs))]
     assert len(a) == 2 and all(np.array_equal(p, q) for p, q in zip(a, b))
+
+
+@pytest.mark.parametrize("rows", [1, 5, 70])
+def test_rows_of_a_run_time_count_run_in_parallel_with_the_same_bits(rows):
+    """A served model's layer norm and quantize (rows known only at run time): every nest's
+    rows run in parallel whatever their count, each row's float sums in TVM's order, the
+    elementwise nests in vectors along their static rows."""
+    n = tirx.Var("n", "int64")
+
+    def norm(x):
+        y = relax.op.nn.layer_norm(x, relax.const(np.linspace(0.5, 1.5, 96, dtype="float32")),
+                                   relax.const(np.linspace(-1, 1, 96, dtype="float32")), axes=[-1])
+        return relax.op.multiply(y, relax.const(3.0, "float32"))
+
+    func = legalized(norm, (n, 96))
+    new, nests = schedule_rest(func, AVX2)
+    assert nests and all(x.parallel for x in nests if not x.inlined), nests
+    assert any(x.lanes == 8 for x in nests)  # the normalization's 96 columns in vectors
+    kinds = []
+    tvm_ffi.structural_walk(new, (tirx.For, lambda loop: kinds.append(int(loop.kind))), order="pre")
+    assert kinds.count(PARALLEL) == len([x for x in nests if x.parallel])
+    np.testing.assert_array_equal(_run_sized(new, (rows, 96)), _run_sized(func, (rows, 96)))
+
+
+def _run_sized(func, shape, seed=0):
+    """``func`` (of symbolic extents) on inputs of ``shape`` (and random values for any other
+    parameter), through TVM's default build."""
+    rng = np.random.default_rng(seed)
+    arrays = [rng.uniform(-4, 4, shape).astype("float32")]
+    arrays += [rng.uniform(0.5, 1.5, [int(d) for d in p.shape]).astype("float32") for p in func.params[1:-1]]
+    exe = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=TARGET)
+    out = tvm.runtime.empty(list(shape), "float32")
+    exe(*[tvm.runtime.tensor(a) for a in arrays], out)
+    return out.numpy()

@@ -15,6 +15,8 @@ bit for bit:
   as vectors of its output's dtype, where the lanes divide that loop's extent (vectorizing
   a fused loop would index every lane through divisions: gathers);
 * a nest of fewer than `MIN_PARALLEL` iterations is not worth waking the thread pool for;
+  one whose extents are known only at run time (a served model's ``batch`` and ``seq``) runs
+  its rows in parallel whatever their count (a few microseconds where they are few);
 * first, a chain of elementwise nests is inlined into its last one
   (`tirbyoc.rewrite.rest_schedule.elementwise_chain`): one pass over the data, not one per operator.
 
@@ -78,9 +80,11 @@ def _schedule_nest(sch, block, vector_bytes: int) -> NestSchedule | None:
     if any(int(sch.get(l).kind) != 0 for l in loops):  # 0: ForKind.SERIAL; scheduled already
         return None
     prefix = spatial_prefix(sch, loops, nest[1])
-    if not prefix or any(loop_extent(sch, l) is None for l in prefix):
+    if not prefix:
         return None
-    work = _iterations(sch, loops)
+    # a run-time extent (a served model's batch, seq): its rows run in parallel whatever their
+    # count, a static innermost loop in vectors as ever
+    work = None if any(loop_extent(sch, l) is None for l in loops) else _iterations(sch, loops)
     elementwise = len(prefix) == len(loops) and all(int(iv.iter_type) == SPATIAL for iv in sch.get(block).iter_vars)
     vector = lanes if elementwise and lanes > 1 and _iterations(sch, loops[-1:]) % lanes == 0 else 0
     if vector:  # indices stay a ramp over the lanes, outer operands a broadcast
@@ -91,8 +95,9 @@ def _schedule_nest(sch, block, vector_bytes: int) -> NestSchedule | None:
         prefix = prefix[:-1]  # the innermost loop stays whole, for LLVM's vectorizer
     rows = _rows(sch, prefix)
     fused = sch.fuse(*rows) if len(rows) > 1 else rows[0]
-    parallel = _iterations(sch, [fused]) if work >= MIN_PARALLEL else 0
-    if parallel > 1:
+    run_time = loop_extent(sch, fused) is None
+    parallel = _iterations(sch, [fused]) if work is None or work >= MIN_PARALLEL else 0
+    if parallel > 1 or (run_time and parallel):
         sch.parallel(fused)
     else:
         parallel = 0
