@@ -159,3 +159,18 @@ def test_a_softmax_the_pair_table_does_not_cover_stays(scale, axis, why):
     mod = softmax_module("uint8", 0, scale, axis)
     new, report = byte_tables(mod, HOST)
     assert not report.softmaxes and new is mod, why
+
+
+def test_a_table_tvm_cannot_build_leaves_the_chain_as_it_is_with_the_reason(monkeypatch):
+    """A clean fallback: the model keeps TVM's own lowering of the chain and the report says
+    why there is no table."""
+    import tirbyoc.relax.byte_tables as tables
+
+    def refuse(*_args, **_kwargs):
+        raise RuntimeError("Check failed: no kernel for this operator")
+
+    monkeypatch.setattr(tables, "run_with_tvm", refuse)
+    mod = gelu_module("uint8", 128)
+    new, report = byte_tables(mod, HOST)
+    assert new is mod and not report.replaced
+    assert "could not build the tables" in report.describe() and "no kernel" in report.describe()

@@ -32,6 +32,7 @@ from tvm import relax, te
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from tirbyoc._tvm import is_host_target
+from tirbyoc.errors import last_line
 from tirbyoc.relax.byte_chains import ByteChain, byte_chains
 from tirbyoc.relax.byte_softmax import byte_softmaxes, pair_function, pair_inputs, softmax_of_bytes
 from tirbyoc.relax.lookups import all_bytes, as_lookup, bits, run_with_tvm
@@ -46,7 +47,8 @@ class ByteTableReport:
 
     chains: list = field(default_factory=list)
     softmaxes: list = field(default_factory=list)
-    skipped: str | None = None
+    skipped: str | None = None  # why it did not look (a target this machine does not run)
+    failed: str | None = None  # why it found chains but replaced none (their tables did not build)
 
     @property
     def replaced(self) -> bool:
@@ -56,11 +58,12 @@ class ByteTableReport:
         self.chains += other.chains
         self.softmaxes += other.softmaxes
         self.skipped = self.skipped or other.skipped
+        self.failed = self.failed or other.failed
 
     def describe(self) -> str:
         """One line: how many chains and softmaxes became tables, the longest chain's operators."""
-        if self.skipped:
-            return f"byte tables: none ({self.skipped})"
+        if self.skipped or self.failed:
+            return f"byte tables: none ({self.skipped or self.failed})"
         longest = max(self.chains, key=len).split(": ", 1)[-1] if self.chains else ""
         return (f"byte tables, computed once by TVM's build of the same operators: {len(self.chains)} "
                 f"elementwise chain(s) from one 8-bit tensor to another as 256 entries"
@@ -68,7 +71,8 @@ class ByteTableReport:
                 + f"; {len(self.softmaxes)} softmax(es) of dequantized bytes with exp as 256 x 256 entries")
 
     def to_json(self) -> dict:
-        return {"chains": list(self.chains), "softmaxes": list(self.softmaxes), "skipped": self.skipped}
+        return {"chains": list(self.chains), "softmaxes": list(self.softmaxes), "skipped": self.skipped,
+                "failed": self.failed}
 
 
 def table_inputs(dtype: str, ndim: int) -> np.ndarray:
@@ -155,7 +159,11 @@ def byte_tables(mod, target) -> tuple[object, ByteTableReport]:
     softmaxes = [sm for f in funcs for sm in byte_softmaxes(f)]
     if not chains and not softmaxes:
         return mod, report
-    tables, pairs = compute_tables(chains, softmaxes, target)
+    try:
+        tables, pairs = compute_tables(chains, softmaxes, target)
+    except Exception as err:  # noqa: BLE001 - the chains stay as TVM builds them, with the reason
+        report.failed = f"TVM could not build the tables here ({last_line(err)}): the chains stay as they are"
+        return mod, report
     report.chains = [f"{c.source.name} -> {c.root.name}: {', '.join(c.ops)}" for c in chains]
     report.softmaxes = [f"{sm.source.name} -> {sm.root.name}" for sm in softmaxes]
     new = mutate_functions(mod, _Lookups(mod, {c.root: (t, c.source) for c, t in zip(chains, tables)},

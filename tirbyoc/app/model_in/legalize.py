@@ -120,7 +120,7 @@ def _with_byte_tables(mod, templates, opts: RunOptions, done: LegalizedModel):
     if not templates:
         return mod
     new, report = byte_tables(mod, run_target(as_template(templates[0]), opts.target))
-    done.tables = report if report.replaced else None
+    done.tables = report if report.replaced or report.failed else None  # a failure is said
     return new
 
 
