@@ -26,6 +26,8 @@ byte is left as it is.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from tvm import relax, te
 
@@ -45,11 +47,14 @@ def _positive_scalar(expr) -> bool:
     return value is not None and value.size == 1 and float(value.reshape(())) > 0
 
 
+@dataclass(frozen=True)
 class _Softmax:
-    """One ``y = quantize(softmax(dequantize(q)))`` of a function: its bindings."""
+    """One ``y = quantize(softmax(dequantize(q)))`` of a function: ``y``, and the two calls
+    the rewrite reuses (the softmax itself is replaced whole)."""
 
-    def __init__(self, root, quantize, softmax, dequantize):
-        self.root, self.quantize, self.softmax, self.dequantize = root, quantize, softmax, dequantize
+    root: relax.Var
+    quantize: relax.Call
+    dequantize: relax.Call
 
     @property
     def source(self):
@@ -73,7 +78,7 @@ def byte_softmaxes(func) -> list[_Softmax]:
         if not _call_named(d, "relax.dequantize") or int(sm.attrs.axis) not in (-1, rank - 1):
             continue
         if is_byte(d.args[0]) and _positive_scalar(d.args[1]) and const_value(d.args[2]) is not None:
-            found.append(_Softmax(var, q, sm, d))
+            found.append(_Softmax(var, q, d))
     return found
 
 

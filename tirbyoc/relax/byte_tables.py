@@ -10,8 +10,8 @@ position (`tirbyoc.relax.byte_chains` proves it), so the chain is the table
 
     table[t] = chain(t)  for the 256 values t of the input's dtype
 
-and the model computes ``take(table, q)``: one load per element, fused by TVM into the
-producer's function (an integer core's write-back). The table is computed at build time by
+and the model computes ``table[q]``: one load per element, in a lookup PrimFunc that TVM's
+fusion puts in the producer's function (an integer core's write-back takes it). The table is computed at build time by
 compiling the chain itself - the same Relax operators, legalized, fused and built by TVM for
 the model's target - and running it over all 256 inputs, so every entry is what TVM's build of
 the untouched model computes at that input, bit for bit (the model's verification checks it
