@@ -14,7 +14,7 @@ from tirbyoc._tvm import make_target, relax_vm, tirx
 from tirbyoc.offloading.lowering import PIPELINE
 from tirbyoc.relax.bridge import OFFLOADED_ATTR, offload_module
 from tirbyoc.relax.rest import RestSchedule, ScheduleRest, schedule_rest_of
-from tirbyoc.rewrite.rest_schedule.nests import SCHEDULED_ATTR, schedule_rest
+from tirbyoc.rewrite.rest_schedule.nests import ROW_LANES_NOTE, SCHEDULED_ATTR, schedule_rest
 
 TARGET = make_target({"kind": "llvm"})
 AVX2 = 32  # bytes per vector: 8 float32 lanes
@@ -118,10 +118,14 @@ def test_an_elementwise_chain_is_one_pass_a_product_feeding_a_sum_stays_apart():
 def test_a_reduction_runs_its_rows_in_parallel_its_max_in_lanes_and_its_float_sum_in_order():
     func = legalized(lambda x: relax.op.nn.softmax(x), (2, 4, 32, 48))
     new, nests = schedule_rest(func, AVX2)
-    assert len(nests) == 4 and all(n.parallel == 2 * 4 * 32 for n in nests)
-    assert loops(new).count((SERIAL, 48)) == 1  # the sum along each row: in order
+    by_block = {n.block: n for n in nests}
+    assert len(nests) == 4 and all(n.parallel == 2 * 4 * 32 for b, n in by_block.items() if b != "T_softmax_expsum")
+    # the float sum: each row in order, a vector of 8 rows at a time (256 rows: 32 vectors in parallel)
+    assert by_block["T_softmax_expsum"].parallel == 2 * 4 * 32 // 8
+    assert by_block["T_softmax_expsum"].note == ROW_LANES_NOTE
+    assert loops(new).count((SERIAL, 48)) == 1  # the sum's steps along the rows: in order
     assert {n.block: n.lanes for n in nests} == {"T_softmax_maxelem": 8, "T_softmax_exp": 8,
-                                                 "T_softmax_expsum": 0, "T_softmax_norm": 8}
+                                                 "T_softmax_expsum": 8, "T_softmax_norm": 8}
     assert "T.exp(" in new.script()  # libm's, as TVM's build
     same_values(func, new, (2, 4, 32, 48))
 
@@ -142,13 +146,20 @@ def test_inexact_sums_in_lanes_and_exp_as_vector_arithmetic_within_rounding(laye
     same_values(func, new, shape, rtol=1e-6)
 
 
-def test_a_row_under_two_vectors_stays_in_order_and_a_reduction_across_rows_in_channel_vectors():
-    """A row of 12 (under two vectors of 8) keeps TVM's serial reduction; a softmax along a
+def test_a_row_under_two_vectors_sums_a_vector_of_rows_at_a_time_and_across_rows_in_channel_vectors():
+    """A row of 12 (under two vectors of 8) is not split into lanes: its rows are, 8 at a time,
+    each summed in TVM's order (its max stays serial: a max's chain is short); a softmax along a
     non-innermost axis (a lane per row would gather across rows) takes the channel-wise
     reduction's schedule, vectors across the rows."""
     func = legalized(lambda x: relax.op.nn.softmax(x), (64, 12))
     new, nests = schedule_rest(func, AVX2, exact=False)
-    assert nests == () and new.same_as(func)
+    assert [(n.block, n.lanes, n.parallel) for n in nests] == [("T_softmax_expsum", 8, 0)]
+    # 8 vectors of rows, each an init vector and 12 steps in order over 8 lanes
+    assert (SERIAL, 8) in loops(new) and loops(new).count((VECTORIZED, 8)) == 2
+    same_values(func, new, (64, 12), rtol=1e-6)  # its exp as vector arithmetic
+    exact, nests = schedule_rest(func, AVX2)
+    assert [n.block for n in nests] == ["T_softmax_expsum"]
+    same_values(func, exact, (64, 12))  # libm's exp, each row's sum in order: TVM's bits
     func = legalized(lambda x: relax.op.nn.softmax(x, axis=1), (4, 32, 64))
     new, nests = schedule_rest(func, AVX2, exact=False)
     assert "channel vectors" in {n.block: n.note for n in nests}["T_softmax_maxelem"]
@@ -292,7 +303,24 @@ def test_rows_of_a_run_time_count_run_in_parallel_with_the_same_bits(rows):
     kinds = []
     tvm_ffi.structural_walk(new, (tirx.For, lambda loop: kinds.append(int(loop.kind))), order="pre")
     assert kinds.count(PARALLEL) == len([x for x in nests if x.parallel])
+    # both sums a vector of rows at a time, lanes along the run-time rows themselves
+    assert [x.block for x in nests if x.note == ROW_LANES_NOTE] == ["x_sum", "x_var_sum"]
     np.testing.assert_array_equal(_run_sized(new, (rows, 96)), _run_sized(func, (rows, 96)))
+
+
+@pytest.mark.parametrize("shape, lanes", [((16, 48), 8),  # known rows under run-time ones: lanes of them
+                                          ((4, 48), 0)])  # too few known rows: no lanes (they would divide by n)
+def test_row_sums_under_run_time_rows_take_their_lanes_from_the_known_ones(shape, lanes):
+    """Rows ``[n, 16]`` (a served model's tokens by heads): the 16 known rows give the lanes,
+    ``n`` the parallel loop; ``[n, 4]`` has no vector of known rows and keeps its sums whole
+    rather than index every lane through a division by ``n``. The same bits either way."""
+    n = tirx.Var("n", "int64")
+    func = legalized(lambda x: relax.op.nn.softmax(x), (n, *shape))
+    new, nests = schedule_rest(func, AVX2)
+    summed = [x for x in nests if x.note == ROW_LANES_NOTE]
+    assert [(x.block, x.lanes) for x in summed] == ([("T_softmax_expsum", lanes)] if lanes else [])
+    for rows in (1, 3):
+        np.testing.assert_array_equal(_run_sized(new, (rows, *shape)), _run_sized(func, (rows, *shape)))
 
 
 def _run_sized(func, shape, seed=0):

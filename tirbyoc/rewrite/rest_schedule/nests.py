@@ -25,7 +25,9 @@ reduces its own window) gets `tirbyoc.rewrite.rest_schedule.channel_reduction`'s
 across channels, register blocks of output columns, its epilogue fused into the write-back.
 
 A row reduction (a softmax's max and sum, a layer norm's sums) runs each row in vector lanes
-(`tirbyoc.rewrite.rest_schedule.lane_reduction`) where that keeps every bit: a max, a min, an integer sum.
+(`tirbyoc.rewrite.rest_schedule.lane_reduction`) where that keeps every bit: a max, a min, an integer sum;
+a float sum that must keep TVM's order (or whose rows have a run-time length) runs a vector of
+rows at a time, each row in order (`tirbyoc.rewrite.rest_schedule.row_lanes`).
 A float sum moves its last bits in another order, and a float ``exp`` or ``erf`` as vector
 arithmetic (`tirbyoc.rewrite.rest_schedule.vector_math`, within 2 units in the last place, instead of one
 libm call per element) moves them too: both only with ``exact=False``, which
@@ -45,11 +47,13 @@ from tirbyoc.ir.tir_walk import loop_extent, perfect_nest, spatial_prefix
 from tirbyoc.rewrite.rest_schedule.channel_reduction import schedule_channel_reduction
 from tirbyoc.rewrite.rest_schedule.elementwise_chain import inline_elementwise_chains
 from tirbyoc.rewrite.rest_schedule.lane_reduction import lane_reduction
+from tirbyoc.rewrite.rest_schedule.row_lanes import row_lanes
 from tirbyoc.rewrite.rest_schedule.vector_math import vectorizable_math
 
 SCHEDULED_ATTR = "tirbyoc.rest"  # set on a function this schedule changed: what it did
 MIN_PARALLEL = 4096  # iterations below which TVM's parallel launch costs more than it saves
 ROWS = 64  # parallel iterations enough to share a nest evenly among the cores
+ROW_LANES_NOTE = "a vector of rows, each summed in order"  # `row_lanes`' nests, as the report names them
 
 
 @dataclass(frozen=True)
@@ -120,14 +124,15 @@ def _rows(sch, prefix) -> list:
     return prefix
 
 
-def _parallel_rows(sch, loops, work: int) -> int:
+def _parallel_rows(sch, loops, work: int | None) -> int:
     """Fuse the fewest of the rows ``loops`` that give `ROWS` iterations and run them in
-    parallel when the nest does ``work`` >= `MIN_PARALLEL`; the parallel iterations (0: none)."""
+    parallel when the nest does ``work`` >= `MIN_PARALLEL` (None: known only at run time, run
+    in parallel whatever the count); the parallel iterations (0: none)."""
     rows = _rows(sch, loops)
-    if not rows or work < MIN_PARALLEL:
+    if not rows or (work is not None and work < MIN_PARALLEL):
         return 0
     fused = sch.fuse(*rows) if len(rows) > 1 else rows[0]
-    if _iterations(sch, [fused]) < 2:
+    if loop_extent(sch, fused) is not None and _iterations(sch, [fused]) < 2:
         return 0
     sch.parallel(fused)
     return _iterations(sch, [fused])
@@ -148,6 +153,24 @@ def _in_lanes(sch, vector_bytes: int, exact: bool, taken: set) -> tuple:
         if found is not None:
             sch = trial
             done.append(NestSchedule(found.block, found.parallel, found.lanes))
+    return sch, done
+
+
+def _rows_in_lanes(sch, vector_bytes: int, taken: set) -> tuple:
+    """(the schedule with the float row sums not in ``taken`` run a vector of rows at a time,
+    each row in TVM's order (`row_lanes`); the nests so scheduled)."""
+    done = []
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        if str(sch.get(block).name_hint) in taken or sch.get(block).init is None:
+            continue
+        trial = sch.copy()
+        try:
+            found = row_lanes(trial, block, vector_bytes, _parallel_rows)
+        except s_tir.ScheduleError:  # a primitive refused: the block is scheduled as any other
+            continue
+        if found is not None:
+            sch = trial
+            done.append(NestSchedule(found.block, found.parallel, found.lanes, ROW_LANES_NOTE))
     return sch, done
 
 
@@ -194,6 +217,8 @@ def schedule_rest(func, vector_bytes: int, registers: int = 32, channel_reductio
     if channel_reductions:
         sch, lanes = _in_lanes(sch, vector_bytes, exact, {n.block for n in done})
         done += lanes
+        sch, rows = _rows_in_lanes(sch, vector_bytes, {n.block for n in done})
+        done += rows
     taken = {n.block for n in done}
     for block in sch.get_child_blocks(sch.get_sblock("root")):
         if str(sch.get(block).name_hint) in taken:
