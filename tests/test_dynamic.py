@@ -207,6 +207,49 @@ def test_each_row_block_runs_on_its_real_rows():
         np.testing.assert_allclose(c.numpy(), a @ w, rtol=1e-5, atol=1e-5, err_msg=f"{batch} x {seq}")
 
 
+def _divisions_by(node, names: set) -> int:
+    """Floor divisions and modulos in ``node`` whose divisor is one of the variables ``names``."""
+    from tirbyoc._tvm import tvm_ffi
+
+    found = []
+    tvm_ffi.structural_walk(node, [(tirx.FloorDiv, found.append), (tirx.FloorMod, found.append)], order="pre")
+    return len([d for d in found if isinstance(d.b, tirx.Var) and d.b.name in names])
+
+
+def test_the_bounds_of_fused_run_time_rows_are_checked_without_a_division():
+    """``batch x seq`` rows folded into one: the write-back's predicate checks ``r // seq <
+    batch`` and ``r % seq < seq``, two divisions a row that TVM cannot drop (it does not know
+    ``seq`` is positive); the stage makes it ``r < batch * seq`` - none left in any block
+    predicate, and the values still numpy's at every binding, a row block's worth or less."""
+    import tvm
+
+    from tirbyoc._tvm import make_target, s_tir, tvm_ffi
+    from tirbyoc.rewrite.cpu.row_bounds import simplify_row_bounds
+    from tirbyoc.testing.workloads import parse
+
+    out = tirbyoc.offload(parse(PROJECTION.replace("48", "64")), "x86_fp32_avx2")
+    assert out.offloaded and out.verification.passed, out.table()
+
+    def predicates(func):
+        found = []
+        tvm_ffi.structural_walk(func.body, (s_tir.SBlockRealize, lambda r: found.append(r.predicate)), order="pre")
+        return found
+
+    assert sum(_divisions_by(p, {"seq"}) for p in predicates(out.func)) >= 2, out.func.script()
+    simplified = simplify_row_bounds(out.func)
+    assert sum(_divisions_by(p, {"seq"}) for p in predicates(simplified)) == 0, simplified.script()
+    assert simplify_row_bounds(simplified).same_as(simplified)  # nothing left to rewrite
+    lib = tvm.compile(tvm.IRModule({"main": out.func}), target=make_target({"kind": "llvm"}),
+                      tir_pipeline=tirbyoc.PIPELINE)
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((32, 64)).astype("float32")
+    for batch, seq in [(1, 1), (1, 13), (2, 5), (3, 4), (5, 7)]:
+        a = rng.standard_normal((batch, seq, 32)).astype("float32")
+        c = tvm.runtime.tensor(np.full((batch, seq, 64), 7.0, "float32"))
+        lib["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(w), c)
+        np.testing.assert_allclose(c.numpy(), a @ w, rtol=1e-5, atol=1e-5, err_msg=f"{batch} x {seq}")
+
+
 def test_a_library_kernel_takes_a_size_known_at_run_time(dynamic_mlp):
     from tirbyoc.offloading.whole_function import find_whole_call, verify_whole_call
 

@@ -23,6 +23,8 @@ and, before TVM's lowering, on the scheduled functions:
   annotation, which TVM's lowering drops);
 * `tirbyoc.rewrite.cpu.prefetch.insert_weight_prefetches`: the prefetches of the next weight
   tiles that the CPU schedule asked for (a loop annotation) added to the tensorized blocks;
+* `tirbyoc.rewrite.cpu.row_bounds.simplify_row_bounds`: the bounds checks of fused run-time
+  rows (``r // seq < batch``) without a division (``r < batch * seq``);
 * `tirbyoc.rewrite.cpu.run_time_rows.skip_padded_row_blocks`: each register block of a row
   count known at run time run on its real rows only (a loop annotation);
 * `tirbyoc.rewrite.cpu.vector_tails.split_predicated_vectors`: a vectorized write-back
@@ -39,6 +41,7 @@ from tirbyoc.rewrite.cpu.byte_lookup import vector_byte_lookups
 from tirbyoc.rewrite.cpu.cpu_epilogue import fence_products, mark_writebacks
 from tirbyoc.rewrite.functions.double_buffer import version_tiles
 from tirbyoc.rewrite.cpu.prefetch import insert_weight_prefetches
+from tirbyoc.rewrite.cpu.row_bounds import simplify_row_bounds
 from tirbyoc.rewrite.cpu.run_time_rows import skip_padded_row_blocks
 from tirbyoc.rewrite.cpu.stack import keep_register_blocks_on_stack, mark_register_blocks
 from tirbyoc.rewrite.cpu.vector_tails import split_predicated_vectors
@@ -50,6 +53,8 @@ PIPELINE = "tirbyoc"
 BEFORE_LOWERING = (
     Stage("mark write-backs", mark_writebacks, "the write-backs marked by their block annotation"),
     Stage("prefetch weights", insert_weight_prefetches, "the next weight tiles' prefetches the schedule asked for"),
+    # before the two after it: both read the write-back's predicate
+    Stage("row bounds", simplify_row_bounds, "fused run-time rows' bounds checks without a division"),
     Stage("skip padded rows", skip_padded_row_blocks, "each run-time row block run on its real rows only"),
     # after it: it finds a block's real rows from its write-back's predicate
     Stage("whole vectors", split_predicated_vectors, "predicated vector loops whole where every lane is real"),
