@@ -38,6 +38,7 @@ from tvm import relax
 from tvm.relax.dpl import is_const, is_op, rewrite_call, wildcard
 
 from tirbyoc._tvm import const_value, tvm
+from tirbyoc.relax.byte_layouts import byte_layouts
 from tirbyoc.relax.quantized_pool import integer_max_pools
 from tirbyoc.relax.quantized_report import QuantizedReport
 from tirbyoc.relax.requantize import (ACT_RANGE, REQUANTIZE, Dequantization, OutputQuantization, float_requantize,
@@ -317,6 +318,7 @@ def quantized_to_integer(mod, act_dtype: str = "uint8", requantize: str = "float
     out = {}
     for gv, func in mod.functions_items():
         if isinstance(func, relax.Function):
+            func = byte_layouts(func, report.byte_layouts)  # first: the cores then read the bytes moved
             func = rewrite_call(p.root, lambda call, m: _rewrite(call, m, p, act_dtype, report, requantize), func)
             func = rewrite_call(p.float_root, lambda call, m: _rewrite(call, m, p, act_dtype, report, requantize), func)
             func = rewrite_call(q.root, lambda call, m: _rewrite_integer(call, m, q, act_dtype, report), func)

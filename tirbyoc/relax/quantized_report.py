@@ -16,6 +16,7 @@ class QuantizedReport:
     unshifted: list[tuple[str, str]] = field(default_factory=list)  # (chain, why it is requantized in float)
     pools: list[str] = field(default_factory=list)  # max pools run on the quantized values
     boundaries: list[str] = field(default_factory=list)  # fused outputs stored in 8 bits (`narrow_boundary`)
+    byte_layouts: list[str] = field(default_factory=list)  # reshapes / transposes moved to the 8-bit values (`byte_layouts`)
     seen: list = field(default_factory=list, repr=False)  # the calls kept float, reported once
     done: list = field(default_factory=list, repr=False)  # the cores made integer, reported once
     # set by a run: the integer model's output against the float QDQ graph's, and the
@@ -36,6 +37,9 @@ class QuantizedReport:
         if self.boundaries:
             n = len(self.boundaries)
             text += f"; {n} dequantized output{'' if n == 1 else 's'} stored in 8 bits, dequantized by the reader"
+        if self.byte_layouts:
+            n = len(self.byte_layouts)
+            text += f"; {n} reshape or transpose step{'' if n == 1 else 's'} on the 8-bit values (quantize round trips dropped)"
         if self.float_max_abs_diff is not None:
             n = round(self.float_max_abs_diff / self.step) if self.step else None
             steps = f" = {n} output step{'' if n == 1 else 's'}" if n is not None else ""
@@ -47,6 +51,7 @@ class QuantizedReport:
         return {"integer": list(self.integer), "kept": [{"chain": c, "reason": r} for c, r in self.kept],
                 "shifted": list(self.shifted), "requantized_in_float": [{"chain": c, "reason": r} for c, r in self.unshifted],
                 "max_pools": list(self.pools), "boundaries_in_8_bits": list(self.boundaries),
+                "byte_layouts": list(self.byte_layouts),
                 "float_max_abs_diff": self.float_max_abs_diff, "step": self.step}
 
 
