@@ -172,3 +172,45 @@ def test_a_float_depthwise_conv_is_left_to_channel_vectors_not_a_vector_core():
     conv = [b for b in out.blocks if b.block.startswith("group_conv2d")]
     assert len(conv) == 1 and not conv[0].offloaded and "channel-wise reduction" in conv[0].reason, conv
     assert tirbyoc.offload(func, "blas", verify=False).offloaded  # a library (or an accelerator) still takes it
+
+
+def _sums(x):
+    """An int8 attention operand's zero-point sums as `QuantizedToInteger` writes them: the
+    8-bit values widened, summed over one axis."""
+    return relax.op.sum(relax.op.astype(x, "int32"), axis=[2], keepdims=True)
+
+
+def test_sums_of_run_time_extents_run_in_channel_vectors_their_widening_inlined():
+    """k^T's sums over its 64 rows (``seq`` channels, known at run time) and v's over ``seq``
+    (64 channels): channel vectors (the last predicated where ``seq`` is no multiple), the
+    cast read in place rather than widened into a copy first, the parallel loop fused only as
+    far as no index divides by ``seq``; TVM's values at every size."""
+    n, s = tirx.Var("batch", "int64"), tirx.Var("seq", "int64")
+    for shape, runs in [((n, 12, 64, s), [(1, 12, 64, 5), (2, 12, 64, 37)]),
+                        ((n, 12, s, 64), [(1, 12, 3, 64), (2, 12, 40, 64)])]:
+        func = prim_func(fused_module(_sums, [(shape, "int8")]))
+        new, nests = schedule_rest(func, AVX512)
+        assert len(nests) == 1 and "channel vectors of 16" in nests[0].note, nests
+        text = new.script()
+        assert "compute" not in text, text  # no widened copy
+        loops = []
+        tvm_ffi.structural_walk(new, (tirx.For, loops.append), order="pre")
+        parallel = [l for l in loops if int(l.kind) == PARALLEL]
+        assert len(parallel) == 1 and "seq" not in str(parallel[0].extent), parallel  # no division by seq
+        assert any(int(l.kind) == VECTORIZED for l in loops)
+        rng = np.random.default_rng(0)
+        for size in runs:
+            x = rng.integers(-128, 128, size).astype("int8")
+            out = [*size[:2], 1, size[3]] if shape[2] == 64 else [*size[:2], 1, 64]
+            expected = x.astype("int64").sum(axis=2, keepdims=True).astype("int32")
+            np.testing.assert_array_equal(_run_sized(new, x, out), expected)
+            np.testing.assert_array_equal(_run_sized(func, x, out), expected)
+
+
+def _run_sized(func, x, out_shape):
+    """``func`` (of run-time extents) on ``x``, its output of ``out_shape``."""
+    exe = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=TARGET,
+                      tir_pipeline=PIPELINE)
+    out = tvm.runtime.empty(out_shape, "int32")
+    exe(tvm.runtime.tensor(x), out)
+    return out.numpy()

@@ -16,14 +16,19 @@ them:
 * a weight read with the channel in another position (ONNX's depthwise ``[C, 1, kh, kw]``
   weight, ``[C, kh, kw, 1]`` once in NHWC) gets a copy that moves the channel last: for a
   constant weight `tirbyoc.relax.prepack` runs that copy once, at compile time;
-* a producer that only copies its input (a pad of zero width left by the layout change) or
-  pads it with a constant is inlined: each window load checks its bounds instead of a pass
+* a producer that only copies its input (a pad of zero width left by the layout change),
+  widens it (an integer sum's 8-bit input) or pads it with a constant is inlined: each window load checks its bounds instead of a pass
   over the whole input into a padded workspace first (`bench/pad_inlining.py`, AMD Zen 4
   without AVX-512: ResNet's stem max pool 2-2.6x faster, MobileNetV2's depthwise layers
   0.24-0.93x the time but for one, int8 112x112x32 stride 1, 1.15x; whole built-in models
   unchanged within the noise);
 * everything outside the register block runs in parallel (rows x column blocks x channel
   vectors);
+* extents known only at run time (a served attention's zero-point sums over ``seq``, or of
+  ``seq`` channels) keep the schedule: a run-time reduction or row loop as it is, run-time
+  columns one a block, run-time channels in whole vectors with the last one predicated
+  (`tirbyoc.rewrite.cpu.vector_tails` gives every vector of real lanes an unpredicated
+  version) - int8 BERT's two such sums a layer (one thread, inside the model) 0.046 / 0.048 -> 0.004 / 0.005 ms a call;
 * for an integer accumulator the elementwise chain after it (requantization, clip, the
   narrowing cast) is fused into the register block's write-back, exactly as for a core
   (`tirbyoc.rewrite.cpu.cpu_epilogue`: its float products fenced, so no value moves).
@@ -103,8 +108,9 @@ def _channel_reads(stmt, channel, params, reductions) -> list | None:
 
 
 def _copy_or_pad(stmt) -> bool:
-    """A block that stores one read of its one input unchanged (a zero-width pad) or, outside
-    the input's bounds, a constant (a pad: ``if_then_else(in bounds, x[...], c)``)."""
+    """A block that stores one read of its one input unchanged (a zero-width pad), cast (an
+    8-bit input widened for an integer sum) or, outside the input's bounds, a constant (a pad:
+    ``if_then_else(in bounds, x[...], c)``)."""
     value = getattr(stmt.body, "value", None)
     if not (len(stmt.reads) == 1 and len(stmt.writes) == 1 and stmt.init is None and value is not None
             and all(int(iv.iter_type) == SPATIAL for iv in stmt.iter_vars)):
@@ -115,6 +121,8 @@ def _copy_or_pad(stmt) -> bool:
 
     if isinstance(value, PrimCall) and call_name(value) == "prim.if_then_else":
         return is_read(value.args[1]) and isinstance(value.args[2], (prim_expr.IntImm, prim_expr.FloatImm))
+    if isinstance(value, tirx.Cast):  # a widening (an integer sum's 8-bit input): each load converts
+        return is_read(value.value)
     return is_read(value)
 
 
@@ -134,7 +142,7 @@ def _shape(sch, block):
     for loop in loops:
         var = sch.get(loop).loop_var
         bound = [iv for iv, value in binds if value.same_as(var)]
-        if len(bound) != 1 or loop_extent(sch, loop) is None:
+        if len(bound) != 1:
             return None
         order.append(bound[0])
     out = point_indices(stmt.writes[0])
@@ -191,6 +199,17 @@ def is_channel_reduction(sch, block) -> bool:
                if any(uses_var(i, r) for i in idx for r in reduce_vars))
 
 
+def _fusable(sch, loops: list) -> tuple[list, list]:
+    """(the leading ``loops`` fused into the parallel loop, the rest, nested inside it): all of
+    them, or those before the first inner one whose extent is known only at run time - a fused
+    index would divide by it at every iteration, and an iteration here is a few dozen vector
+    adds."""
+    for n in range(1, len(loops)):
+        if loop_extent(sch, loops[n]) is None:
+            return loops[:n], loops[n:]
+    return loops, []
+
+
 def schedule_channel_reduction(sch, block, vector_bytes: int, registers: int = 32) -> ChannelReduction | None:
     """Schedule ``block`` as the module's docstring says, or return None (``sch`` untouched)
     when it is not a channel-wise reduction: no init, loops not one per iterator, an output
@@ -210,7 +229,13 @@ def schedule_channel_reduction(sch, block, vector_bytes: int, registers: int = 3
     acc_dtype = str(stmt.writes[0].source.dtype)
     position = {iv.var: i for i, iv in enumerate(order)}
     cloop, wloop = loops[position[channel.var]], loops[position[column.var]] if column is not None else None
-    lanes = lanes_dividing(loop_extent(sch, cloop), vector_bytes // max(1, dtype_bytes(acc_dtype)), MIN_LANES)
+    if wloop is not None and loop_extent(sch, wloop) is None:
+        wloop = None  # columns known only at run time: one a block, an outer loop like the rows
+    most = vector_bytes // max(1, dtype_bytes(acc_dtype))
+    channels = loop_extent(sch, cloop)
+    # channels known only at run time (an attention's seq): whole vectors, the last predicated
+    # (`tirbyoc.rewrite.cpu.vector_tails` runs every vector of real lanes unpredicated)
+    lanes = most if channels is None else lanes_dividing(channels, most, MIN_LANES)
     if not lanes:
         return None
     name = str(stmt.name_hint)
@@ -230,13 +255,14 @@ def schedule_channel_reduction(sch, block, vector_bytes: int, registers: int = 3
         wo, wi = sch.split(wloop, [None, columns])
         outer, inner = spatial + [wo], [wi, ci]
     sch.reorder(*outer, co, *reductions, *inner)
-    parallel = sch.fuse(*outer, co)
+    fused, inside = _fusable(sch, [*outer, co])
+    parallel = sch.fuse(*fused) if len(fused) > 1 else fused[0]
     sch.parallel(parallel)
     acc = sch.cache_write(block, 0, "global")
     integer = acc_dtype.startswith(("int", "uint"))
     if integer:  # a float core's products stay unfenced, as TVM's build leaves them
         sch.annotate(acc, WRITEBACK_ATTR, 1)
-    sch.reverse_compute_at(acc, parallel, preserve_unit_loops=True)
+    sch.reverse_compute_at(acc, inside[-1] if inside else parallel, preserve_unit_loops=True)
     if wloop is not None:
         sch.unroll(inner[0])
     sch.vectorize(ci)  # before the init is split off: TVM vectorizes a reduction block only
