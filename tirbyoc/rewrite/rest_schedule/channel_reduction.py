@@ -210,6 +210,14 @@ def _fusable(sch, loops: list) -> tuple[list, list]:
     return loops, []
 
 
+def _channel_lanes(channels: int | None, most: int) -> int:
+    """Channels a vector: ``most`` where their count is known only at run time (an attention's
+    seq: whole vectors, the last predicated - `tirbyoc.rewrite.cpu.vector_tails` runs every
+    vector of real lanes unpredicated), else the most that divide it (0: none of `MIN_LANES`
+    or more)."""
+    return most if channels is None else lanes_dividing(channels, most, MIN_LANES)
+
+
 def schedule_channel_reduction(sch, block, vector_bytes: int, registers: int = 32) -> ChannelReduction | None:
     """Schedule ``block`` as the module's docstring says, or return None (``sch`` untouched)
     when it is not a channel-wise reduction: no init, loops not one per iterator, an output
@@ -231,11 +239,7 @@ def schedule_channel_reduction(sch, block, vector_bytes: int, registers: int = 3
     cloop, wloop = loops[position[channel.var]], loops[position[column.var]] if column is not None else None
     if wloop is not None and loop_extent(sch, wloop) is None:
         wloop = None  # columns known only at run time: one a block, an outer loop like the rows
-    most = vector_bytes // max(1, dtype_bytes(acc_dtype))
-    channels = loop_extent(sch, cloop)
-    # channels known only at run time (an attention's seq): whole vectors, the last predicated
-    # (`tirbyoc.rewrite.cpu.vector_tails` runs every vector of real lanes unpredicated)
-    lanes = most if channels is None else lanes_dividing(channels, most, MIN_LANES)
+    lanes = _channel_lanes(loop_extent(sch, cloop), vector_bytes // max(1, dtype_bytes(acc_dtype)))
     if not lanes:
         return None
     name = str(stmt.name_hint)
