@@ -204,8 +204,14 @@ def _fused_outer(sch, loops) -> list:
     strength-reduce, which LLVM does not hoist out of a padded copy's inner loop, its load
     being conditional): packing the attention's K at run-time seq ran 4x slower than at a
     fixed one. What is fused then divides by constants only."""
-    first_run_time = next((i for i in range(1, len(loops)) if loop_extent(sch, loops[i]) is None), len(loops) - 1)
-    return list(loops[:max(1, min(len(loops) - 1, first_run_time))])
+    return list(loops[:max(1, min(len(loops) - 1, fusable_prefix(sch, loops)))])
+
+
+def fusable_prefix(sch, loops) -> int:
+    """How many of the leading ``loops`` fuse into one without an index divided by a size
+    known only at run time: those before the first loop past the outermost whose extent is
+    known only at run time (all of them where none is)."""
+    return next((i for i in range(1, len(loops)) if loop_extent(sch, loops[i]) is None), len(loops))
 
 
 def _split_by_divisors(sch, blk) -> bool:

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from tirbyoc._tvm import REDUCE, SPATIAL, PrimCall, call_name, expr_dtype, prim_expr, sym, tirx
 from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.ir.tir_walk import loop_extent, perfect_nest, uses_var
-from tirbyoc.rewrite.cpu.register_blocks import WRITEBACK_ATTR, lanes_dividing
+from tirbyoc.rewrite.cpu.register_blocks import WRITEBACK_ATTR, fusable_prefix, lanes_dividing
 from tirbyoc.rewrite.cpu.cpu_epilogue import fuse_into_writeback, point_indices
 
 MIN_LANES = 4  # a channel count no vector of at least this many lanes divides stays as it was
@@ -199,23 +199,23 @@ def is_channel_reduction(sch, block) -> bool:
                if any(uses_var(i, r) for i in idx for r in reduce_vars))
 
 
-def _fusable(sch, loops: list) -> tuple[list, list]:
-    """(the leading ``loops`` fused into the parallel loop, the rest, nested inside it): all of
-    them, or those before the first inner one whose extent is known only at run time - a fused
-    index would divide by it at every iteration, and an iteration here is a few dozen vector
-    adds."""
-    for n in range(1, len(loops)):
-        if loop_extent(sch, loops[n]) is None:
-            return loops[:n], loops[n:]
-    return loops, []
-
-
 def _channel_lanes(channels: int | None, most: int) -> int:
     """Channels a vector: ``most`` where their count is known only at run time (an attention's
     seq: whole vectors, the last predicated - `tirbyoc.rewrite.cpu.vector_tails` runs every
     vector of real lanes unpredicated), else the most that divide it (0: none of `MIN_LANES`
     or more)."""
     return most if channels is None else lanes_dividing(channels, most, MIN_LANES)
+
+
+def _parallel_outer(sch, loops: list) -> tuple:
+    """(the parallel loop, the loop whose iterations are the register blocks): ``loops`` fused
+    and run in parallel, but from the first inner one of run-time extent on left nested
+    (`fusable_prefix`): an iteration is a few dozen vector adds, which a fused index divided by
+    a run-time size would cost as much as."""
+    n = fusable_prefix(sch, loops)
+    parallel = sch.fuse(*loops[:n]) if n > 1 else loops[0]
+    sch.parallel(parallel)
+    return parallel, loops[-1] if n < len(loops) else parallel
 
 
 def schedule_channel_reduction(sch, block, vector_bytes: int, registers: int = 32) -> ChannelReduction | None:
@@ -259,14 +259,12 @@ def schedule_channel_reduction(sch, block, vector_bytes: int, registers: int = 3
         wo, wi = sch.split(wloop, [None, columns])
         outer, inner = spatial + [wo], [wi, ci]
     sch.reorder(*outer, co, *reductions, *inner)
-    fused, inside = _fusable(sch, [*outer, co])
-    parallel = sch.fuse(*fused) if len(fused) > 1 else fused[0]
-    sch.parallel(parallel)
+    parallel, block_loop = _parallel_outer(sch, [*outer, co])
     acc = sch.cache_write(block, 0, "global")
     integer = acc_dtype.startswith(("int", "uint"))
     if integer:  # a float core's products stay unfenced, as TVM's build leaves them
         sch.annotate(acc, WRITEBACK_ATTR, 1)
-    sch.reverse_compute_at(acc, inside[-1] if inside else parallel, preserve_unit_loops=True)
+    sch.reverse_compute_at(acc, block_loop, preserve_unit_loops=True)
     if wloop is not None:
         sch.unroll(inner[0])
     sch.vectorize(ci)  # before the init is split off: TVM vectorizes a reduction block only

@@ -138,40 +138,34 @@ def _parallel_rows(sch, loops, work: int | None) -> int:
     return _iterations(sch, [fused])
 
 
-def _in_lanes(sch, vector_bytes: int, exact: bool, taken: set) -> tuple:
+def _reductions_tried(sch, taken: set, attempt, note: str = "") -> tuple:
+    """(the schedule with each reduction not in ``taken`` scheduled by ``attempt(sch, block)``
+    where it applies - it returns what it did, or None with ``sch`` unchanged - each on a copy
+    kept only where it applied; the nests so scheduled, with ``note``)."""
+    done = []
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        if str(sch.get(block).name_hint) in taken or sch.get(block).init is None:
+            continue
+        trial = sch.copy()
+        try:
+            found = attempt(trial, block)
+        except s_tir.ScheduleError:  # a primitive refused: the block is scheduled as any other
+            continue
+        if found is not None:
+            sch = trial
+            done.append(NestSchedule(found.block, found.parallel, found.lanes, note))
+    return sch, done
+
+
+def _row_reductions(sch, vector_bytes: int, exact: bool, taken: set) -> tuple:
     """(the schedule with the row reductions not in ``taken`` split into vector lanes where
-    `lane_reduction` applies, their rows in parallel; the nests so scheduled)."""
-    done = []
-    for block in sch.get_child_blocks(sch.get_sblock("root")):
-        if str(sch.get(block).name_hint) in taken or sch.get(block).init is None:
-            continue
-        trial = sch.copy()
-        try:
-            found = lane_reduction(trial, block, vector_bytes, exact, _parallel_rows)
-        except s_tir.ScheduleError:  # a primitive refused: the block is scheduled as any other
-            continue
-        if found is not None:
-            sch = trial
-            done.append(NestSchedule(found.block, found.parallel, found.lanes))
-    return sch, done
-
-
-def _rows_in_lanes(sch, vector_bytes: int, taken: set) -> tuple:
-    """(the schedule with the float row sums not in ``taken`` run a vector of rows at a time,
-    each row in TVM's order (`row_lanes`); the nests so scheduled)."""
-    done = []
-    for block in sch.get_child_blocks(sch.get_sblock("root")):
-        if str(sch.get(block).name_hint) in taken or sch.get(block).init is None:
-            continue
-        trial = sch.copy()
-        try:
-            found = row_lanes(trial, block, vector_bytes, _parallel_rows)
-        except s_tir.ScheduleError:  # a primitive refused: the block is scheduled as any other
-            continue
-        if found is not None:
-            sch = trial
-            done.append(NestSchedule(found.block, found.parallel, found.lanes, ROW_LANES_NOTE))
-    return sch, done
+    that keeps every bit (`lane_reduction`), else, for a float sum, run a vector of rows at a
+    time, each row in order (`row_lanes`); the nests so scheduled)."""
+    sch, lanes = _reductions_tried(sch, taken, lambda trial, block: lane_reduction(
+        trial, block, vector_bytes, exact, _parallel_rows))
+    sch, rows = _reductions_tried(sch, taken | {n.block for n in lanes}, lambda trial, block: row_lanes(
+        trial, block, vector_bytes, _parallel_rows), ROW_LANES_NOTE)
+    return sch, lanes + rows
 
 
 def schedule_rest(func, vector_bytes: int, registers: int = 32, channel_reductions: bool = True,
@@ -215,9 +209,7 @@ def schedule_rest(func, vector_bytes: int, registers: int = 32, channel_reductio
             done.append(NestSchedule(reduction.block, reduction.parallel, reduction.lanes, reduction.note(),
                                      reduction.packed))
     if channel_reductions:
-        sch, lanes = _in_lanes(sch, vector_bytes, exact, {n.block for n in done})
-        done += lanes
-        sch, rows = _rows_in_lanes(sch, vector_bytes, {n.block for n in done})
+        sch, rows = _row_reductions(sch, vector_bytes, exact, {n.block for n in done})
         done += rows
     taken = {n.block for n in done}
     for block in sch.get_child_blocks(sch.get_sblock("root")):
