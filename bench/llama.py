@@ -14,11 +14,17 @@ agreement). Beside them, in processes of their own with the same thread count:
   defines them) over its time, as a fraction of the memory bandwidth measured in the same run
   (a STREAM-like copy of 512 MB: TVM's parallel, vectorized loop, bytes read + written);
 * **prefill** is a GEMM of ``batch x seq`` rows: its row gives the multiply-adds over its time
-  as a fraction of the template's fused multiply-add peak measured in the same run
-  (`bench/gemm_workers.peak`).
+  as a fraction of the template's peak measured in the same run (`bench/gemm_workers.peak`:
+  the fused multiply-add's for fp32, ``vpdpbusd``'s for int8).
 
-Usage: ``python bench/llama.py [--threads 1,2] [--cases decode_b1,decode_b8,prefill_128,prefill_512]
-[--rounds 3] [--cache DIR] [--out bench/results/llama.json]``. Every figure names this CPU and
+``--precisions fp32,int8``: int8 is the same file through ONNX Runtime's dynamic quantization
+(int8 weights, activations quantized at run time; `models.DYNAMIC_QUANTIZATION`), on the int8
+template this CPU runs (the attention's float matmuls on its fp32 fallback); a decode step then
+moves a byte a weight.
+
+Usage: ``python bench/llama.py [--threads 1,2] [--precisions fp32,int8]
+[--cases decode_b1,decode_b8,prefill_128,prefill_512] [--rounds 3] [--cache DIR]
+[--out bench/results/llama.json]``. Every figure names this CPU and
 the thread count; unset ``OPENBLAS_CORETYPE`` / ``OPENBLAS_L2_SIZE`` in the command as for the
 other benchmarks.
 """
@@ -97,10 +103,11 @@ def _spawn_peak(threads: int, template: str) -> float:
     return spawn("peak", threads, template=template)["best"][str(threads)]
 
 
-def step_bytes(size, sizes: dict) -> dict:
-    """The bytes one run of the layer at ``sizes`` must move: its float32 weights, the past
-    keys and values it reads, the present ones it writes (past + seq positions)."""
-    weights = 4 * size.weights
+def step_bytes(size, sizes: dict, weight_bytes: int = 4) -> dict:
+    """The bytes one run of the layer at ``sizes`` must move: its weights (``weight_bytes`` a
+    weight: 4 in float32, 1 in int8), the past keys and values it reads, the present ones it
+    writes (past + seq positions; float32 in both files)."""
+    weights = weight_bytes * size.weights
     per_position = 2 * 4 * size.hidden * sizes["batch"]  # keys and values of every head
     past = sizes.get("past", 0)
     return {"weights": weights, "kv_read": per_position * past, "kv_written": per_position * (past + sizes["seq"]),
@@ -115,22 +122,22 @@ def macs(size, sizes: dict) -> int:
     return tokens * size.weights + 2 * tokens * positions * size.hidden
 
 
-def case_row(args, threads: str, case: str, limits: dict) -> dict:
-    """One case measured by bench/models.py's `measure` (engines in turns, checks), with the
-    case's bytes or multiply-adds against the limit measured in the run."""
+def case_row(args, threads: str, case: str, precision: str, limits: dict) -> dict:
+    """One case at one precision measured by bench/models.py's `measure` (engines in turns,
+    checks), with the case's bytes or multiply-adds against the limit measured in the run."""
     import models
 
     from tirbyoc.testing.decoder import DecoderSize
 
     model, sizes = CASES[case]
     args.size = [f"{k}={v}" for k, v in sizes.items()]
-    row = {"case": case, **models.measure(args, threads, model, "fp32")}
+    row = {"case": case, **models.measure(args, threads, model, precision)}
     if "latency_ms" not in row:
         return row
     size, seconds = DecoderSize(), row["latency_ms"]["tirbyoc"] / 1e3
     ort_seconds = row["latency_ms"]["onnxruntime"] / 1e3
     if model == "llama_decode":
-        moved = step_bytes(size, sizes)
+        moved = step_bytes(size, sizes, 1 if precision == "int8" else 4)
         gbs = limits["bandwidth"]["gb_per_s"]
         row["decode"] = {"bytes": moved, "tirbyoc_gb_per_s": moved["total"] / seconds / 1e9,
                          "onnxruntime_gb_per_s": moved["total"] / ort_seconds / 1e9, "bandwidth_gb_per_s": gbs,
@@ -138,9 +145,9 @@ def case_row(args, threads: str, case: str, limits: dict) -> dict:
                          "onnxruntime_fraction_of_bandwidth": moved["total"] / ort_seconds / 1e9 / gbs}
     else:
         flops = 2 * macs(size, sizes)
-        peak = limits["fma_peak_gflops"]
+        peak = limits["peak_gops"][precision]
         row["prefill"] = {"flops": flops, "tirbyoc_gflops": flops / seconds / 1e9,
-                          "onnxruntime_gflops": flops / ort_seconds / 1e9, "fma_peak_gflops": peak,
+                          "onnxruntime_gflops": flops / ort_seconds / 1e9, "peak_gops": peak,
                           "fraction_of_peak": flops / seconds / 1e9 / peak,
                           "onnxruntime_fraction_of_peak": flops / ort_seconds / 1e9 / peak}
     return row
@@ -152,17 +159,18 @@ def table(rows) -> str:
     out = []
     for r in rows:
         if "latency_ms" not in r:
-            out.append((r["case"], str(r["threads"]), "not run: " + str(r.get("not_run"))[:50], "", "", "", ""))
+            out.append((r["case"], r["precision"], str(r["threads"]), "not run: " + str(r.get("not_run"))[:50],
+                        "", "", "", ""))
             continue
         lat = r["latency_ms"]
         spread = (r.get("ratio_spread") or {}).get("onnxruntime")
         limit = (f"{r['decode']['fraction_of_bandwidth']:.2f} / {r['decode']['onnxruntime_fraction_of_bandwidth']:.2f}"
                  " of bandwidth" if "decode" in r else
                  f"{r['prefill']['fraction_of_peak']:.2f} / {r['prefill']['onnxruntime_fraction_of_peak']:.2f} of peak")
-        out.append((r["case"], str(r["threads"]), f"{lat['tirbyoc']:.2f}", f"{lat['onnxruntime']:.2f}",
+        out.append((r["case"], r["precision"], str(r["threads"]), f"{lat['tirbyoc']:.2f}", f"{lat['onnxruntime']:.2f}",
                     f"{r['speedup_vs_onnxruntime']:.2f}x " + (f"[{spread[0]:.2f}-{spread[1]:.2f}]" if spread else ""),
                     limit, "yes" if r["checks"]["verified_vs_tvm"] and r["checks"]["agrees_with_onnxruntime"] else "NO"))
-    return render(("case", "threads", "tirbyoc ms", "ORT ms", "tirbyoc vs ORT (round range)",
+    return render(("case", "precision", "threads", "tirbyoc ms", "ORT ms", "tirbyoc vs ORT (round range)",
                    "tirbyoc / ORT against the limit", "checked"), out)
 
 
@@ -170,6 +178,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--cases", default="decode_b1,decode_b8,prefill_128,prefill_512")
+    ap.add_argument("--precisions", default="fp32", help="fp32, int8 (ONNX Runtime's dynamic quantization)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds in turns, at least (bench/models.py)")
     ap.add_argument("--max-rounds", type=int, default=7)
     ap.add_argument("--spread", type=float, default=0.10)
@@ -188,16 +197,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         args.cache = args.cache or tmp
         Path(args.cache).mkdir(parents=True, exist_ok=True)
-        template = models.template_for("fp32", args).split(",")[0]
+        precisions = args.precisions.split(",")
+        templates = {p: models.template_for(p, args).split(",")[0] for p in precisions}
         for threads in args.threads.split(","):
-            progress(f"memory bandwidth and {template}'s FMA peak at {threads} thread(s)")
+            progress(f"memory bandwidth and the peak of {', '.join(templates.values())} at {threads} thread(s)")
             limits[threads] = {"bandwidth": _spawn_bandwidth(int(threads)),
-                               "fma_peak_gflops": _spawn_peak(int(threads), template)}
-            for case in args.cases.split(","):
-                progress(f"{case} at {threads} thread(s): tirbyoc and ONNX Runtime in turns")
-                t0 = time.perf_counter()
-                rows.append(case_row(args, threads, case, limits[threads]))
-                progress(f"{case}: {time.perf_counter() - t0:.0f} s")
+                               "peak_gops": {p: _spawn_peak(int(threads), t) for p, t in templates.items()},
+                               "templates": templates}
+            for precision in precisions:
+                for case in args.cases.split(","):
+                    progress(f"{case} {precision} at {threads} thread(s): tirbyoc and ONNX Runtime in turns")
+                    t0 = time.perf_counter()
+                    rows.append(case_row(args, threads, case, precision, limits[threads]))
+                    progress(f"{case}: {time.perf_counter() - t0:.0f} s")
     print(table(rows))
     result = {"benchmark": "llama", "cpu": models._cpu(), "limits": limits, "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,8 @@ it at batch 1 x seq 128, or at ``--size batch=8 --size seq=384``; ``llama_decode
 ``llama_prefill`` are a decoder layer's two serving files (`tirbyoc.testing.decoder`; bench/llama.py
 runs them against the memory bandwidth and the FMA peak);
 ``--int8`` also their QDQ versions from ONNX Runtime's recommended flow (``quant_pre_process``,
-then ``quantize_static``), ``--precisions int8`` those alone. Each precision goes to the fastest
+then ``quantize_static``), ``--precisions int8`` those alone (the decoder's int8 file is ONNX
+Runtime's dynamic quantization instead, `DYNAMIC_QUANTIZATION`). Each precision goes to the fastest
 template of that precision this CPU runs, the choice `tirbyoc run` makes: fp32 to
 x86_fp32_avx512 with AVX-512, else x86_fp32_avx2, else blas (`tirbyoc.app.running.run.FLOAT_TEMPLATES`);
 int8 to x86_amx (then x86_vnni for what its kernel refuses) where AMX is granted, else
@@ -76,6 +77,11 @@ DYNAMIC = {"bert_base_dynamic": ({"batch": 1, "dynamic": "batch,seq"}, {"batch":
            # after 128, and a prompt of 128
            "llama_decode": ({"with_past": True}, {"batch": 1, "seq": 1, "past": 128}),
            "llama_prefill": ({"with_past": False}, {"batch": 1, "seq": 128})}
+# Models whose int8 file is ONNX Runtime's dynamic quantization (``quantize_dynamic``: int8
+# weights, each activation quantized at run time by ``DynamicQuantizeLinear`` into
+# ``MatMulInteger``), the int8 a served decoder ships: its activations' ranges vary by prompt, so
+# no calibration fixes them.
+DYNAMIC_QUANTIZATION = {"llama_decode", "llama_prefill"}
 
 
 def run_sizes(name: str, given: list[str] | None = None) -> dict | None:
@@ -127,6 +133,9 @@ def model_file(name: str, precision: str, folder: Path) -> Path:
     options, sizes = DYNAMIC.get(name, ({}, None))
     if not path.exists():
         builder(name)(path, **options)
+    if precision == "int8" and name in DYNAMIC_QUANTIZATION:
+        out = folder / f"{name}_int8_dynamic.onnx"
+        return out if out.exists() else qdq.ort_quantize_dynamic(path, out)
     if precision == "int8":
         out = folder / f"{name}_qdq.onnx"
         return out if out.exists() else qdq.ort_quantize(path, out, sizes=sizes)

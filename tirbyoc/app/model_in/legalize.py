@@ -30,6 +30,7 @@ from tirbyoc.relax.bf16 import Bf16Report, bf16_of
 from tirbyoc.relax.byte_tables import ByteTableReport, byte_tables
 from tirbyoc.relax.bridge import fuse
 from tirbyoc.relax.fast_math import FastMathReport, fast_math_of
+from tirbyoc.relax.transposed_operands import TransposedReport, transposed_in_place
 from tirbyoc.relax.layout import LayoutReport, channels_last
 from tirbyoc.relax.narrow_boundary import narrow_boundaries
 from tirbyoc.relax.quantized import QuantizedReport, qdq_output_step
@@ -59,6 +60,7 @@ class LegalizedModel:
     bf16: Bf16Report | None = None  # filled in when the options' precision is bf16
     tables: ByteTableReport | None = None  # the 8-bit chains computed as tables (`byte_tables`)
     as_given: object = None  # with ``as_given=True``: the model legalized as it was given
+    transposed: TransposedReport | None = None  # matmuls reading an operand in place of its transpose
 
 
 def legalized_model(model: str | None, templates, options: RunOptions | None = None, *,
@@ -76,7 +78,9 @@ def legalized_model(model: str | None, templates, options: RunOptions | None = N
     module is converted to NHWC once (`tirbyoc.relax.layout`), while ``as_given`` keeps the
     model's own layout. Precision ``bf16``: the model's float32 convolutions and matmuls read
     bfloat16 (`tirbyoc.relax.bf16`), while ``as_given`` keeps float32 (the accuracy the
-    conversion costs is measured against it). ``constant_weights``: the weights bound as
+    conversion costs is measured against it). For a template that fuses epilogues, a matmul
+    whose run-time operand is transposed for it alone reads it in place
+    (`tirbyoc.relax.transposed_operands`). ``constant_weights``: the weights bound as
     constants, as a deployed model has them (`with_constant_weights`); the arrays are then the
     model's own inputs only. ``as_given``: also legalize the model as it was given (the same
     module when nothing was made integer, converted or fused)."""
@@ -97,6 +101,8 @@ def legalized_model(model: str | None, templates, options: RunOptions | None = N
         done.bf16.add(changed)
     laid = (channels_last(converted, done.layout, reduction_tile(templates))[0] if wants_channels_last(templates)
             else converted)
+    if fuses_epilogues(templates):
+        laid, done.transposed = transposed_in_place(laid)
     laid = _with_byte_tables(laid, templates, opts, done)
     mod = relax.transform.LegalizeOps()(laid)
     given = (mod if laid is loaded else relax.transform.LegalizeOps()(loaded)) if as_given else None
