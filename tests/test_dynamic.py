@@ -591,6 +591,7 @@ def test_a_decoder_layer_with_its_kv_cache_offloads_every_mac_at_each_size(tmp_p
     path = float_llama_layer(tmp_path / "decode.onnx", hidden=64, heads=2, ffn=96)
     assert main(["run", "-q", "-m", str(path), "-t", "x86_fp32_avx2", "--size", "batch=1,2", "--size", "seq=1,3",
                  "--size", "past=5,9", "--repeat", "1", "--json"]) == 0
-    runs = json.loads(capsys.readouterr().out)["sizes"]
-    assert [(r["sizes"], r["coverage"], r["verified"]) for r in runs] == [
+    result = json.loads(capsys.readouterr().out)
+    assert [(r["sizes"], r["coverage"], r["verified"]) for r in result["sizes"]] == [
         ({"batch": 1, "seq": 1, "past": 5}, 1.0, True), ({"batch": 2, "seq": 3, "past": 9}, 1.0, True)]
+    assert result["operands_read_in_place"] == 1  # q . k^T reads the key cache as it lies

@@ -1,18 +1,21 @@
-"""A matmul whose second operand is a run-time tensor transposed just for it reads that tensor
-in place, as ``[..., N, K]``.
+"""A matmul whose operand is a run-time tensor transposed for it reads that tensor where it
+lies.
 
-An attention exports ``q . k^T`` as ``MatMul(q, Transpose(k, perm=[..., -1, -2]))``; a decoder
-reads its key cache that way on every step. TVM legalizes the two apart and never fuses an
-injective producer into a matmul, so the transpose writes the whole key tensor (the cache, at
-decode) and the matmul reads it again; the core then stages it once more into the panels its
-register block reads. Read as ``[..., N, K]`` by the matmul itself (one PrimFunc: ``out[..., i,
-j] = sum_k a[..., i, k] * b[..., j, k]``), the core's own staging copy is the only transpose
-(`tirbyoc.matching`: an operand read transposed is staged transposing). A 1B-class decoder
+An attention exports ``q . k^T`` as ``MatMul(q, Transpose(k, perm=[..., -1, -2]))`` (a decoder
+reads its key cache that way on every step), and an encoder splits its heads with transposes
+that only its two matmuls read (BERT's keys ``[b, s, h, d] -> [b, h, d, s]``, its queries and
+values ``-> [b, h, s, d]``). TVM legalizes each apart and never fuses an injective producer
+into a matmul, so the transpose writes the whole tensor and the matmul reads it again; the core
+then stages it once more into the panels its register block reads (or pads its rows). Read
+through the permutation by the matmul itself (one PrimFunc: ``out[..., i, j] = sum_k
+A[..., i, k] * B[..., k, j]`` with ``A``, ``B`` indexing the untransposed tensors), the core's
+own staging copy is the only one (`tirbyoc.matching`: an operand read transposed is staged
+transposing). A 1B-class decoder
 layer at decode (`tirbyoc.testing.decoder`, batch 8 after 128 positions; Zen 4, one thread,
 each call timed where the model makes it): the key transpose and q . k^T 3.08 -> 2.40 ms.
 
-Weights are left alone: a constant transposed once is folded, and the packing stages it once
-anyway. The sum runs in the order TVM's matmul runs it (``k`` ascending), so TVM's build of
+A constant's transpose is left alone (an imported weight: folded, and staged once by the
+packing anyway). The sum runs in the order TVM's matmul runs it (``k`` ascending), so TVM's build of
 the rewritten model computes what it computed before, bit for bit.
 """
 
@@ -39,34 +42,51 @@ class TransposedReport:
         self.rewritten += other.rewritten
 
     def describe(self) -> str:
-        return (f"{self.rewritten} matmul(s) read a run-time operand as [N, K] in place of its transpose"
+        return (f"{self.rewritten} matmul(s) read a run-time operand where it lies, in place of its transpose"
                 if self.rewritten else "")
 
 
-def matmul_nt(a: te.Tensor, b: te.Tensor, out_dtype: str) -> te.Tensor:
-    """``a [..., M, K] . b[..., N, K]^T`` (the leading axes equal), summed over ``k`` in order."""
-    k = te.reduce_axis((0, a.shape[-1]), name="k")
-    shape = [*a.shape[:-1], b.shape[-2]]
+def _permuted(t: te.Tensor, perm):
+    """An index function reading ``t`` as ``permute_dims(t, perm)`` would hold it."""
+    if perm is None:
+        return lambda idx: t[tuple(idx)]
+
+    def read(idx):
+        original = [None] * len(perm)
+        for axis, i in zip(perm, idx):
+            original[axis] = i
+        return t[tuple(original)]
+
+    return read
+
+
+def matmul_in_place(a: te.Tensor, b: te.Tensor, perm_a, perm_b, out_dtype: str) -> te.Tensor:
+    """``permute_dims(a, perm_a) . permute_dims(b, perm_b)`` (a ``perm`` None: as it is; the
+    leading axes equal), each operand read where it lies, summed over ``k`` in order as TVM's
+    matmul sums it."""
+    a_at, b_at = _permuted(a, perm_a), _permuted(b, perm_b)
+    a_shape = [a.shape[i] for i in perm_a] if perm_a else list(a.shape)
+    b_shape = [b.shape[i] for i in perm_b] if perm_b else list(b.shape)
+    k = te.reduce_axis((0, a_shape[-1]), name="k")
 
     def product(*i):
         lead, row, col = i[:-2], i[-2], i[-1]
-        x, y = a[(*lead, row, k)], b[(*lead, col, k)]
+        x, y = a_at((*lead, row, k)), b_at((*lead, k, col))
         if str(a.dtype) != out_dtype:
             x, y = x.astype(out_dtype), y.astype(out_dtype)
         return te.sum(x * y, axis=k)
 
-    return te.compute(shape, product, name="matmul")
+    return te.compute([*a_shape[:-1], b_shape[-1]], product, name="matmul")
 
 
-def _swapped_last_two(call) -> bool:
-    """Whether ``call`` is a permute_dims that swaps the last two axes and keeps the others."""
-    if getattr(call.op, "name", None) != "relax.permute_dims":
-        return False
+def _permutation(call) -> list[int] | None:
+    """The axes of a permute_dims ``call`` that moves axes (None for anything else)."""
+    if not isinstance(call, relax.Call) or getattr(call.op, "name", None) != "relax.permute_dims":
+        return None
     ndim = call.args[0].ty.ndim
     axes = call.attrs.axes
-    if ndim < 2 or axes is None:
-        return axes is None and ndim == 2
-    return [int(x) % ndim for x in axes] == [*range(ndim - 2), ndim - 1, ndim - 2]
+    perm = list(reversed(range(ndim))) if axes is None else [int(x) % ndim for x in axes]
+    return perm if perm != list(range(ndim)) else None
 
 
 def _same_lead(a, b) -> bool:
@@ -84,25 +104,31 @@ class _InPlace(PyExprMutator):
         super().__init__(mod)
         self.report = report
 
+    def _source(self, operand):
+        """(the tensor ``operand`` permutes, its permutation), or (``operand``, None)."""
+        bound = self.lookup_binding(operand) if isinstance(operand, relax.Var) else None
+        perm = _permutation(bound)
+        if perm is None or isinstance(bound.args[0], tvm.ir.expr.GenericConst):
+            return operand, None  # a weight's transpose is folded and packed once anyway
+        return bound.args[0], perm
+
     def visit_call_(self, call):
         call = super().visit_call_(call)
-        if getattr(call.op, "name", None) != "relax.matmul" or not isinstance(call.args[1], relax.Var):
+        if getattr(call.op, "name", None) != "relax.matmul":
             return call
-        bound = self.lookup_binding(call.args[1])
-        if not isinstance(bound, relax.Call) or not _swapped_last_two(bound):
-            return call
-        a, b = call.args[0], bound.args[0]
-        out = str(call.ty.dtype)
-        if isinstance(b, tvm.ir.expr.GenericConst) or str(a.ty.dtype) not in _FLOATS \
-                or a.ty.dtype != b.ty.dtype or out not in _FLOATS or not _same_lead(a, b):
+        (a, perm_a), (b, perm_b) = self._source(call.args[0]), self._source(call.args[1])
+        out, dtype = str(call.ty.dtype), str(call.args[0].ty.dtype)
+        if (perm_a is None and perm_b is None) or dtype not in _FLOATS or out not in _FLOATS \
+                or str(call.args[1].ty.dtype) != dtype or not _same_lead(call.args[0], call.args[1]):
             return call
         self.report.rewritten += 1
-        return self.builder_.call_te(matmul_nt, a, b, out, primfunc_name_hint="matmul_nt")
+        return self.builder_.call_te(matmul_in_place, a, b, perm_a, perm_b, out, primfunc_name_hint="matmul_in_place")
 
 
 def transposed_in_place(mod) -> tuple[object, TransposedReport]:
-    """(``mod`` with each float ``matmul(a, permute_dims(b))`` of a run-time ``b`` that swaps
-    its last two axes computed by one PrimFunc reading ``b`` in place, what was rewritten).
+    """(``mod`` with each float matmul of a run-time operand transposed for it (any
+    ``permute_dims``) computed by one PrimFunc reading that operand where it lies, what was
+    rewritten).
     Before legalization: the ops are Relax operators; a transpose no reader needs any more is
     dropped."""
     report = TransposedReport()
@@ -118,4 +144,4 @@ def TransposedInPlace(report: TransposedReport | None = None):  # noqa: N802 - a
     return reporting_pass(transposed_in_place, report, "tirbyoc.TransposedInPlace")
 
 
-__all__ = ["TransposedInPlace", "TransposedReport", "matmul_nt", "transposed_in_place"]
+__all__ = ["TransposedInPlace", "TransposedReport", "matmul_in_place", "transposed_in_place"]

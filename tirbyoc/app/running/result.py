@@ -14,6 +14,7 @@ from tirbyoc.relax.bf16 import Bf16Report
 from tirbyoc.relax.byte_tables import ByteTableReport
 from tirbyoc.relax.fast_math import FastMathReport
 from tirbyoc.relax.layout import LayoutReport
+from tirbyoc.relax.transposed_operands import TransposedReport
 from tirbyoc.relax.quantized import QuantizedReport
 
 
@@ -41,6 +42,7 @@ class RunResult:
     size_origin: str | None = None  # where the sizes came from, when --size did not give them
     bf16: Bf16Report | None = None  # --precision bf16: what was converted, its accuracy against fp32
     tables: ByteTableReport | None = None  # a QDQ model's 8-bit elementwise chains as 256-entry tables
+    transposed: TransposedReport | None = None  # matmuls reading a run-time operand in place of its transpose
 
     def to_json(self) -> dict:
         r = self.report
@@ -71,6 +73,7 @@ class RunResult:
             "precision": "bf16" if self.bf16 is not None else None,
             "bf16": self.bf16.to_json() if self.bf16 is not None else None,
             "byte_tables": self.tables.to_json() if self.tables is not None else None,
+            "operands_read_in_place": self.transposed.rewritten if self.transposed is not None else 0,
         }
 
     def outcome(self) -> str:
@@ -107,6 +110,8 @@ class RunResult:
             text += f"\nthe rest: {r.rest.summary()}"
         if self.layout is not None:
             text += f"\nlayout: {self.layout.describe()}"
+        if self.transposed is not None:
+            text += f"\nlayout: {self.transposed.describe()}"
         if self.quantized is not None:
             text += f"\nquantized model: {self.quantized.describe()}"
         if self.tables is not None:
