@@ -10,13 +10,13 @@ then stages it once more into the panels its register block reads (or pads its r
 through the permutation by the matmul itself (one PrimFunc: ``out[..., i, j] = sum_k
 A[..., i, k] * B[..., k, j]`` with ``A``, ``B`` indexing the untransposed tensors), the core's
 own staging copy is the only one (`tirbyoc.matching`: an operand read transposed is staged
-transposing). A 1B-class decoder
-layer at decode (`tirbyoc.testing.decoder`, batch 8 after 128 positions; Zen 4, one thread,
-each call timed where the model makes it): the key transpose and q . k^T 3.08 -> 2.40 ms.
+transposing). A 1B-class decoder layer at decode (`tirbyoc.testing.decoder`, batch 8 after 128
+positions; Zen 4, one thread, each call timed where the model makes it): the key transpose and
+q . k^T 3.08 -> 2.40 ms.
 
 A constant's transpose is left alone (an imported weight: folded, and staged once by the
-packing anyway). The sum runs in the order TVM's matmul runs it (``k`` ascending), so TVM's build of
-the rewritten model computes what it computed before, bit for bit.
+packing anyway). The sum runs in the order TVM's matmul runs it (``k`` ascending), so TVM's
+build of the rewritten model computes what it computed before, bit for bit.
 """
 
 from __future__ import annotations
