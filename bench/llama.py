@@ -19,7 +19,8 @@ agreement). Beside them, in processes of their own with the same thread count:
 
 ``--precisions fp32,int8``: int8 is the same file through ONNX Runtime's dynamic quantization
 (int8 weights, activations quantized at run time; `models.DYNAMIC_QUANTIZATION`), on the int8
-template this CPU runs (the attention's float matmuls on `ScheduleRest`); a decode step then
+template this CPU runs (the attention's float matmuls on the fp32 one, their own loops at a
+decoding step's few rows: `tirbyoc.offloading.few_rows`); a decode step then
 moves a byte a weight. Its row is checked bit for bit against TVM's build, and against ONNX
 Runtime by accuracy: each engine's output against the float file's (ONNX Runtime), tirbyoc's
 error within 1.25x of ONNX Runtime's (`models._float_output` says why not bit for bit).

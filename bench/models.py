@@ -17,7 +17,8 @@ Runtime's dynamic quantization instead, `DYNAMIC_QUANTIZATION`). Each precision 
 template of that precision this CPU runs, the choice `tirbyoc run` makes: fp32 to
 x86_fp32_avx512 with AVX-512, else x86_fp32_avx2, else blas (`tirbyoc.app.running.run.FLOAT_TEMPLATES`);
 int8 to x86_amx (then x86_vnni for what its kernel refuses) where AMX is granted, else
-x86_vnni with AVX-512 VNNI, else x86_avx512bw, else x86_avx2 (`INT8_TEMPLATES`).
+x86_vnni with AVX-512 VNNI, else x86_avx512bw, else x86_avx2 (`INT8_TEMPLATES`), followed by
+the fp32 one for the float matmuls an int8 model keeps (the decoder's attention).
 ``--precisions bf16`` runs the float file as ``tirbyoc run --precision bf16`` does (its
 convolutions and matmuls on bfloat16, summed in float32) on x86_amx_bf16 or x86_avx512_bf16
 (then the fp32 template for what they refuse): its peer is OpenVINO's default precision (bf16
@@ -101,8 +102,8 @@ def run_sizes(name: str, given: list[str] | None = None) -> dict | None:
 def template_for(precision: str, args) -> str:
     """The template a precision runs on here: the one ``args`` forces for it
     (``--int8-template`` / ``--fp32-template``), or the fastest template of that precision this
-    CPU runs (the first of `INT8_TEMPLATES` / `FLOAT_TEMPLATES` that runs here, with the one
-    taking what its kernel refuses: the choice `tirbyoc run` makes)."""
+    CPU runs (the first of `INT8_TEMPLATES` / `FLOAT_TEMPLATES` that runs here, an int8 one
+    followed by the fp32 one: the choice `tirbyoc run` makes)."""
     forced = {"int8": args.int8_template, "bf16": args.bf16_template}.get(precision, args.fp32_template)
     if forced:
         return forced
@@ -111,7 +112,7 @@ def template_for(precision: str, args) -> str:
 
     if precision == "bf16":
         return ",".join(default_templates(precision="bf16"))
-    if precision == "int8":
+    if precision == "int8":  # then the fp32 core, for the float matmuls an int8 model keeps
         return ",".join(default_templates())
     first = next((t for t in FLOAT_TEMPLATES if tirbyoc.get_template(t).runs_here()), FLOAT_TEMPLATES[-1])
     after = FALLBACKS.get(first)

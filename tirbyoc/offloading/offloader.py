@@ -27,8 +27,8 @@ from tirbyoc.matching.matcher import explain, match_block
 from tirbyoc.matching.results import Match, Mismatch
 from tirbyoc.offloading.channel_wise import left_to_channel_vectors
 from tirbyoc.offloading.table import render
-from tirbyoc.offloading.verification import Verification
-from tirbyoc.offloading.verification import verify as run_verify
+from tirbyoc.offloading.verification import Verification, verify as run_verify
+from tirbyoc.offloading.few_rows import with_few_rows_path
 from tirbyoc.offloading.function_steps import finish, owners_of, plan_scratchpads, tuned_owners, with_step
 from tirbyoc.rewrite.foundation.steps import DECISIONS, Step, StepKind
 from tirbyoc.rewrite.block.tensorize import Rewritten, tensorize
@@ -291,11 +291,12 @@ def _untuned(plan: _Plan) -> Offloaded:
 
 
 def _rewritten(plan: _Plan, *, check_each: bool):
-    """(the function with every chosen rewrite applied and `FUNCTION_STEPS` run on it - the
-    function as given when nothing was rewritten -, the outcomes, the rewrites)."""
+    """(the function with every chosen rewrite applied, `FUNCTION_STEPS` run on it and its few-rows
+    path added - the function as given when nothing was rewritten -, the outcomes, the rewrites)."""
     current, outcomes, rewrites = _apply(plan, check_each=check_each)
     current = current if rewrites else plan.func  # verified against the function as given
     current, outcomes = finish(current, plan.template, owners_of(rewrites), outcomes)
+    current, outcomes = with_few_rows_path(plan.simplified, current, outcomes, rewrites, plan.target)
     return current, outcomes, rewrites
 
 

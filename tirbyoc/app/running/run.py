@@ -108,16 +108,16 @@ def default_templates(model: str | None = None, precision: str | None = None) ->
     AVX-512 fused multiply-add core, else the AVX2 one, else blas); otherwise (an int8 model,
     the default model, a model file not yet read) the fastest int8 template this CPU runs
     (`INT8_TEMPLATES`: AMX where Linux grants it, with VNNI for what its kernel refuses; else
-    VNNI, AVX-512 BW, AVX2), then those. With ``precision="bf16"``: the fastest bfloat16
+    VNNI, AVX-512 BW, AVX2), followed by the fastest fp32 one for the float matmuls an int8
+    model keeps (a dynamically quantized model's attention: ``MatMulInteger`` only for its
+    projections; at a decoding step's few rows they keep their own loops,
+    `tirbyoc.offloading.few_rows`). With ``precision="bf16"``: the fastest bfloat16
     template (`BF16_TEMPLATES`: AMX, else AVX512_BF16) followed by the fastest fp32 one, which
     takes what the bf16 kernels do not (a matrix-vector product) with its operands widened
     exactly; without a bf16 template, the fp32 one alone."""
-    if precision == "bf16":
-        order = BF16_TEMPLATES + FLOAT_TEMPLATES
-        chosen = _first_runnable(BF16_TEMPLATES) + _first_runnable(FLOAT_TEMPLATES)
-    else:
-        order = FLOAT_TEMPLATES if is_float_model(model) else INT8_TEMPLATES + FLOAT_TEMPLATES
-        chosen = _first_runnable(order)
+    first = BF16_TEMPLATES if precision == "bf16" else () if is_float_model(model) else INT8_TEMPLATES
+    order = first + FLOAT_TEMPLATES
+    chosen = _first_runnable(first) + _first_runnable(FLOAT_TEMPLATES)
     if chosen:
         return chosen
     raise TirbyocError(f"none of the default templates ({', '.join(order)}) runs on this machine; "
