@@ -12,6 +12,7 @@ from vnni import NAME
 import tirbyoc
 from tirbyoc._tvm import make_target, relax_vm, tirx
 from tirbyoc.offloading.lowering import PIPELINE
+from tirbyoc.offloading.verification import specialize_symbolic
 from tirbyoc.relax.bridge import OFFLOADED_ATTR, offload_module
 from tirbyoc.relax.rest import RestSchedule, ScheduleRest, schedule_rest_of
 from tirbyoc.rewrite.rest_schedule.nests import ROW_LANES_NOTE, SCHEDULED_ATTR, schedule_rest
@@ -128,6 +129,21 @@ def test_a_reduction_runs_its_rows_in_parallel_its_max_in_lanes_and_its_float_su
                                                  "T_softmax_expsum": 8, "T_softmax_norm": 8}
     assert "T.exp(" in new.script()  # libm's, as TVM's build
     same_values(func, new, (2, 4, 32, 48))
+
+
+@pytest.mark.parametrize("reduce", ["max", "min"])
+def test_a_whole_tensors_max_and_min_run_in_lanes_bit_for_bit(reduce):
+    """A run-time quantizer's range (``DynamicQuantizeLinear``: the max and min of a whole
+    activation, its rows known only at run time) in lanes along its last axis, across every
+    other; the same bits as TVM's build."""
+    seq = tirx.Var("seq", "int64")
+    func = legalized(lambda x: getattr(relax.op, reduce)(x), (1, seq, 64))
+    new, nests = schedule_rest(func, AVX2)
+    assert [(n.lanes, n.parallel) for n in nests] == [(8, 0)]
+    assert (VECTORIZED, 8) in loops(specialize_symbolic([new], {"seq": 1})[0])
+    for rows in (1, 3, 20):
+        f, g = specialize_symbolic([func, new], {"seq": rows})
+        same_values(f, g, (1, rows, 64))
 
 
 @pytest.mark.parametrize("layer", ["softmax", "layer_norm"])

@@ -1,4 +1,5 @@
-"""Row reductions in vector lanes: a softmax's max and sum, a layer norm's two sums.
+"""Row reductions in vector lanes: a softmax's max and sum, a layer norm's two sums, a whole
+tensor's max and min (a run-time quantizer's range).
 
 `tirbyoc.rewrite.rest_schedule.nests` runs the rows of a reduction in parallel but each row's reduction in
 order, one element after the other: a chain of dependent adds, each waiting three or four
@@ -52,8 +53,10 @@ def order_free(block) -> bool:
 
 
 def _lanes_axis(sch, block, lanes: int):
-    """The innermost loop of ``block`` when it is the reduction's only loop, steps contiguous
-    elements of every read, and splits into at least two vectors of ``lanes``; else None."""
+    """The innermost loop of ``block`` when it is the reduction's only loop - or the last of
+    several, all inside the rows (a whole tensor's max: a run-time quantizer's range) -, steps
+    contiguous elements of every read, and splits into at least two vectors of ``lanes``;
+    else None."""
     loops = sch.get_loops(block)
     if not loops:
         return None
@@ -61,18 +64,33 @@ def _lanes_axis(sch, block, lanes: int):
     var = sch.get(loops[-1]).loop_var
     bound = [(iv, v) for iv, v in zip(realize.block.iter_vars, realize.iter_values) if uses_var(v, var)]
     reductions = [iv for iv in realize.block.iter_vars if int(iv.iter_type) == REDUCE]
-    if len(bound) != 1 or len(reductions) != 1 or not bound[0][0].same_as(reductions[0]):
+    if len(bound) != 1 or not reductions or not bound[0][0].same_as(reductions[-1]):
         return None
     if not bound[0][1].same_as(var) or any(int(sch.get(l).kind) != int(tirx.ForKind.SERIAL) for l in loops):
         return None
+    if len(reductions) > 1 and _rows_of(sch, block) + len(reductions) != len(loops):
+        return None  # a reduction loop between the rows: not a nest this splits
     ext = sch.get(loops[-1]).extent
     if not isinstance(ext, tirx.IntImm) or int(ext) % lanes or int(ext) < 2 * lanes:
         return None
-    k = reductions[0].var
+    k = reductions[-1].var
     for region in realize.block.reads:
         if any(uses_var(r.min, k) for r in list(region.region)[:-1]):  # across rows: gathers
             return None
     return loops[-1]
+
+
+def _rows_of(sch, block) -> int:
+    """The loops of ``block`` before its first reduction loop (its rows)."""
+    loops = sch.get_loops(block)
+    realize = block_realize(sch.get(loops[0]), sch.get(block))
+    reduce_vars = [iv.var for iv in realize.block.iter_vars if int(iv.iter_type) == REDUCE]
+    for n, loop in enumerate(loops):
+        var = sch.get(loop).loop_var
+        if any(uses_var(v, var) for iv, v in zip(realize.block.iter_vars, realize.iter_values)
+               if any(iv.var.same_as(r) for r in reduce_vars)):
+            return n
+    return len(loops)
 
 
 def lane_reduction(sch, block, vector_bytes: int, exact: bool = True,
@@ -91,14 +109,16 @@ def lane_reduction(sch, block, vector_bytes: int, exact: bool = True,
     if axis is None:
         return None
     name, length = str(stmt.name_hint), int(sch.get(axis).extent)
-    rows = len(sch.get_loops(block)) - 1
+    rows = _rows_of(sch, block)
+    reduction_loops = len(sch.get_loops(block)) - rows
     _, inner = sch.split(axis, [None, lanes])
     partial = sch.rfactor(inner, factor_axis=rows)  # partial[rows..., lane]
     sch.vectorize(sch.get_loops(partial)[-1])
     # a row count known only at run time counts as one row (as `rest` counts it)
     work = length * prod(loop_extent(sch, l) or 1 for l in sch.get_loops(partial)[:rows])
     parallel = parallel_rows(sch, sch.get_loops(partial)[:rows], work) if parallel_rows and rows else 0
-    steps = sch.get_loops(partial)[-2]
+    # the outermost reduction loop (the rows before it may be fused by now): the lanes start once
+    steps = sch.get_loops(partial)[-(reduction_loops + 1)]
     init = sch.decompose_reduction(partial, steps)
     if int(sch.get(sch.get_loops(init)[-1]).kind) != int(tirx.ForKind.VECTORIZED):
         sch.vectorize(sch.get_loops(init)[-1])
