@@ -104,8 +104,9 @@ def with_few_rows_path(original, core, outcomes, rewrites, target):
     new = dispatched(original, core, rows, target) if rows is not None else None
     if new is None:
         return core, outcomes
-    step = Step(StepKind.SCHEDULE, f"below {FEW_ROWS} rows ({rows} < {FEW_ROWS}: a decoding step) its own loops in "
-                "parallel rows and vector lanes instead: the core would stage its run-time operand for them")
+    step = Step(StepKind.SCHEDULE, f"calls with fewer than {FEW_ROWS} rows ({rows} < {FEW_ROWS}: a decoding step) run "
+                "the function's own loops in parallel rows and vector lanes: for them the core would spend its "
+                "time staging its run-time operand")
     return new, [replace(o, steps=tuple(o.steps) + (step,)) if o.block == block and o.offloaded else o
                  for o in outcomes]
 
