@@ -25,17 +25,18 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tirbyoc._tvm import is_host_target, make_target, s_tir, tirx, tvm_ffi, vector_bytes, vector_registers
+from tirbyoc.rewrite.cpu.run_time_rows import SKIP_ROWS_KEY  # the core's row blocks padded at run time
 from tirbyoc.rewrite.foundation.steps import Step, StepKind
 from tirbyoc.rewrite.rest_schedule.nests import SCHEDULED_ATTR, schedule_rest
 
 FEW_ROWS = 4  # rows below which the untouched loops beat the core (measured above)
-RUN_TIME_ROWS_ATTR = "tirbyoc.skip_padded_rows"  # the core's row blocks padded at run time
 FEW_ROWS_BLOCK, MANY_ROWS_BLOCK = "few_rows", "many_rows"
 
 
 def _padded_at_run_time(func) -> bool:
+    """Whether ``func``'s core pads its rows when it runs (they are known only then)."""
     found = []
-    tvm_ffi.structural_walk(func.body, (tirx.For, lambda f: found.append(RUN_TIME_ROWS_ATTR in (f.annotations or {}))),
+    tvm_ffi.structural_walk(func.body, (tirx.For, lambda f: found.append(SKIP_ROWS_KEY in (f.annotations or {}))),
                             order="pre")
     return any(found)
 
