@@ -24,8 +24,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tirbyoc._tvm import is_host_target, make_target, s_tir, tirx, tvm_ffi, vector_bytes, vector_registers
+from tirbyoc._tvm import is_host_target, iter_blocks, make_target, s_tir, tirx, tvm_ffi, vector_bytes, vector_registers
 from tirbyoc.rewrite.cpu.run_time_rows import SKIP_ROWS_KEY  # the core's row blocks padded at run time
+from tirbyoc.rewrite.cpu.weight_layout import layout_free_positions  # parameters every caller passes as constants
 from tirbyoc.rewrite.foundation.steps import Step, StepKind
 from tirbyoc.rewrite.rest_schedule.nests import SCHEDULED_ATTR, schedule_rest
 
@@ -41,16 +42,8 @@ def _padded_at_run_time(func) -> bool:
     return any(found)
 
 
-def _has_constants(func) -> bool:
-    """Whether ``func`` has parameters marked constant (TVM's ``layout_free_buffers``)."""
-    attrs = func.attrs or {}
-    return "layout_free_buffers" in attrs and len(attrs["layout_free_buffers"]) > 0
-
-
 def _block(func, name: str):
-    hits = []
-    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, lambda b: hits.append(b) if str(b.name_hint) == name else None),
-                            order="pre")
+    hits = [b for b in iter_blocks(func.body) if str(b.name_hint) == name]
     return hits[0] if len(hits) == 1 else None
 
 
@@ -97,7 +90,7 @@ def with_few_rows_path(original, core, outcomes, rewrites, target):
     """(``core``, ``outcomes``) with `dispatched`'s few-rows branch where the module docstring
     says it applies, a step saying so on the offloaded block; as given elsewhere."""
     if (target is None or not is_host_target(target) or str(make_target(target).kind.name) != "llvm"
-            or len(rewrites) != 1 or _has_constants(original)
+            or len(rewrites) != 1 or layout_free_positions(original)
             or not _padded_at_run_time(core)):
         return core, outcomes
     block = rewrites[0].match.block

@@ -66,7 +66,12 @@ def layout_free_params(sch) -> set[int]:
     mark (MetaSchedule's layout rewrite reads it too) for the parameters every caller passes
     as a constant (`tirbyoc.relax.bridge` sets it from the Relax call sites), whose staging
     copies `tirbyoc.relax.prepack` runs once at compile time."""
-    attrs = sch.mod["main"].attrs
+    return layout_free_positions(sch.mod["main"])
+
+
+def layout_free_positions(func) -> set[int]:
+    """`layout_free_params` of a PrimFunc (no schedule needed)."""
+    attrs = func.attrs
     value = attrs.get(LAYOUT_FREE_ATTR) if attrs is not None else None
     return {int(i) for i in value} if value is not None else set()
 
@@ -139,4 +144,4 @@ def tiles_outermost(sch, block, weight: str, match, panel: int = 1) -> str | Non
     return str(sch.get(block).reads[idx].source.name)
 
 
-__all__ = ["LAYOUT_FREE_ATTR", "layout_free_params", "operand_bytes", "tiles_outermost", "weight_operand", "weights_first"]
+__all__ = ["LAYOUT_FREE_ATTR", "layout_free_params", "layout_free_positions", "operand_bytes", "tiles_outermost", "weight_operand", "weights_first"]

@@ -22,7 +22,7 @@ from math import prod
 
 from tirbyoc._tvm import REDUCE, tirx
 from tirbyoc.dtypes import dtype_bytes
-from tirbyoc.ir.tir_walk import block_realize, loop_extent, uses_var
+from tirbyoc.ir.tir_walk import block_realize, loop_extent, spatial_prefix, uses_var
 
 
 @dataclass(frozen=True)
@@ -81,16 +81,9 @@ def _lanes_axis(sch, block, lanes: int):
 
 
 def _rows_of(sch, block) -> int:
-    """The loops of ``block`` before its first reduction loop (its rows)."""
+    """How many loops of ``block`` come before its first reduction loop (its rows)."""
     loops = sch.get_loops(block)
-    realize = block_realize(sch.get(loops[0]), sch.get(block))
-    reduce_vars = [iv.var for iv in realize.block.iter_vars if int(iv.iter_type) == REDUCE]
-    for n, loop in enumerate(loops):
-        var = sch.get(loop).loop_var
-        if any(uses_var(v, var) for iv, v in zip(realize.block.iter_vars, realize.iter_values)
-               if any(iv.var.same_as(r) for r in reduce_vars)):
-            return n
-    return len(loops)
+    return len(spatial_prefix(sch, loops, block_realize(sch.get(loops[0]), sch.get(block))))
 
 
 def lane_reduction(sch, block, vector_bytes: int, exact: bool = True,
