@@ -24,7 +24,7 @@ import tvm  # noqa: E402
 import tvm_ffi  # noqa: E402
 import tvm_ffi.libinfo  # noqa: E402
 from tvm import sym  # noqa: E402  (arith: detect_iter_map, IterMapLevel)
-from tvm import relax, s_tir, tirx  # noqa: E402
+from tvm import relax, s_tir, te, tirx  # noqa: E402
 from tvm.ir.prim import expr as prim_expr  # noqa: E402
 from tvm.s_tir import pipeline as s_tir_pipeline  # noqa: E402
 from tvm.script import tirx as T  # noqa: E402

@@ -92,6 +92,11 @@ class Template:
         model is then converted to NHWC once, before legalization
         (`tirbyoc.relax.layout`), instead of each convolution transposing its input and
         output on every call.
+    winograd : int
+        The output tile m of Winograd's form F(m x m, 3 x 3) (2 or 4) in which the template's
+        core computes a float 3x3 convolution of stride 1 with a constant weight, on a CPU
+        target: the channel sums as (m + 2)^2 matrix products, 2.25x (m = 2) fewer
+        multiply-adds (`tirbyoc.rewrite.cpu.winograd`). 0: convolutions stay direct.
     """
 
     name: str
@@ -112,6 +117,7 @@ class Template:
     emulates: str = ""
     fuses_epilogues: bool = False
     channels_last: bool = False
+    winograd: int = 0
     timing_params: tuple = ()
 
     def __post_init__(self):

@@ -9,29 +9,28 @@ lowering for whatever was not offloaded.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from math import prod
 from typing import Callable, Sequence
 
 from tirbyoc._tvm import is_host_target, make_target
-from tirbyoc.decl.intrinsic import AxisExtents, Role
+from tirbyoc.decl.intrinsic import Role
 from tirbyoc.decl.registry import as_template
 from tirbyoc.decl.template import Template
 from tirbyoc.dtypes import dtype_bytes
 from tirbyoc.errors import RewriteError, TirbyocError
 from tirbyoc.ir.normalize import simplify_indices, unique_buffer_names
-from tirbyoc.ir.pattern import function_blocks
-from tirbyoc.matching.candidates import Candidate
-from tirbyoc.matching.matcher import explain, match_block
+from tirbyoc.matching.matcher import explain
 from tirbyoc.matching.results import Match, Mismatch
 from tirbyoc.offloading.channel_wise import left_to_channel_vectors
+from tirbyoc.offloading.resizing import exact_size, split_for_cores, target_cores
 from tirbyoc.offloading.table import render
 from tirbyoc.offloading.verification import Verification, verify as run_verify
 from tirbyoc.offloading.few_rows import with_few_rows_path
 from tirbyoc.offloading.function_steps import finish, owners_of, plan_scratchpads, tuned_owners, with_step
 from tirbyoc.rewrite.foundation.steps import DECISIONS, Step, StepKind
 from tirbyoc.rewrite.block.tensorize import Rewritten, tensorize
+from tirbyoc.rewrite.cpu.winograd import winograd_for
 from tirbyoc.rewrite.rest_schedule.vector_math import vector_math_for, vector_math_step
 
 
@@ -131,69 +130,6 @@ def _policy(policy) -> Policy:
                            "or a callable(matches) -> match") from None
 
 
-# ----------------------------------------------------------------------- resizing
-MIN_PART = 16  # a library call's share of a spatial axis is not split finer than this
-
-
-def split_for_cores(axes, cores: int, multiples: dict | None = None) -> dict:
-    """The extents one library call covers so that a block becomes ``cores`` calls the CPU
-    schedule runs in parallel (a library call inside a PrimFunc runs on one of TVM's threads,
-    single-threaded: one call for the whole block would leave the other cores idle): the
-    largest spatial axis whose extent ``cores`` divides (no padding) into parts of at least
-    `MIN_PART`, each a multiple of what a packed operand's tiles need along it (``multiples``:
-    axis -> tile; AMX's weight: 16 output channels); the whole block where none does."""
-    extents = {a.axis: a.extent for a in axes}
-    multiples = multiples or {}
-    if cores > 1:
-        fits = [a for a in axes if a.kind == "S" and a.extent % cores == 0 and a.extent // cores >= MIN_PART
-                and (a.extent // cores) % multiples.get(a.axis, 1) == 0]
-        if fits:
-            best = max(fits, key=lambda a: a.extent)
-            extents[best.axis] = best.extent // cores
-    return extents
-
-
-def target_cores(target) -> int:
-    """The cores code built for ``target`` runs on: its ``num-cores``, else this machine's
-    (a CPU target; 1 for any other)."""
-    tgt = make_target(target)
-    if not is_host_target(tgt):
-        return 1
-    cores = tgt.attrs.get("num-cores")
-    return int(cores) if cores else (os.cpu_count() or 1)
-
-
-def exact_size(func, m: Match, cores: int = 1) -> Match:
-    """For a group that can be re-declared for any size (a library call), the match of the
-    exact-size group: one call per block, no padding (``cores`` > 1: one call per core,
-    `split_for_cores`). Other matches are returned as is."""
-    group = m.group
-    if group is None or group.resize is None or m.intrinsic is not group.compute:
-        return m
-    if m.runtime_axes:
-        raise RewriteError(f"{m.function}/{m.block}: axis {m.runtime_axes[0]} has a size known only at run "
-                           f"time; {group.name} takes it only as a whole-function library call")
-    packed = {a: t for o in m.operands if o.pack_tile for a, t in zip(o.view_axes, o.pack_tile)}
-    extents = split_for_cores(m.axes, cores, packed)
-    if all(not a.padding and extents[a.axis] == a.size for a in m.axes):
-        return m
-    if any(e == 1 for e in extents.values()):
-        return m  # TVM cannot tensorize a unit-extent description loop: keep the tile match
-    sizes = dict(zip(m.iters, m.iter_extents))
-    fused = {a.axis: tuple(sizes.get(n) for n in a.iters) for a in m.axes if len(a.iters) > 1}
-    try:
-        exact = group.resize(AxisExtents(extents, fused))
-    except TirbyocError as err:
-        raise RewriteError(f"{m.function}/{m.block}: {group.name} cannot be declared for "
-                           f"{extents}: {err}") from err
-    wpat = next(p for p in function_blocks(func) if p.name == m.block)
-    new = match_block(Candidate(exact.compute, exact, None), wpat, m.function)
-    if isinstance(new, Mismatch) or (new.padding and not exact.resize_pads):
-        why = new.message if isinstance(new, Mismatch) else "it does not cover the block exactly"
-        raise RewriteError(f"{m.function}/{m.block}: the {exact.name} group does not fit: {why}")
-    return replace(new, template=m.template, init=m.init)
-
-
 # --------------------------------------------------------------------------- offload
 def offload(func, template, policy="first", *, verify: bool = True, target=None,
             schedule=True, tuned=None, inputs: dict | None = None) -> Offloaded:
@@ -211,20 +147,30 @@ def offload(func, template, policy="first", *, verify: bool = True, target=None,
 
     tmpl = as_template(template)
     target = target if target is not None else tmpl.target
-    # matched and rewritten with every buffer named apart and indices simplified
-    simplified, erfs = vector_math_for(simplify_indices(unique_buffer_names(func)), make_target(target))
+    simplified, steps = _matched_form(func, tmpl, make_target(target))
     plan = _Plan(func, simplified, explain(simplified, tmpl), _policy(policy), target, schedule, tmpl,
                  getattr(tmpl, "name", str(template)), verify, inputs)
 
     def untuned():
         off = _untuned(plan)
-        return with_step(off, vector_math_step(erfs)) if erfs and off.rewrites else off
+        for step in steps if off.rewrites else ():
+            off = with_step(off, step)
+        return off
 
     if tuned is not None:
         hit = _from_tuned(plan, tuned)
         if hit is not None:
             return _faster_in_simulator(hit, untuned, tmpl)
     return untuned()
+
+
+def _matched_form(func, tmpl, target) -> tuple:
+    """(``func`` as it is matched and rewritten: every buffer named apart, indices simplified,
+    float32 erf as vector arithmetic, 3x3 convolutions in the template's Winograd form; the
+    steps an offload of it reports for the last two)."""
+    simplified, erfs = vector_math_for(simplify_indices(unique_buffer_names(func)), target)
+    simplified, steps = winograd_for(simplified, getattr(tmpl, "winograd", 0), target)
+    return simplified, ((vector_math_step(erfs),) if erfs else ()) + steps
 
 
 @dataclass(frozen=True)

@@ -165,11 +165,13 @@ PARALLEL_COPY_ELEMENTS = 4096  # a smaller staging copy is not worth a parallel 
 
 def _whole_buffer_copy(sch, blk, main_loops) -> bool:
     """Whether ``blk`` is a whole-buffer copy outside ``block``'s loops: one write, no init,
-    spatial iterators only, loops of its own."""
+    spatial iterators only, loops of its own, none of them scheduled already (a Winograd
+    transform's unrolled positions and vector lanes stay as they are)."""
     stmt = sch.get(blk)
     loops = sch.get_loops(blk)
     return (len(stmt.writes) == 1 and stmt.init is None and bool(loops)
             and all(int(iv.iter_type) == SPATIAL for iv in stmt.iter_vars)
+            and all(sch.get(l).kind == tirx.ForKind.SERIAL for l in loops)
             and not any(sch.get(l).same_as(m) for l in loops for m in main_loops))
 
 

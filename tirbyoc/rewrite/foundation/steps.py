@@ -38,6 +38,7 @@ class StepKind(enum.Enum):
     EPILOGUE_LEFT = "epilogue left"  # elementwise blocks after the core left to the host, and why
     IN_PLACE = "in place"  # a staging copy that moved nothing removed: the parameter is read as it is
     VECTOR_MATH = "vector math"  # a libm call (erf) as arithmetic LLVM vectorizes
+    WINOGRAD = "winograd"  # a 3x3 convolution computed in Winograd's form
 
 
 # The kinds a report shows as "how" an offload was done.
@@ -45,7 +46,7 @@ DECISIONS = frozenset({StepKind.TUNED, StepKind.CAST, StepKind.PAD, StepKind.PAC
                        StepKind.SCRATCHPAD_PLAN, StepKind.SCHEDULE, StepKind.CALL,
                        StepKind.COPY_LOOP, StepKind.INIT_LEFT, StepKind.LINK, StepKind.DOUBLE_BUFFER,
                        StepKind.EPILOGUE, StepKind.EPILOGUE_LEFT, StepKind.IN_PLACE,
-                       StepKind.VECTOR_MATH})
+                       StepKind.VECTOR_MATH, StepKind.WINOGRAD})
 
 
 class Step(str):
