@@ -54,7 +54,7 @@ def make_template(name: str = "x86_fp32_avx512") -> Template:
     v = VARIANTS[name]
     return v.template(IntrinsicGroup("fma_f32", compute=fma(name), init=zero_fill(name, v.lanes, "float32")),
                       doc=f"fp32 convolutions and matmuls as register-blocked {v.instruction} micro-kernels",
-                      winograd=2)  # 3x3 convolutions as 16 matrix products of their 2x2 output tiles
+                      winograd=4)  # 3x3 convolutions as 36 matrix products of their 4x4 output tiles
 
 
 TEMPLATE = make_template("x86_fp32_avx512")

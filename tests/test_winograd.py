@@ -13,7 +13,7 @@ from cpu_templates import runnable
 import tirbyoc
 from tirbyoc._tvm import iter_blocks, root_block
 from tirbyoc.relax.bridge import fuse
-from tirbyoc.rewrite.cpu.winograd import MATRICES, TILES, conv3x3, winograd_form
+from tirbyoc.rewrite.cpu.winograd import MATRICES, MIN_TILES, TILES, Conv3x3, conv3x3, tile_for, winograd_form
 from tirbyoc.rewrite.foundation.steps import StepKind
 from tirbyoc.testing.workloads import conv2d
 
@@ -73,13 +73,13 @@ def test_the_form_computes_the_convolution_tvm_builds():
 @pytest.mark.parametrize("name", TEMPLATES)
 def test_the_matrix_products_run_on_the_core_and_the_epilogue_in_the_output_transform(name):
     runnable(name)
-    func = padded_conv(size=9)
+    func = padded_conv(size=24)
     out = tirbyoc.offload(func, name)
     assert out.coverage == 1.0 and out.verification.passed, [b.reason for b in out.blocks]
     (core,) = out.offloaded
     assert core.block == conv3x3_block(func)  # the products carry the convolution's name
     (note,) = [s for s in core.steps if s.kind is StepKind.WINOGRAD]
-    assert "F(2x2, 3x3): 16 matrix products of 25 tiles x 64 x 64" in note, note
+    assert "F(4x4, 3x3): 36 matrix products of 36 tiles x 64 x 64" in note, note
     # bias and ReLU run in the output transform: no nest of their own
     assert not {"T_add", "compute"} & set(blocks(out.func)), blocks(out.func)
 
@@ -101,12 +101,26 @@ def test_what_stays_direct():
     assert conv3x3(next(b for b in iter_blocks(root_block(half).body) if b.init is not None)) == "not float32"
 
 
-@pytest.mark.slow
 def test_the_four_by_four_form_computes_the_convolution_tvm_builds():
-    """F(4x4, 3x3): 36 positions, 4x fewer multiply-adds, sixths in its coefficients (its build
-    takes about 15 s: 36 positions of up to 36 terms each)."""
-    func = padded_conv(size=9)
+    """F(4x4, 3x3): 36 positions, 4x fewer multiply-adds, sixths in its coefficients."""
+    func = padded_conv(size=23)  # 6 x 6 tiles of 4 x 4, the last row and column past the output
     form, (done,) = winograd_form(func, 4, 4)
-    assert done.winograd_macs == 9 * 36 * 64 * 64
+    assert done.tile == 4 and done.winograd_macs == 36 * 36 * 64 * 64
     check = tirbyoc.verify(func, form)
     assert check.passed, check.describe()
+
+
+def test_few_tiles_take_the_smaller_form():
+    """Each of a position's matrix products reuses the transformed weight over its tiles; with
+    fewer than MIN_TILES at m = 4 (ResNet's 7 x 7 and 14 x 14 layers) the form is m = 2, whose
+    weight is 16 / 9 of the direct one's instead of 4x."""
+    def conv(size):
+        return Conv3x3("c", _Shaped((1, size, size, 512)), _Shaped((1, size + 2, size + 2, 512)), None, ())
+
+    assert [tile_for(conv(s), 4) for s in (56, 28, 14, 7)] == [4, 4, 2, 2]
+    assert tile_for(conv(56), 2) == 2 and MIN_TILES == 32
+
+
+class _Shaped:
+    def __init__(self, shape):
+        self.shape = shape

@@ -95,8 +95,8 @@ class Template:
     winograd : int
         The output tile m of Winograd's form F(m x m, 3 x 3) (2 or 4) in which the template's
         core computes a float 3x3 convolution of stride 1 with a constant weight, on a CPU
-        target: the channel sums as (m + 2)^2 matrix products, 2.25x (m = 2) fewer
-        multiply-adds (`tirbyoc.rewrite.cpu.winograd`). 0: convolutions stay direct.
+        target: the channel sums as (m + 2)^2 matrix products, 2.25x (m = 2) or 4x (m = 4)
+        fewer multiply-adds (`tirbyoc.rewrite.cpu.winograd`). 0: convolutions stay direct.
     """
 
     name: str

@@ -11,23 +11,28 @@ such convolution block ``conv`` of a PrimFunc into four:
 - ``conv_weight``: ``U[e, c, k]``, the weight transformed (``G g G^T`` at ``e = i * alpha +
   j``); it reads the weight alone, so where the weight is a constant it runs once, at compile
   time (`tirbyoc.relax.prepack` takes it as a weight copy);
-- ``conv_input``: ``V[e, p, c]``, each input tile ``p = (n, tile row, tile column)``
-  transformed, the convolution's padding read through (its copy inlined), the alpha^2
-  positions unrolled and the channels in vector lanes;
+- ``conv_input_rows`` then ``conv_input``: ``V[e, p, c]``, each input tile ``p = (n, tile
+  row, tile column)`` transformed as two one-sided passes (``B^T d``, then ``. B``: alpha
+  combinations of up to alpha terms each, not alpha^2 of alpha^2), the first computed per tile
+  and channel vector inside the second's loops; the convolution's padding read through (its
+  copy inlined), the positions unrolled and the channels in vector lanes;
 - ``conv`` itself: ``M[e, p, k] = sum_c V[e, p, c] * U[e, c, k]``, the matrix products a
   template's core takes (a batched matmul whose second operand is a constant; the block keeps
   the convolution's name, so a report counts the convolution's multiply-adds as offloaded);
-- ``conv_output``: the output tile ``A^T M A`` written where the convolution wrote, the
-  elementwise work after it (bias, residual, ReLU) inlined into it.
+- ``conv_output_rows`` then ``conv_output``: the output tile ``A^T M A``, two one-sided passes
+  the same way, written where the convolution wrote, the elementwise work after it (bias,
+  residual, ReLU) inlined into it.
 
-A template declares the form it takes (``Template.winograd``: x86_fp32's cores, m = 2);
-`winograd_for` applies it before matching, so the offload's verification compares the
+A template declares the largest form it takes (``Template.winograd``: x86_fp32's cores, m =
+4); `tile_for` takes m = 2 where m = 4's products would have under `MIN_TILES` tiles (its
+transformed weight, 4x the direct one, would then cost more to read than the multiply-adds
+saved). `winograd_for` applies it before matching, so the offload's verification compares the
 rewritten function with TVM's build of the direct sum. The transforms' coefficients (Lavin
 and Gray's matrices) are exact in float32 but for F(4 x 4)'s sixths and twelfths; the results
 differ from the direct sum by rounding alone: on ResNet-50's 3x3 layers 1-2e-6 of the
-output's scale at m = 2, 0.6-1.3e-5 at m = 4. m = 4 ran 1.3-1.7x faster again there, but
-its transforms (36 positions of up to 36 terms, each chosen by a select TVM folds after
-unrolling) take 15 s a function to build; m = 2 takes under a second.
+output's scale at m = 2, 0.6-1.3e-5 at m = 4 (a float32 sum's order changes as much over a
+few thousand terms). Alone, at one thread on a Zen 4, m = 4 ran those layers 2.0-3.5x
+faster than the direct sum, m = 2 1.6-2.2x.
 """
 
 from __future__ import annotations
@@ -148,8 +153,16 @@ def _two_sided(left, right, tile):
             for i in range(len(left)) for j in range(len(right))]
 
 
+def _rows_of(matrix, values):
+    """``matrix . values`` (a list), one combination per row of ``matrix``."""
+    return [_combination(row, values) for row in matrix]
+
+
 def _stages(conv: Conv3x3, m: int):
-    """A PrimFunc (data, weight, out) computing ``conv`` in Winograd's form with tile ``m``."""
+    """A PrimFunc (data, weight, out) computing ``conv`` in Winograd's form with tile ``m``.
+    Each two-sided transform runs as two one-sided passes (``B^T d``, then ``. B``): alpha
+    combinations of up to alpha terms each, where the whole product would be alpha^2 of up to
+    alpha^2 (F(4 x 4): 36 of 36, which TVM and LLVM took 15 s a function to build)."""
     bt, g, at = MATRICES[m]
     alpha = m + 2
     n_, ho, wo, k_, c_ = conv.shape
@@ -167,39 +180,47 @@ def _stages(conv: Conv3x3, m: int):
     u = te.compute(i64(alpha * alpha, c_, k_), lambda e, c, k: _by_index(e, _two_sided(
         g, g, [[weight_at(k, a, b, c) for b in range(3)] for a in range(3)])), name=f"{conv.block}_weight")
 
-    def input_tile(e, p, c):
+    def tile_rows(i, b, p, c):  # (B^T d)[i, b] of tile p
         n, th, tw = p // (nh * nw), p // nw % nh, p % nw
-        def at(a, b):
+        def at(a):
             h, w = th * m + a, tw * m + b
             inside = tirx.all(h < hd, w < wd) if (nh * m + 2 > hd or nw * m + 2 > wd) else None
             return data[n, h, w, c] if inside is None else tirx.if_then_else(inside, data[n, h, w, c], _f32(0))
-        return _by_index(e, _two_sided(bt, bt, [[at(a, b) for b in range(alpha)] for a in range(alpha)]))
+        return _by_index(i, _rows_of(bt, [at(a) for a in range(alpha)]))
 
-    v = te.compute(i64(alpha * alpha, tiles, c_), input_tile, name=f"{conv.block}_input")
+    rows = te.compute(i64(alpha, alpha, tiles, c_), tile_rows, name=f"{conv.block}_input_rows")
+    v = te.compute(i64(alpha * alpha, tiles, c_), lambda e, p, c: _by_index(
+        e % alpha, _rows_of(bt, [rows[e // alpha, b, p, c] for b in range(alpha)])), name=f"{conv.block}_input")
     r = te.reduce_axis(i64(0, c_), name="c")
     # the matrix products carry the convolution's name: they are what computes it now
     mm = te.compute(i64(alpha * alpha, tiles, k_), lambda e, p, k: te.sum(v[e, p, r] * u[e, r, k], axis=r),
                     name=conv.block)
+    out_rows = te.compute(i64(m, alpha, tiles, k_), lambda i, j, p, k: _by_index(
+        i, _rows_of(at, [mm[a * alpha + j, p, k] for a in range(alpha)])), name=f"{conv.block}_output_rows")
 
     def output(n, h, w, k):
         p = n * nh * nw + h // m * nw + w // m
-        entries = [[mm[i * alpha + j, p, k] for j in range(alpha)] for i in range(alpha)]
-        return _by_index(h % m * m + w % m, _two_sided(at, at, entries))
+        return _by_index(w % m, _rows_of(at, [out_rows[h % m, j, p, k] for j in range(alpha)]))
 
     out = te.compute(conv.out.shape, output, name=f"{conv.block}_output")
     return te.create_prim_func([data, weight, out])
 
 
 def _schedule_transforms(sch, name: str, m: int, lanes: int) -> None:
-    """The input and output transforms as loops over tiles (parallel), their alpha^2 or m^2
-    positions unrolled (each position's coefficients fold to constants), channels in vector
-    lanes; the elementwise blocks after the output inlined into it."""
+    """The input and output transforms as loops over tiles (parallel) and channel vectors,
+    each tile's one-sided passes computed there (``compute_at``) with their positions unrolled
+    (each position's coefficients fold to constants) and channels in vector lanes; the
+    elementwise blocks after the output inlined into it."""
+    alpha = m + 2
     v = sch.get_sblock(f"{name}_input")
     e, p, c = sch.get_loops(v)
     c_out, c_in = sch.split(c, [None, _lanes(sch, c, lanes)])
-    sch.reorder(p, c_out, e, c_in)
+    i, j = sch.split(e, [alpha, alpha])
+    sch.reorder(p, c_out, i, j, c_in)
     sch.parallel(p)
-    sch.unroll(e)
+    _per_tile(sch, sch.get_sblock(f"{name}_input_rows"), c_out)
+    sch.unroll(i)
+    sch.unroll(j)
     sch.vectorize(c_in)
     y = sch.get_sblock(f"{name}_output")
     _inline_epilogue(sch, y)
@@ -209,9 +230,20 @@ def _schedule_transforms(sch, name: str, m: int, lanes: int) -> None:
     k_out, k_in = sch.split(k, [None, _lanes(sch, k, lanes)])
     sch.reorder(n, h_out, w_out, k_out, h_in, w_in, k_in)
     sch.parallel(sch.fuse(n, h_out, w_out))
+    _per_tile(sch, sch.get_sblock(f"{name}_output_rows"), k_out)
     sch.unroll(h_in)
     sch.unroll(w_in)
     sch.vectorize(k_in)
+
+
+def _per_tile(sch, block, loop) -> None:
+    """A one-sided pass computed under ``loop`` (a tile's channel vector): its two position
+    loops unrolled, its channels in vector lanes."""
+    sch.compute_at(block, loop, preserve_unit_loops=True)
+    *_, first, second, tile, channels = sch.get_loops(block)
+    sch.unroll(first)
+    sch.unroll(second)
+    sch.vectorize(channels)
 
 
 def _lanes(sch, loop, lanes: int) -> int:
@@ -254,8 +286,8 @@ class WinogradConv:
 
 def winograd_form(func, tile: int, lanes: int) -> tuple:
     """(``func`` with each `Conv3x3` whose weight is a constant parameter (layout-free) in
-    Winograd's form F(tile x tile, 3x3), vectors of ``lanes`` floats; the `WinogradConv` of
-    each). Anything else comes back unchanged."""
+    Winograd's form F(m x m, 3x3), m up to ``tile`` as `tile_for` chooses, vectors of
+    ``lanes`` floats; the `WinogradConv` of each). Anything else comes back unchanged."""
     root = root_block(func)
     constant = {func.params[i] for i in layout_free_positions(func)}
     if root is None or tile not in MATRICES or not constant:
@@ -263,25 +295,39 @@ def winograd_form(func, tile: int, lanes: int) -> tuple:
     done = []
     for block in [b for b in iter_blocks(root.body) if b.init is not None]:
         conv = conv3x3(block)
-        if isinstance(conv, Conv3x3) and any(conv.weight.same_as(p) for p in constant) and _pays(conv, tile):
-            func = _spliced(func, conv, tile)
-            done.append(WinogradConv(conv.block, conv.shape, tile, conv.macs(), conv.winograd_macs(tile)))
+        if isinstance(conv, Conv3x3) and any(conv.weight.same_as(p) for p in constant) and _pays(conv):
+            m = tile_for(conv, tile)
+            func = _spliced(func, conv, m)
+            done.append(WinogradConv(conv.block, conv.shape, m, conv.macs(), conv.winograd_macs(m)))
     if not done:
         return func, ()
     sch = s_tir.Schedule(func)
     for conv in done:
         _inline_padding(sch, conv.block)
-        _schedule_transforms(sch, conv.block, tile, lanes)
+        _schedule_transforms(sch, conv.block, conv.tile, lanes)
     return sch.mod["main"], tuple(done)
 
 
-MIN_CHANNELS = 64  # measured: 1.8-2.3x at 64-512 channels each side (ResNet's 3x3 layers)
+MIN_CHANNELS = 64  # measured: 1.6-3.5x at 64-512 channels each side (ResNet's 3x3 layers)
+MIN_TILES = 32  # a position's product reuses each transformed weight over this many tiles at least
 
 
-def _pays(conv: Conv3x3, tile: int) -> bool:
+def tile_for(conv: Conv3x3, largest: int) -> int:
+    """The largest output tile up to ``largest`` whose matrix products have `MIN_TILES` rows
+    (tiles) or more, else the smallest. The transformed weight is (m + 2)^2 / 9 times the
+    weight (4x at m = 4), read once per call: with few tiles that traffic outweighs the
+    multiply-adds saved (ResNet-50's 7 x 7 layer: 4 tiles at m = 4, a 38 MB weight a call,
+    1.39 ms in the model against 1.00 alone; 16 tiles and 17 MB at m = 2: 1.49 against the
+    direct sum's 2.08)."""
+    n, ho, wo, _, _ = conv.shape
+    fits = [m for m in sorted(MATRICES) if m <= largest and n * -(-ho // m) * -(-wo // m) >= MIN_TILES]
+    return fits[-1] if fits else min(MATRICES)
+
+
+def _pays(conv: Conv3x3) -> bool:
     """Whether the form is worth it: enough channels on both sides that the matrix products,
-    not the transforms (a pass over (tile + 2)^2 / tile^2 times the input and the output),
-    carry the time. Measured at `MIN_CHANNELS` and up; fewer stay direct."""
+    not the transforms (passes over (m + 2)^2 / m^2 times the input and the output), carry the
+    time. Measured at `MIN_CHANNELS` and up; fewer stay direct."""
     _, _, _, k, c = conv.shape
     return k >= MIN_CHANNELS and c >= MIN_CHANNELS
 
@@ -305,7 +351,7 @@ def _spliced(func, conv: Conv3x3, tile: int):
 
 def _inline_padding(sch, name: str) -> None:
     """The copy that pads the input (a block of this function) read through by the input transform."""
-    for producer in sch.get_producers(sch.get_sblock(f"{name}_input")):
+    for producer in sch.get_producers(sch.get_sblock(f"{name}_input_rows")):
         if str(sch.get(producer).name_hint) != f"{name}_weight":
             try:
                 sch.compute_inline(producer)
