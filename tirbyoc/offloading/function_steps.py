@@ -12,14 +12,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tirbyoc.offloading.devices import CUDA, device_of
-from tirbyoc.offloading.libm_exp import exp_matches_libm
 from tirbyoc.rewrite.functions.double_buffer import plan_double_buffering
 from tirbyoc.rewrite.functions.gpu_threads import THREADS, bind_unbound_nests
 from tirbyoc.rewrite.functions.in_place import in_place_note, read_in_place
 from tirbyoc.rewrite.block.scratchpad import scratchpad_usage
 from tirbyoc.rewrite.foundation.pipeline import Stage, run_in_order
 from tirbyoc.rewrite.foundation.steps import Step, StepKind
-from tirbyoc.rewrite.rest_schedule.vector_math import LIBM_LANES_NOTE, libm_math_in_lanes
 
 
 def with_step(off, step):
@@ -105,25 +103,10 @@ def account_scratchpads(func, template, owners, outcomes):
 
 # in order, each (func, template, owners, outcomes) -> (func, outcomes); owners: each offloaded
 # block -> its operand buffers (`owners_of`), or None where not known (`tuned_owners`)
-def libm_exp_in_lanes(func, template, owners, outcomes):
-    """(``func`` with its float32 exp and sigmoid in vector lanes - a core's write-back, a SiLU
-    after a gate projection - as libm's own values (`vector_math.libm_math_in_lanes`) where
-    this process's libm is glibc's, ``outcomes`` saying so)."""
-    target = getattr(template, "target", None)
-    if not owners or target is None or not exp_matches_libm(target):
-        return func, outcomes
-    func, done = libm_math_in_lanes(func)
-    if not done:
-        return func, outcomes
-    step = Step(StepKind.VECTOR_MATH, f"{done} {LIBM_LANES_NOTE}")
-    return func, _noted(outcomes, owners, lambda _: step)
-
-
 FUNCTION_STEPS = (
     Stage("in place", in_place, "staging copies that move nothing replaced by views of the parameters"),
     Stage("bind to gpu", bind_to_gpu, "the nests a CUDA kernel left on the host bound to GPU threads"),
     Stage("scratchpads", account_scratchpads, "a simulated template's scratchpads accounted and double-buffered"),
-    Stage("libm exp in lanes", libm_exp_in_lanes, "float32 exp and sigmoid in vector lanes as libm computes them"),
 )
 
 

@@ -192,48 +192,25 @@ def vectorizable_math(func, names=("erf",), forms=None):
     return (func if body.same_as(func.body) else func.with_body(body)), len(count)
 
 
-def vector_math_for(func, target):
+def vector_math_for(func, target, libm_exp: bool = False) -> tuple:
     """(``func`` with its float32 erf as vector arithmetic when ``target`` is a CPU (LLVM)
-    target, how many it replaced); other targets call their own erf."""
+    target and, with ``libm_exp`` (the caller checked `expf_as_glibc` against this process's
+    libm: `tirbyoc.offloading.libm_exp`), its float32 exp and sigmoid as libm's own values in
+    vectors; how many erf, how many exp and sigmoid it replaced). Other targets call their own."""
     if target.kind.name != "llvm":
-        return func, 0
-    return vectorizable_math(func)
+        return func, 0, 0
+    func, erfs = vectorizable_math(func)
+    func, exps = vectorizable_math(func, tuple(GLIBC_FORMS), GLIBC_FORMS) if libm_exp else (func, 0)
+    return func, erfs, exps
 
 
-def libm_math_in_lanes(func) -> tuple:
-    """(``func`` with the float32 exp and sigmoid calls inside its vectorized loops as libm's
-    own values in vectors (`GLIBC_FORMS`), how many). Outside vector lanes libm's scalar call,
-    a table load, is faster than the form's select tree; the caller checked the form against
-    this process's libm (`tirbyoc.offloading.libm_exp`)."""
-    count = []
-
-    def as_libm(call):
-        form = GLIBC_FORMS.get(call_name(call)[len("tirx."):]) if call_name(call).startswith("tirx.") else None
-        if form is None or expr_dtype(call) != "float32":
-            return call
-        count.append(1)
-        return form(call.args[0])
-
-    def in_lanes(loop):
-        if loop.kind != tirx.ForKind.VECTORIZED:
-            return loop
-        body = tvm_ffi.structural_map(loop.body, [(PrimCall, as_libm)])
-        return loop if body.same_as(loop.body) else tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body,
-                                                              loop.thread_binding, loop.annotations)
-
-    body = tvm_ffi.structural_map(func.body, [(tirx.For, in_lanes)])
-    return (func if body.same_as(func.body) else func.with_body(body)), len(count)
+def vector_math_step(erfs: int, exps: int = 0) -> Step:
+    """The step an offload reports for ``erfs`` replaced erf calls and ``exps`` exp / sigmoid."""
+    said = [f"{erfs} float32 erf as vector arithmetic (libm's erff is scalar; within 1.3 units in the last "
+            "place)"] if erfs else []
+    said += [f"{exps} float32 exp / sigmoid as libm's expf computes them, bit for bit, in vectors"] if exps else []
+    return Step(StepKind.VECTOR_MATH, "; ".join(said))
 
 
-def vector_math_step(erfs: int) -> Step:
-    """The step an offload reports for ``erfs`` replaced erf calls."""
-    return Step(StepKind.VECTOR_MATH, f"{erfs} float32 erf as vector arithmetic (libm's erff is scalar; "
-                                      "within 1.3 units in the last place)")
-
-
-LIBM_LANES_NOTE = "float32 exp / sigmoid in vector lanes as libm's expf computes them, bit for bit"
-
-
-__all__ = ["ERF_ONE", "ERF_SPLIT", "GLIBC_EXPF", "GLIBC_FORMS", "LIBM_LANES_NOTE", "VECTOR_FORMS", "erf_float32",
-           "exp_float32", "expf_as_glibc", "libm_math_in_lanes", "sigmoid_as_glibc", "vector_math_for",
-           "vector_math_step", "vectorizable_math"]
+__all__ = ["ERF_ONE", "ERF_SPLIT", "GLIBC_EXPF", "GLIBC_FORMS", "VECTOR_FORMS", "erf_float32", "exp_float32",
+           "expf_as_glibc", "sigmoid_as_glibc", "vector_math_for", "vector_math_step", "vectorizable_math"]
