@@ -162,26 +162,6 @@ def test_inexact_sums_in_lanes_and_exp_as_vector_arithmetic_within_rounding(laye
     same_values(func, new, shape, rtol=1e-6)
 
 
-@pytest.mark.parametrize("layer", ["softmax", "silu"])
-def test_exact_exp_and_sigmoid_run_in_vectors_as_libm_computes_them(layer):
-    """``exact=True`` (a quantized model) with ``libm_exp`` (this process's libm is glibc's,
-    `exp_matches_libm`): no libm exp left, the softmax's exp and the SiLU's sigmoid in vector
-    lanes, every output bit for bit TVM's build."""
-    from tirbyoc.decl.host import host_target
-    from tirbyoc.offloading.libm_exp import exp_matches_libm
-
-    if not exp_matches_libm(host_target()):
-        pytest.skip("this machine's libm expf is not glibc's FMA build: exp stays libm's calls")
-    shape = (2, 4, 32, 48)
-    build = {"softmax": lambda x: relax.op.nn.softmax(x),
-             "silu": lambda x: relax.op.multiply(x, relax.op.sigmoid(x))}[layer]
-    func = legalized(build, shape)
-    new, nests = schedule_rest(func, AVX2, exact=True, libm_exp=True)
-    assert nests and "T.exp(" not in new.script() and "T.sigmoid(" not in new.script()
-    assert any(n.lanes for n in nests)
-    same_values(func, new, shape, low=-120.0, high=100.0)  # past exp's overflow and underflow
-
-
 def test_a_row_under_two_vectors_sums_a_vector_of_rows_at_a_time_and_across_rows_in_channel_vectors():
     """A row of 12 (under two vectors of 8) is not split into lanes: its rows are, 8 at a time,
     each summed in TVM's order (its max stays serial: a max's chain is short); a softmax along a

@@ -5,13 +5,12 @@ results as libm, and no libm call left."""
 import math
 
 import numpy as np
-import pytest
 from tvm.script import tirx as T
 
 from tirbyoc._tvm import s_tir
 from tirbyoc.decl.host import host_target
 from tirbyoc.offloading.verification import compile_func, run_executable
-from tirbyoc.rewrite.rest_schedule.vector_math import GLIBC_FORMS, vectorizable_math
+from tirbyoc.rewrite.rest_schedule.vector_math import vectorizable_math
 
 
 def _unary_func(n: int, op=T.erf):
@@ -103,30 +102,3 @@ def test_exp_special_values():
     assert np.isnan(got[0]) and got[1] == np.inf and got[2] == 0.0
     assert list(got[3:5]) == [1.0, 1.0] and list(got[5:8]) == [np.inf] * 3 and list(got[8:10]) == [0.0, 0.0]
     assert np.allclose(got[10:], ref[10:], rtol=3e-7, atol=2.0 ** -148)
-
-
-def _libm_is_glibcs():
-    """Skip where this process's libm is not glibc's FMA expf (the probe `exp_matches_libm`
-    runs before the form is used anywhere): the form then stays unused."""
-    from tirbyoc.offloading.libm_exp import exp_matches_libm
-
-    if not exp_matches_libm(host_target()):
-        pytest.skip("this machine's libm expf is not glibc's FMA build: the form is not used here")
-
-
-@pytest.mark.parametrize("op", ["exp", "sigmoid"])
-def test_glibc_expf_and_sigmoid_are_libms_bit_for_bit_in_vectors(op):
-    """Every 257th float32 bit pattern (16.7 million values: every exponent, both signs,
-    subnormals, infinities, NaNs) through `expf_as_glibc` and TVM's build of ``T.exp`` (libm's
-    ``expf`` per element): the same bits, in a loop LLVM keeps in vectors."""
-    _libm_is_glibcs()
-    step = 257 if op == "exp" else 4099
-    x = np.ascontiguousarray(np.arange(0, 2 ** 32, step, dtype=np.uint64).astype(np.uint32).view(np.float32))
-    x = x[: len(x) // 16 * 16]
-    plain = _unary_func(len(x), T.exp if op == "exp" else T.sigmoid)
-    func, count = vectorizable_math(plain, (op,), GLIBC_FORMS)
-    got, exe = _run(func, x)
-    want, _ = _run(plain, x)
-    assert count == 1 and np.array_equal(got.view(np.uint32), want.view(np.uint32))
-    source = exe.mod.inspect_source("ll")
-    assert "@expf" not in source and "fma.v16f64" in source or "fma.v8f64" in source

@@ -27,7 +27,6 @@ from tirbyoc.offloading.resizing import exact_size, split_for_cores, target_core
 from tirbyoc.offloading.table import render
 from tirbyoc.offloading.verification import Verification, verify as run_verify
 from tirbyoc.offloading.few_rows import with_few_rows_path
-from tirbyoc.offloading.libm_exp import exp_matches_libm
 from tirbyoc.offloading.function_steps import finish, owners_of, plan_scratchpads, tuned_owners, with_step
 from tirbyoc.rewrite.foundation.steps import DECISIONS, Step, StepKind
 from tirbyoc.rewrite.block.tensorize import Rewritten, tensorize
@@ -167,13 +166,11 @@ def offload(func, template, policy="first", *, verify: bool = True, target=None,
 
 def _matched_form(func, tmpl, target) -> tuple:
     """(``func`` as it is matched and rewritten: every buffer named apart, indices simplified,
-    float32 erf as vector arithmetic (exp and sigmoid as libm's values in vectors where this
-    process's libm is glibc's), 3x3 convolutions in the template's Winograd form; the steps an
-    offload of it reports for the last two)."""
-    simplified, erfs, exps = vector_math_for(simplify_indices(unique_buffer_names(func)), target,
-                                             libm_exp=exp_matches_libm(target))
+    float32 erf as vector arithmetic, 3x3 convolutions in the template's Winograd form; the
+    steps an offload of it reports for the last two)."""
+    simplified, erfs = vector_math_for(simplify_indices(unique_buffer_names(func)), target)
     simplified, steps = winograd_for(simplified, getattr(tmpl, "winograd", 0), target)
-    return simplified, ((vector_math_step(erfs, exps),) if erfs or exps else ()) + steps
+    return simplified, ((vector_math_step(erfs),) if erfs else ()) + steps
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from tvm import relax
 
 from tirbyoc._tvm import is_buffer, is_host_target, make_target, tirx, tvm, vector_bytes, vector_registers
-from tirbyoc.offloading.libm_exp import exp_matches_libm
 from tirbyoc.relax.bridge import OFFLOADED_ATTR, fuse
 from tirbyoc.relax.prepack import PackedWeights, pack_constant_weights
 from tirbyoc.rewrite.rest_schedule.nests import SCHEDULED_ATTR, schedule_rest
@@ -77,7 +76,7 @@ class RestSchedule:
     def values(self) -> str:
         """How the values compare with TVM's build."""
         if self.exact:
-            return "the same values as TVM's build, bit for bit (float32 exp in vectors as libm computes it, where it is glibc's)"
+            return "the same values as TVM's build, bit for bit"
         return ("float sums in vector lanes and float32 exp / erf as vector arithmetic within 2 units in the "
                 "last place: TVM's values within float rounding; every other value bit for bit")
 
@@ -124,7 +123,7 @@ def schedule_rest_of(mod, target, exact: bool | None = None) -> tuple[object, Re
         offloaded = OFFLOADED_ATTR in attrs  # its cores are scheduled; what they left serial is not
         report.left += 0 if offloaded else 1
         new, nests = schedule_rest(func, report.vector_bytes, vector_registers(tgt), channel_reductions=not offloaded,
-                                   exact=report.exact, libm_exp=exp_matches_libm(tgt))
+                                   exact=report.exact)
         if nests:
             mod[gv] = new.with_attr(SCHEDULED_ATTR, True)
             (report.offloaded if offloaded else report.functions)[gv.name_hint] = nests

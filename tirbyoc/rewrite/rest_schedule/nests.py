@@ -48,7 +48,7 @@ from tirbyoc.rewrite.rest_schedule.channel_reduction import schedule_channel_red
 from tirbyoc.rewrite.rest_schedule.elementwise_chain import inline_elementwise_chains
 from tirbyoc.rewrite.rest_schedule.lane_reduction import lane_reduction
 from tirbyoc.rewrite.rest_schedule.row_lanes import row_lanes
-from tirbyoc.rewrite.rest_schedule.vector_math import GLIBC_FORMS, vectorizable_math
+from tirbyoc.rewrite.rest_schedule.vector_math import vectorizable_math
 
 SCHEDULED_ATTR = "tirbyoc.rest"  # set on a function this schedule changed: what it did
 MIN_PARALLEL = 4096  # iterations below which TVM's parallel launch costs more than it saves
@@ -168,39 +168,25 @@ def _row_reductions(sch, vector_bytes: int, exact: bool, taken: set) -> tuple:
     return sch, lanes + rows
 
 
-def _with_vector_math(func, sch, blocks, forms: tuple) -> tuple:
-    """(the schedule, its root's blocks) of ``func`` with its float32 math as vector arithmetic
-    where its loops are all serial still: ``forms`` = (the approximations: erf and exp within 2
-    ulp - only where no template's offload chose the values -, libm's own exp and sigmoid)."""
-    approximate, as_libm = forms
-    names, chosen = (("erf", "exp"), None) if approximate else ((tuple(GLIBC_FORMS), GLIBC_FORMS) if as_libm
-                                                                 else ((), None))
-    if not names:
-        return sch, blocks
-    vectorized, replaced = vectorizable_math(func, names, chosen)
-    if not replaced or any(int(sch.get(l).kind) != int(tirx.ForKind.SERIAL) for b in blocks for l in sch.get_loops(b)):
-        return sch, blocks
-    sch = s_tir.Schedule(vectorized)
-    return sch, sch.get_child_blocks(sch.get_sblock("root"))
-
-
 def schedule_rest(func, vector_bytes: int, registers: int = 32, channel_reductions: bool = True,
-                  exact: bool = True, libm_exp: bool = False):
+                  exact: bool = True):
     """(``func`` with each top-level loop nest scheduled as the module docstring says, with
     vectors of ``vector_bytes`` and ``registers`` vector registers; the nests scheduled).
     ``channel_reductions=False``: the elementwise and row nests only (what an offloaded
     function left serial: an epilogue its core's write-back could not take). ``exact=False``:
-    float sums in vector lanes and float32 exp / erf as vector arithmetic too; else, with
-    ``libm_exp`` (the caller checked it: `tirbyoc.offloading.libm_exp`), float32 exp and
-    sigmoid as libm's own values in vectors (`vector_math.expf_as_glibc`). A function that is
-    not schedulable TIR, or whose loops were scheduled already, comes back unchanged with no
-    nests."""
+    float sums in vector lanes and float32 exp / erf as vector arithmetic too. A function that
+    is not schedulable TIR, or whose loops were scheduled already, comes back unchanged with
+    no nests."""
     try:
         sch = s_tir.Schedule(func)
         blocks = sch.get_child_blocks(sch.get_sblock("root"))
     except Exception:  # noqa: BLE001 - not schedulable TIR (no root block): TVM's lowering as is
         return func, ()
-    sch, blocks = _with_vector_math(func, sch, blocks, (not exact and channel_reductions, exact and libm_exp))
+    if not exact and channel_reductions:
+        vectorized, replaced = vectorizable_math(func, ("erf", "exp"))
+        if replaced and not any(int(sch.get(l).kind) != int(tirx.ForKind.SERIAL) for b in blocks for l in sch.get_loops(b)):
+            sch = s_tir.Schedule(vectorized)
+            blocks = sch.get_child_blocks(sch.get_sblock("root"))
     inlined = inline_elementwise_chains(sch) if channel_reductions else 0
     if inlined:
         blocks = sch.get_child_blocks(sch.get_sblock("root"))

@@ -25,8 +25,6 @@ ones only, and their verification compares them with TVM's build of libm's erf.
 
 from __future__ import annotations
 
-import struct
-
 from tirbyoc._tvm import PrimCall, call_name, expr_dtype, tirx, tvm_ffi
 from tirbyoc.rewrite.foundation.steps import Step, StepKind
 
@@ -86,73 +84,6 @@ def exp_float32(x):
     return _horner(EXP_TAYLOR, r) * power(half) * power(whole - half)
 
 
-def _two_to_the_32nds() -> tuple:
-    """The bits of 2^(i/32) rounded to the nearest double, less i << 47, for i < 32: the table
-    glibc's expf indexes (its exponent bits added back from k)."""
-    from decimal import Decimal, getcontext  # deferred: only where the table is built
-
-    getcontext().prec = 60
-    ln2 = Decimal(2).ln()
-    bits = [struct.unpack("<q", struct.pack("<d", float((ln2 * i / 32).exp())))[0] for i in range(32)]
-    return tuple(b - (i << 47) for i, b in enumerate(bits))
-
-
-# glibc's expf (2.28 on; sysdeps/ieee754/flt-32/e_expf.c, its FMA build): x * 32 / ln 2 = k + r,
-# exp(x) = 2^(k/32) * (1 + C2 r + C1 r^2 + C0 r^3), in double; its constants
-GLIBC_EXPF = {"inv_ln2_n": float.fromhex("0x1.71547652b82fep+5"), "shift": float.fromhex("0x1.8p+52"),
-              "c0": float.fromhex("0x1.c6af84b912394p-20"), "c1": float.fromhex("0x1.ebfce50fac4f3p-13"),
-              "c2": float.fromhex("0x1.62e42ff0c52d6p-6"), "overflow": float.fromhex("0x1.62e42ep+6"),
-              "underflow": float.fromhex("-0x1.9fe368p+6"), "tiny": float.fromhex("-0x1.9d1d9ep+6")}
-
-
-def _d(value: float):
-    return tirx.const(value, "float64")
-
-
-def _fma64(a, b, c):
-    return tirx.call_llvm_pure_intrin("float64", "llvm.fma.f64", a, b, c)
-
-
-def _table_at(index, table, low: int = 0):
-    """``table[index - low]`` for an int64 expression in [low, low + len(table)): a tree of
-    selects on the index's bits (vector code has no gather from constants TVM emits)."""
-    if len(table) == 1:
-        return tirx.const(table[0], "int64")
-    half = len(table) // 2
-    return tirx.Select(index < tirx.const(low + half, "int64"), _table_at(index, table[:half], low),
-                       _table_at(index, table[half:], low + half))
-
-
-def expf_as_glibc(x):
-    """exp(x) for a float32 expression, as glibc's ``expf`` computes it, bit for bit: the same
-    double-precision steps in the same order, its fused multiply-adds where its FMA build has
-    them (LLVM contracts nothing here: every product and sum is an explicit ``llvm.fma`` or a
-    lone operation), its table as selects, its special cases (overflow, underflow, the
-    smallest subnormal, NaN) as selects on x. `glibc_expf_matches` checks a build against the
-    process's libm before it is used."""
-    c = GLIBC_EXPF
-    big = tirx.Select(x > _f(c["overflow"]), _f(c["overflow"]), x)
-    xd = tirx.Cast("float64", tirx.Select(big < _f(c["underflow"]), _f(c["underflow"]), big))
-    shifted = _fma64(_d(c["inv_ln2_n"]), xd, _d(c["shift"]))
-    ki = tirx.reinterpret("int64", shifted)
-    kd = shifted - _d(c["shift"])
-    r = _fma64(_d(c["inv_ln2_n"]), xd, -kd)
-    bits = _table_at(tirx.bitwise_and(ki, tirx.const(31, "int64")), _TABLE) + tirx.shift_left(ki, tirx.const(47, "int64"))
-    y = _fma64(_fma64(_d(c["c0"]), r, _d(c["c1"])), r * r, _fma64(_d(c["c2"]), r, _d(1.0)))
-    main = tirx.Cast("float32", y * tirx.reinterpret("float64", bits))
-    nan = tirx.bitwise_and(tirx.reinterpret("int32", x), tirx.const(0x7FFFFFFF, "int32")) > tirx.const(0x7F800000, "int32")
-    out = tirx.Select(x < _f(c["tiny"]), _f(float.fromhex("0x1p-149")), main)
-    out = tirx.Select(x < _f(c["underflow"]), _f(0.0), out)
-    out = tirx.Select(x > _f(c["overflow"]), _f(float("inf")), out)
-    return tirx.Select(nan, x + x, out)
-
-
-def sigmoid_as_glibc(x):
-    """sigmoid(x) as TVM's LLVM lowering writes it, 1 / (1 + exp(0 - x)) (a subtraction, which
-    keeps a NaN's sign where a negation would flip it), with `expf_as_glibc`."""
-    return _f(1.0) / (_f(1.0) + expf_as_glibc(_f(0.0) - x))
-
-
 def erf_float32(x):
     """erf(x) for a float32 expression, as the arithmetic of the module's docstring."""
     ax = tirx.abs(x)
@@ -170,19 +101,17 @@ def erf_float32(x):
     return tirx.Select(ax <= _f(ERF_SPLIT), small, signed)
 
 
-_TABLE = _two_to_the_32nds()
 VECTOR_FORMS = {"erf": erf_float32, "exp": exp_float32}  # TIR op -> its float32 vector form
-GLIBC_FORMS = {"exp": expf_as_glibc, "sigmoid": sigmoid_as_glibc}  # TIR op -> libm's own values in vectors
 
 
-def vectorizable_math(func, names=("erf",), forms=None):
-    """(``func`` with every float32 call of the ops ``names`` as their vector form in ``forms``
-    (default `VECTOR_FORMS`), how many it replaced)."""
+def vectorizable_math(func, names=("erf",)):
+    """(``func`` with every float32 call of the ops ``names`` (of `VECTOR_FORMS`) as their
+    vector form, how many it replaced)."""
     count = []
-    chosen = {f"tirx.{name}": (forms or VECTOR_FORMS)[name] for name in names}
+    forms = {f"tirx.{name}": VECTOR_FORMS[name] for name in names}
 
     def visit(call):
-        form = chosen.get(call_name(call))
+        form = forms.get(call_name(call))
         if form is None or expr_dtype(call) != "float32":
             return call
         count.append(1)
@@ -192,25 +121,19 @@ def vectorizable_math(func, names=("erf",), forms=None):
     return (func if body.same_as(func.body) else func.with_body(body)), len(count)
 
 
-def vector_math_for(func, target, libm_exp: bool = False) -> tuple:
+def vector_math_for(func, target):
     """(``func`` with its float32 erf as vector arithmetic when ``target`` is a CPU (LLVM)
-    target and, with ``libm_exp`` (the caller checked `expf_as_glibc` against this process's
-    libm: `tirbyoc.offloading.libm_exp`), its float32 exp and sigmoid as libm's own values in
-    vectors; how many erf, how many exp and sigmoid it replaced). Other targets call their own."""
+    target, how many it replaced); other targets call their own erf."""
     if target.kind.name != "llvm":
-        return func, 0, 0
-    func, erfs = vectorizable_math(func)
-    func, exps = vectorizable_math(func, tuple(GLIBC_FORMS), GLIBC_FORMS) if libm_exp else (func, 0)
-    return func, erfs, exps
+        return func, 0
+    return vectorizable_math(func)
 
 
-def vector_math_step(erfs: int, exps: int = 0) -> Step:
-    """The step an offload reports for ``erfs`` replaced erf calls and ``exps`` exp / sigmoid."""
-    said = [f"{erfs} float32 erf as vector arithmetic (libm's erff is scalar; within 1.3 units in the last "
-            "place)"] if erfs else []
-    said += [f"{exps} float32 exp / sigmoid as libm's expf computes them, bit for bit, in vectors"] if exps else []
-    return Step(StepKind.VECTOR_MATH, "; ".join(said))
+def vector_math_step(erfs: int) -> Step:
+    """The step an offload reports for ``erfs`` replaced erf calls."""
+    return Step(StepKind.VECTOR_MATH, f"{erfs} float32 erf as vector arithmetic (libm's erff is scalar; "
+                                      "within 1.3 units in the last place)")
 
 
-__all__ = ["ERF_ONE", "ERF_SPLIT", "GLIBC_EXPF", "GLIBC_FORMS", "VECTOR_FORMS", "erf_float32", "exp_float32",
-           "expf_as_glibc", "sigmoid_as_glibc", "vector_math_for", "vector_math_step", "vectorizable_math"]
+__all__ = ["ERF_ONE", "ERF_SPLIT", "VECTOR_FORMS", "erf_float32", "exp_float32", "vector_math_for", "vector_math_step",
+           "vectorizable_math"]
