@@ -80,8 +80,9 @@ def test_the_matrix_products_run_on_the_core_and_the_epilogue_in_the_output_tran
     assert core.block == conv3x3_block(func)  # the products carry the convolution's name
     (note,) = [s for s in core.steps if s.kind is StepKind.WINOGRAD]
     assert "F(4x4, 3x3): 36 matrix products of 36 tiles x 64 x 64" in note, note
-    # bias and ReLU run in the output transform: no nest of their own
+    # bias and ReLU run in the output transform: no nest of their own, and the report says so
     assert not {"T_add", "compute"} & set(blocks(out.func)), blocks(out.func)
+    assert not [s for s in core.steps if s.kind is StepKind.EPILOGUE_LEFT] and "output transform" in note
 
 
 def conv3x3_block(func):

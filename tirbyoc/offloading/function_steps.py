@@ -20,9 +20,14 @@ from tirbyoc.rewrite.foundation.pipeline import Stage, run_in_order
 from tirbyoc.rewrite.foundation.steps import Step, StepKind
 
 
-def with_step(off, step):
-    """``off`` (an `Offloaded`) with ``step`` among each offloaded block's steps."""
-    blocks = tuple(replace(b, steps=tuple(b.steps) + (step,)) if b.offloaded else b for b in off.blocks)
+def with_step(off, step, replaces=None):
+    """``off`` (an `Offloaded`) with ``step`` among each offloaded block's steps, in place of
+    its steps of kind ``replaces`` (a Winograd form's output transform is where the epilogue
+    the core's write-back did not take runs)."""
+    def kept(steps):
+        return tuple(s for s in steps if replaces is None or getattr(s, "kind", None) is not replaces)
+
+    blocks = tuple(replace(b, steps=kept(b.steps) + (step,)) if b.offloaded else b for b in off.blocks)
     return replace(off, blocks=blocks)
 
 

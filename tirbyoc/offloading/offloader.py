@@ -154,7 +154,7 @@ def offload(func, template, policy="first", *, verify: bool = True, target=None,
     def untuned():
         off = _untuned(plan)
         for step in steps if off.rewrites else ():
-            off = with_step(off, step)
+            off = with_step(off, step, StepKind.EPILOGUE_LEFT if step.kind is StepKind.WINOGRAD else None)
         return off
 
     if tuned is not None:

@@ -277,7 +277,7 @@ def _offload_function(name: str, func, templates, policy, verify: tuple, tuned):
             check_note = v.describe() if v is not None and v.passed is None else None
             was_tuned = was_tuned or any(b.steps and b.steps[0].kind is StepKind.TUNED for b in out.offloaded)
             epilogue += [st for b in out.offloaded if b.block in reductions for st in b.steps
-                         if getattr(st, "kind", None) in (StepKind.EPILOGUE, StepKind.EPILOGUE_LEFT)]
+                         if getattr(st, "kind", None) in (StepKind.EPILOGUE, StepKind.EPILOGUE_LEFT, StepKind.WINOGRAD)]
         reasons += [f"{b.block}: {b.reason}" for b in out.blocks
                     if not b.offloaded and b.block in reductions]
     log.debug("%s: %s", name, f"offloaded to {used} ({', '.join(dict.fromkeys(intrinsics))}), "

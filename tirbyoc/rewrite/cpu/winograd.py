@@ -281,7 +281,8 @@ class WinogradConv:
         a = self.tile + 2
         return (f"{self.block} in Winograd's form F({self.tile}x{self.tile}, 3x3): {a * a} matrix products of "
                 f"{self.winograd_macs // (a * a * c * k)} tiles x {c} x {k} ({self.macs / self.winograd_macs:.2f}x "
-                "fewer multiply-adds), its input and output transformed in vector lanes, its weight once")
+                "fewer multiply-adds), its input and output transformed in vector lanes, its weight once, the "
+                "elementwise work after it in its output transform")
 
 
 def winograd_form(func, tile: int, lanes: int) -> tuple:
