@@ -125,3 +125,13 @@ def test_few_tiles_take_the_smaller_form():
 class _Shaped:
     def __init__(self, shape):
         self.shape = shape
+
+
+def test_iterators_in_any_order_no_padding_a_batch_and_an_hwio_weight():
+    """A convolution written by hand (iterators n, f, y, x, rc, ry, rx; no padding copy: the
+    input is the parameter; weight [kh, kw, c, k]; two images of 9 x 11 outputs)."""
+    func = conv2d(2, 64, 9, 11, 96, 3, 3, layout="NHWC").with_attr("layout_free_buffers", [1])
+    form, (done,) = winograd_form(func, 4, 4)
+    assert done.shape == (2, 7, 9, 96, 64) and done.tile == 2  # 2 x 2 x 3 tiles at m = 4: under MIN_TILES
+    check = tirbyoc.verify(func, form)
+    assert check.passed, check.describe()

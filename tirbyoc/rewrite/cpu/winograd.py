@@ -86,9 +86,9 @@ class Conv3x3:
 
 
 def conv3x3(block) -> Conv3x3 | str:
-    """The block as a `Conv3x3`, or why it is not one."""
-    kinds = [iter_kind(iv) for iv in block.iter_vars]
-    if kinds != ["S"] * 4 + ["R"] * 3:
+    """The block as a `Conv3x3` (its iterators in any order), or why it is not one."""
+    kinds = sorted(iter_kind(iv) for iv in block.iter_vars)
+    if kinds != ["R"] * 3 + ["S"] * 4:
         return "not four spatial and three reduction iterators"
     store = block.body
     if not isinstance(store, tirx.BufferStore) or block.init is None or len(store.buffer.shape) != 4:
@@ -99,27 +99,37 @@ def conv3x3(block) -> Conv3x3 | str:
         return "not out = out + a * b"
     if any(str(b.dtype) != "float32" for b in (store.buffer, value.b.a.source, value.b.b.source)):
         return "not float32"
-    v = [iv.var for iv in block.iter_vars]
-    if not _same(store.indices, v[:4]):
-        return "the output is not indexed [n, h, w, k]"
-    data, weight = value.b.a, value.b.b
-    if not _same(data.indices, [v[0], v[1] + v[4], v[2] + v[5], v[6]]):
-        data, weight = weight, data
-    if not _same(data.indices, [v[0], v[1] + v[4], v[2] + v[5], v[6]]):
-        return "the input is not read [n, h + kh, w + kw, c] (stride 1, no dilation, NHWC)"
-    names = {v[3]: "k", v[4]: "kh", v[5]: "kw", v[6]: "c"}
+    window = _window(block, store.indices, value.b.a) or _window(block, store.indices, value.b.b)
+    if isinstance(window, str) or window is None:
+        return window or "the input is not read [n, h + kh, w + kw, c] (stride 1, no dilation, NHWC)"
+    names, data = window
+    weight = value.b.b if data.same_as(value.b.a) else value.b.a
     axes = tuple(next((n for var, n in names.items() if i.same_as(var)), None) for i in weight.indices)
     if sorted(map(str, axes)) != ["c", "k", "kh", "kw"]:
         return "the weight is not indexed by k, kh, kw, c"
-    extents = [iv.dom.extent for iv in block.iter_vars]
-    if any(not isinstance(e, tirx.IntImm) for e in extents) or [int(e) for e in extents[4:6]] != [3, 3]:
+    extents = {iv.var: iv.dom.extent for iv in block.iter_vars}
+    if any(not isinstance(e, tirx.IntImm) for e in extents.values()) or [
+            int(extents[v]) for v, n in names.items() if n in ("kh", "kw")] != [3, 3]:
         return "not a static 3x3 window"
     return Conv3x3(str(block.name_hint), store.buffer, data.source, weight.source, axes)
 
 
-def _same(indices, expected) -> bool:
+def _window(block, out_indices, data):
+    """({iterator: "k" / "kh" / "kw" / "c"}, ``data``) when the output is indexed by four
+    spatial iterators [n, h, w, k] and ``data`` is read [n, h + kh, w + kw, c] by the three
+    reduction ones; None otherwise."""
+    spatial = [iv.var for iv in block.iter_vars if iter_kind(iv) == "S"]
+    reduce = [iv.var for iv in block.iter_vars if iter_kind(iv) == "R"]
+    if len(data.indices) != 4 or not all(any(i.same_as(v) for v in spatial) for i in out_indices):
+        return None
+    n, h, w, k = out_indices
     ana = sym.Analyzer()
-    return len(indices) == len(expected) and all(ana.can_prove_equal(a, b) for a, b in zip(indices, expected))
+    kh, kw = ana.simplify(data.indices[1] - h), ana.simplify(data.indices[2] - w)
+    c = data.indices[3]
+    found = [next((v for v in reduce if x.same_as(v)), None) for x in (kh, kw, c)]
+    if not data.indices[0].same_as(n) or any(v is None for v in found) or len({id(v) for v in found}) != 3:
+        return None
+    return {k: "k", found[0]: "kh", found[1]: "kw", found[2]: "c"}, data
 
 
 def _f32(value) -> tirx.PrimExpr:
