@@ -94,7 +94,7 @@ def test_what_stays_direct():
     convolution comes back as it was (the last two with the reason `conv3x3` gives)."""
     run_time_weight = padded_conv().without_attr("layout_free_buffers")
     assert winograd_form(run_time_weight, 2, 4) == (run_time_weight, ())
-    narrow = padded_conv(channels=32)
+    narrow = padded_conv(channels=16)
     assert winograd_form(narrow, 2, 4) == (narrow, ())
     strided = next(b for b in iter_blocks(root_block(padded_conv(stride=2)).body) if b.init is not None)
     assert "stride 1" in conv3x3(strided)
