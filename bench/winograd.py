@@ -64,12 +64,12 @@ def layers(path: Path, model: str, template: str, rounds: int) -> list[dict]:
     from tirbyoc.relax.bridge import offload_module
     from tirbyoc.relax.prepack import pack_constant_weights
     from tirbyoc.relax.rest import schedule_rest_of
-    from tirbyoc.rewrite.cpu.winograd import Conv3x3, conv3x3, tile_for
+    from tirbyoc.rewrite.cpu.winograd import tile_for
 
     target = make_target(complete_target({"kind": "llvm"}))
     prepared = legalized_model(str(path), [template], RunOptions(), constant_weights=True)
     convs = {gv.name_hint: c for gv, f in prepared.mod.functions.items() if hasattr(f, "body")
-             for c in [_first_conv(f, conv3x3, Conv3x3, iter_blocks, root_block)] if c is not None}
+             for c in [_first_conv(f)] if c is not None}
     declared = tirbyoc.get_template(template)
     forms = {}
     for label, tmpl in (("direct", replace(declared, winograd=0)), ("winograd_m2", replace(declared, winograd=2)),
@@ -98,13 +98,14 @@ def layers(path: Path, model: str, template: str, rounds: int) -> list[dict]:
     return rows
 
 
-def _first_conv(func, conv3x3, kind, iter_blocks, root_block):
+def _first_conv(func):
+    """The first block of ``func`` that is a 3x3 stride-1 float convolution, or None."""
+    from tirbyoc._tvm import iter_blocks, root_block  # deferred: after the thread count is set
+    from tirbyoc.rewrite.cpu.winograd import Conv3x3, conv3x3
+
     root = root_block(func)
-    for block in iter_blocks(root.body) if root is not None else ():
-        conv = conv3x3(block) if block.init is not None else None
-        if isinstance(conv, kind):
-            return conv
-    return None
+    convs = (conv3x3(b) for b in (iter_blocks(root.body) if root is not None else ()) if b.init is not None)
+    return next((c for c in convs if isinstance(c, Conv3x3)), None)
 
 
 def table(result: dict) -> str:

@@ -29,6 +29,7 @@ from tirbyoc.errors import TirbyocError
 from tirbyoc.matching.chain import match_chains
 from tirbyoc.matching.matcher import explain
 from tirbyoc.offloading.table import render
+from tirbyoc.rewrite.cpu.winograd import MIN_CHANNELS
 from tirbyoc.tuning.tuner import rpc_runner, tune
 
 
@@ -77,7 +78,7 @@ def cmd_intrinsics(args) -> int:
         print(render(["template", "group", "tensor-core kernel"], kernels))
     for t in (get_template(n) for n in names):
         if getattr(t, "winograd", 0):  # a whole-function form the template's core computes
-            print(f"\n{t.name}: float 3x3 convolutions of stride 1 (constant weight, 32 channels or more) in "
+            print(f"\n{t.name}: float 3x3 convolutions of stride 1 (constant weight, {MIN_CHANNELS} channels or more) in "
                   f"Winograd's form, up to F({t.winograd}x{t.winograd}, 3x3)")
     print()
     print(render(

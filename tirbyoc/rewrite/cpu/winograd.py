@@ -41,8 +41,9 @@ from dataclasses import dataclass
 from fractions import Fraction as Q
 
 from tirbyoc._tvm import TensorLoad, iter_blocks, iter_kind, root_block, s_tir, sym, te, tirx, tvm_ffi, vector_bytes
-from tirbyoc.rewrite.cpu.weight_layout import layout_free_positions
 from tirbyoc.ir.tir_walk import with_root_body
+from tirbyoc.rewrite.cpu.register_blocks import lanes_dividing
+from tirbyoc.rewrite.cpu.weight_layout import layout_free_positions
 from tirbyoc.rewrite.foundation.steps import Step, StepKind
 
 # (B^T, G, A^T) by output tile m, for a 3-tap filter (Lavin and Gray's F(2, 3) and F(4, 3))
@@ -80,9 +81,14 @@ class Conv3x3:
         n, ho, wo, k, c = self.shape
         return n * ho * wo * k * c * 9
 
+    def tiles(self, m: int) -> int:
+        """Output tiles of m x m, the rows of each matrix product: N x ceil(Ho / m) x ceil(Wo / m)."""
+        n, ho, wo, _, _ = self.shape
+        return n * -(-ho // m) * -(-wo // m)
+
     def winograd_macs(self, m: int) -> int:
-        n, ho, wo, k, c = self.shape
-        return n * -(-ho // m) * -(-wo // m) * (m + 2) ** 2 * c * k
+        _, _, _, k, c = self.shape
+        return self.tiles(m) * (m + 2) ** 2 * c * k
 
 
 def conv3x3(block) -> Conv3x3 | str:
@@ -100,8 +106,8 @@ def conv3x3(block) -> Conv3x3 | str:
     if any(str(b.dtype) != "float32" for b in (store.buffer, value.b.a.source, value.b.b.source)):
         return "not float32"
     window = _window(block, store.indices, value.b.a) or _window(block, store.indices, value.b.b)
-    if isinstance(window, str) or window is None:
-        return window or "the input is not read [n, h + kh, w + kw, c] (stride 1, no dilation, NHWC)"
+    if window is None:
+        return "the input is not read [n, h + kh, w + kw, c] (stride 1, no dilation, NHWC)"
     names, data = window
     weight = value.b.b if data.same_as(value.b.a) else value.b.a
     axes = tuple(next((n for var, n in names.items() if i.same_as(var)), None) for i in weight.indices)
@@ -175,9 +181,9 @@ def _stages(conv: Conv3x3, m: int):
     alpha^2 (F(4 x 4): 36 of 36, which TVM and LLVM took 15 s a function to build)."""
     bt, g, at = MATRICES[m]
     alpha = m + 2
-    n_, ho, wo, k_, c_ = conv.shape
+    _, ho, wo, k_, c_ = conv.shape
     nh, nw = -(-ho // m), -(-wo // m)
-    tiles = n_ * nh * nw
+    tiles = conv.tiles(m)
     i64 = lambda *dims: tuple(tirx.IntImm("int64", d) for d in dims)  # noqa: E731 - legalized functions' index type
     data = te.placeholder(conv.data.shape, "float32", name="data")
     weight = te.placeholder(conv.weight.shape, "float32", name="weight")
@@ -190,12 +196,14 @@ def _stages(conv: Conv3x3, m: int):
     u = te.compute(i64(alpha * alpha, c_, k_), lambda e, c, k: _by_index(e, _two_sided(
         g, g, [[weight_at(k, a, b, c) for b in range(3)] for a in range(3)])), name=f"{conv.block}_weight")
 
+    guarded = nh * m + 2 > hd or nw * m + 2 > wd  # the last tiles read past the (padded) input
+
     def tile_rows(i, b, p, c):  # (B^T d)[i, b] of tile p
         n, th, tw = p // (nh * nw), p // nw % nh, p % nw
         def at(a):
             h, w = th * m + a, tw * m + b
-            inside = tirx.all(h < hd, w < wd) if (nh * m + 2 > hd or nw * m + 2 > wd) else None
-            return data[n, h, w, c] if inside is None else tirx.if_then_else(inside, data[n, h, w, c], _f32(0))
+            read = data[n, h, w, c]
+            return tirx.if_then_else(tirx.all(h < hd, w < wd), read, _f32(0)) if guarded else read
         return _by_index(i, _rows_of(bt, [at(a) for a in range(alpha)]))
 
     rows = te.compute(i64(alpha, alpha, tiles, c_), tile_rows, name=f"{conv.block}_input_rows")
@@ -214,6 +222,11 @@ def _stages(conv: Conv3x3, m: int):
 
     out = te.compute(conv.out.shape, output, name=f"{conv.block}_output")
     return te.create_prim_func([data, weight, out])
+
+
+def _lanes(sch, loop, lanes: int) -> int:
+    """The most lanes, a power of two up to ``lanes``, that divide the loop's extent."""
+    return lanes_dividing(int(sch.get(loop).extent), lanes, 1)
 
 
 def _schedule_transforms(sch, name: str, m: int, lanes: int) -> None:
@@ -254,14 +267,6 @@ def _per_tile(sch, block, loop) -> None:
     sch.unroll(first)
     sch.unroll(second)
     sch.vectorize(channels)
-
-
-def _lanes(sch, loop, lanes: int) -> int:
-    """The largest power of two up to ``lanes`` that divides the loop's extent."""
-    extent = int(sch.get(loop).extent)
-    while lanes > 1 and extent % lanes:
-        lanes //= 2
-    return lanes
 
 
 def _inline_epilogue(sch, block) -> int:
@@ -333,8 +338,7 @@ def tile_for(conv: Conv3x3, largest: int) -> int:
     multiply-adds saved (ResNet-50's 7 x 7 layer: 4 tiles at m = 4, a 38 MB weight a call,
     1.39 ms in the model against 1.00 alone; 16 tiles and 17 MB at m = 2: 1.49 against the
     direct sum's 2.08)."""
-    n, ho, wo, _, _ = conv.shape
-    fits = [m for m in sorted(MATRICES) if m <= largest and n * -(-ho // m) * -(-wo // m) >= MIN_TILES]
+    fits = [m for m in sorted(MATRICES) if m <= largest and conv.tiles(m) >= MIN_TILES]
     return fits[-1] if fits else min(MATRICES)
 
 
@@ -349,10 +353,10 @@ def _pays(conv: Conv3x3) -> bool:
 def _spliced(func, conv: Conv3x3, tile: int):
     """``func`` with the top-level nest computing ``conv`` replaced by the stages of `_stages`."""
     stages = _stages(conv, tile)
-    ours = dict(zip((p.name for p in stages.params), (conv.data, conv.weight, conv.out)))
+    pairs = list(zip(stages.params, (conv.data, conv.weight, conv.out)))
 
     def swap(buf):
-        return ours.get(buf.name, buf) if any(buf.same_as(p) for p in stages.params) else buf
+        return next((ours for theirs, ours in pairs if buf.same_as(theirs)), buf)
 
     inner = root_block(stages)
     body = tvm_ffi.structural_map(inner.body, [(tirx.Buffer, swap)])
